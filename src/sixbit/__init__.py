@@ -1,0 +1,17 @@
+"""sixbit: low-bit weights, per-step activation precision and delta caching for video DiTs.
+
+Example:
+    >>> import torch, sixbit
+    >>> from sixbit.nn import QuantLinear
+    >>> layer = QuantLinear.from_linear(torch.nn.Linear(64, 64), weight_format="nvfp4")
+    >>> sixbit.formats.get("nvfp4").bits_per_element
+    4.5
+"""
+
+__version__ = "0.1.0"
+
+from . import formats  # noqa: E402
+from .checkpoint import load, read_header, save  # noqa: E402
+from .nn import ActMode, QuantLinear  # noqa: E402
+
+__all__ = ["ActMode", "QuantLinear", "__version__", "formats", "load", "read_header", "save"]

@@ -1,0 +1,1 @@
+"""Benchmark harness helpers: measured tables written into BENCHMARKS.md (never typed by hand)."""

@@ -1,0 +1,211 @@
+"""Checkpoints: one ``.safetensors`` file with the packed tensors and a JSON header.
+
+The file holds the model's whole ``state_dict`` (packed ``QuantLinear`` buffers included), so
+loading into a freshly built model of the same architecture reproduces its outputs
+bit-exactly. The safetensors metadata key ``"sixbit"`` carries a JSON header::
+
+    {"format": "sixbit", "format_version": 1, "sixbit_version": "...",
+     "model_class": "CogVideoXTransformer3DModel",
+     "layers": {"blocks.0.attn1.to_q": {in_features, out_features, weight_format,
+                                       hadamard_block, bias, weight_meta}, ...},
+     "sha256": "<digest of every tensor's name and bytes>"}
+
+No pickle is involved at any point. Writes are atomic (temporary file in the same folder,
+fsync, rename): a failed save never leaves a partial file behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from . import __version__, formats
+from .nn import QuantLinear
+
+FORMAT_VERSION = 1
+_META_KEY = "sixbit"
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous().reshape(-1)
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def save(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write ``model``'s quantized state to ``path`` (a ``.safetensors`` file), atomically.
+
+    Example:
+        >>> import torch, sixbit, tempfile, os
+        >>> from sixbit.nn import QuantLinear
+        >>> m = torch.nn.Sequential(QuantLinear.from_linear(torch.nn.Linear(32, 8)))
+        >>> p = sixbit.save(m, os.path.join(tempfile.mkdtemp(), "m.safetensors"))
+        >>> p.suffix
+        '.safetensors'
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"checkpoint path must end in .safetensors, got {str(path)!r}")
+    tensors, seen = {}, set()
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous()
+        if t.numel() and t.data_ptr() in seen:  # safetensors refuses shared storage
+            t = t.clone()
+        seen.add(t.data_ptr())
+        tensors[name] = t.cpu()
+    header = {
+        "format": "sixbit",
+        "format_version": FORMAT_VERSION,
+        "sixbit_version": __version__,
+        "model_class": type(model).__name__,
+        "layers": {n: m.config() for n, m in model.named_modules() if isinstance(m, QuantLinear)},
+        "sha256": _digest(tensors),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={_META_KEY: json.dumps(header)})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_header(path: str | os.PathLike) -> dict:
+    """The JSON header of a sixbit checkpoint (validated), without loading tensors."""
+    return _open(Path(path))[0]
+
+
+def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {str(path)!r}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for bad files
+        raise ValueError(
+            f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): {e}"
+        ) from None
+    if _META_KEY not in metadata:
+        raise ValueError(f"{str(path)!r} is a safetensors file but not a sixbit checkpoint (no 'sixbit' header)")
+    try:
+        header = json.loads(metadata[_META_KEY])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{str(path)!r} has a corrupted sixbit header: {e}") from None
+    version = header.get("format_version")
+    if header.get("format") != "sixbit" or version != FORMAT_VERSION:
+        raise ValueError(
+            f"{str(path)!r} has checkpoint format version {version!r}; this sixbit "
+            f"({__version__}) reads version {FORMAT_VERSION}: upgrade sixbit or re-save the model"
+        )
+    if _digest(tensors) != header.get("sha256"):
+        raise ValueError(f"{str(path)!r} is corrupted: its tensors do not match the stored checksum")
+    return header, tensors
+
+
+def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> QuantLinear:
+    fmt = formats.get(cfg["weight_format"])
+    prefix = f"{name}.weight_" if name else "weight_"
+    parts = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    weight = fmt.container.from_parts(parts, cfg["weight_meta"])
+    bias = tensors.get(f"{name}.bias" if name else "bias") if cfg["bias"] else None
+    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"])
+    if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
+        raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
+    for field, ref in _expected_layout(fmt.name, cfg["out_features"], cfg["in_features"]).items():
+        got = parts.get(field)
+        if got is None or (tuple(got.shape), got.dtype) != ref:
+            raise ValueError(
+                f"layer {name!r}: tensor 'weight_{field}' is "
+                f"{None if got is None else (tuple(got.shape), got.dtype)}, expected {ref}"
+            )
+    return layer
+
+
+@functools.lru_cache(maxsize=None)
+def _expected_layout(fmt_name: str, out_features: int, in_features: int) -> dict:
+    """(shape, dtype) of each packed tensor, from quantizing a zero weight of that shape."""
+    q = formats.get(fmt_name).quantize(torch.zeros(out_features, in_features))
+    return {k: (tuple(v.shape), v.dtype) for k, v in q.tensors().items()}
+
+
+def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
+    """Restore a checkpoint written by :func:`save` into ``model`` (same architecture).
+
+    ``model`` may be freshly built in full precision: its ``nn.Linear`` layers named in the
+    file are replaced by ``QuantLinear``. Every check runs before anything changes, so on any
+    error (missing, truncated or corrupted file, unknown format version, another
+    architecture) ``model`` is left untouched. Returns ``model``.
+    """
+    path = Path(path)
+    header, tensors = _open(path)
+    if header["model_class"] != type(model).__name__:
+        raise ValueError(
+            f"{str(path)!r} was saved from a {header['model_class']}, not a {type(model).__name__}"
+        )
+    modules = dict(model.named_modules())
+    new_layers = {}
+    for name, cfg in header["layers"].items():
+        if not name:
+            raise ValueError("a bare QuantLinear cannot be loaded in place: wrap it in a module")
+        old = modules.get(name)
+        if not isinstance(old, (nn.Linear, QuantLinear)):
+            raise ValueError(
+                f"{str(path)!r} quantizes layer {name!r}, which this model "
+                f"{'lacks' if old is None else f'has as a {type(old).__name__}'}: was it saved from another model?"
+            )
+        if (old.in_features, old.out_features) != (cfg["in_features"], cfg["out_features"]):
+            raise ValueError(
+                f"layer {name!r} is {cfg['in_features']}→{cfg['out_features']} in {str(path)!r} but "
+                f"{old.in_features}→{old.out_features} in the model: was it saved from another model config?"
+            )
+        try:
+            new_layers[name] = _build_layer(name, cfg, tensors)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{str(path)!r} has an invalid entry for layer {name!r}: {e}") from None
+    # Check the remaining (full-precision) tensors against the model before changing it.
+    expected = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[0] not in new_layers}
+    own = {k: v for k, v in tensors.items() if k.rsplit(".", 1)[0] not in new_layers}
+    problems = [f"missing {k}" for k in sorted(set(expected) - set(own))]
+    problems += [f"unexpected {k}" for k in sorted(set(own) - set(expected))]
+    problems += [
+        f"{k}: file {tuple(v.shape)} {v.dtype} vs model {tuple(expected[k].shape)} {expected[k].dtype}"
+        for k, v in own.items()
+        if k in expected and (v.shape != expected[k].shape or v.dtype != expected[k].dtype)
+    ]
+    if problems:
+        raise ValueError(f"{str(path)!r} does not fit this model: {problems[:10]}")
+    # Everything checked: swap the layers in, then copy the remaining tensors.
+    for name, layer in new_layers.items():
+        old = modules[name]
+        ref = next(iter(old.parameters()), None)
+        if ref is None:
+            ref = next(iter(old.buffers()), None)
+        if ref is not None:
+            layer.to(ref.device)
+        parent_name, _, child = name.rpartition(".")
+        setattr(modules[parent_name] if parent_name else model, child, layer)
+    with torch.no_grad():
+        state = model.state_dict()
+        for k, v in own.items():
+            state[k].copy_(v)
+    return model

@@ -1,0 +1,173 @@
+"""Minifloat element encodings (E2M1, E2M3, E3M2, E4M3, E5M2) and scaled FP8 quantization.
+
+The encoder is exact: it finds each value's binade with ``torch.frexp`` (no ``log2`` rounding),
+divides by the binade's power-of-two quantum (exact in fp32), rounds to nearest with ties to
+even (``torch.round``) and saturates at the format's largest finite value. It never produces
+NaN or Inf codes. Decoding is a lookup in the format's 2^bits value table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from .base import Granularity, Quantized, check_finite, parse_granularity
+from .constants import F4_E2M1_MAX, F6_E2M3_MAX, F6_E3M2_MAX, F8_E4M3_MAX, F8_E5M2_MAX
+from .registry import Format, register_format
+
+
+@dataclasses.dataclass(frozen=True)
+class Minifloat:
+    """A sign/exponent/mantissa element format.
+
+    ``special`` says how the top exponent field is used: ``"none"`` (E2M1, FP6: all codes are
+    finite), ``"fn"`` (E4M3: only S.1111.111 is NaN) or ``"ieee"`` (E5M2: Inf and NaN).
+    """
+
+    name: str
+    ebits: int
+    mbits: int
+    max: float
+    special: str = "none"
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.ebits + self.mbits
+
+    @property
+    def bias(self) -> int:
+        return 2 ** (self.ebits - 1) - 1
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal number (subnormals share it)."""
+        return 1 - self.bias
+
+    def table(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """fp32 value of every code ``0 … 2**bits - 1`` (NaN/Inf where the format has them)."""
+        return _table(self, str(device))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Round fp values to this format: RNE, saturating at ±max. Returns ``uint8`` codes."""
+        x = x.float()
+        a = x.abs().clamp(max=self.max)
+        _, e = torch.frexp(a)  # a = m·2^e, m in [0.5, 1): floor(log2 a) = e - 1
+        exp = (e - 1).clamp(min=self.emin)
+        quantum = torch.ldexp(torch.ones_like(a), exp - self.mbits)
+        q = torch.round(a / quantum).to(torch.int32)  # significand in quanta: 0 … 2^(m+1)
+        hidden = 1 << self.mbits
+        normal = q >= hidden
+        carry = q == 2 * hidden  # rounded up into the next binade
+        efield = torch.where(normal, exp + self.bias + carry.to(torch.int32), 0)
+        mfield = torch.where(normal, torch.where(carry, 0, q - hidden), q)
+        sign = torch.signbit(x).to(torch.int32)
+        code = (sign << (self.ebits + self.mbits)) | (efield << self.mbits) | mfield
+        return code.to(torch.uint8)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """fp32 values of ``uint8`` codes."""
+        return self.table(codes.device)[codes.long()]
+
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        """``decode(encode(x))``: the nearest representable value (saturating)."""
+        return self.decode(self.encode(x))
+
+
+@functools.lru_cache(maxsize=None)
+def _table(fmt: Minifloat, device: str) -> torch.Tensor:
+    codes = torch.arange(2**fmt.bits, dtype=torch.int64)
+    sign = torch.where((codes >> (fmt.ebits + fmt.mbits)) & 1 == 1, -1.0, 1.0).double()
+    efield = (codes >> fmt.mbits) & ((1 << fmt.ebits) - 1)
+    mfield = (codes & ((1 << fmt.mbits) - 1)).double()
+    frac = mfield / 2**fmt.mbits
+    value = torch.where(
+        efield == 0,
+        frac * 2.0**fmt.emin,
+        (1 + frac) * torch.pow(2.0, (efield - fmt.bias).double()),
+    ) * sign
+    top = efield == (1 << fmt.ebits) - 1
+    if fmt.special == "fn":
+        value[top & (mfield == 2**fmt.mbits - 1)] = float("nan")
+    elif fmt.special == "ieee":
+        value[top & (mfield == 0)] = float("inf") * sign[top & (mfield == 0)]
+        value[top & (mfield != 0)] = float("nan")
+    return value.float().to(device)
+
+
+E2M1 = Minifloat("e2m1", 2, 1, F4_E2M1_MAX)
+E2M3 = Minifloat("e2m3", 2, 3, F6_E2M3_MAX)
+E3M2 = Minifloat("e3m2", 3, 2, F6_E3M2_MAX)
+E4M3 = Minifloat("e4m3", 4, 3, F8_E4M3_MAX, special="fn")
+E5M2 = Minifloat("e5m2", 5, 2, F8_E5M2_MAX, special="ieee")
+ELEMENTS = {f.name: f for f in (E2M1, E2M3, E3M2, E4M3, E5M2)}
+
+
+def element(name: str) -> Minifloat:
+    """The element format called ``name`` (``"e2m1"``, ``"e2m3"``, ``"e3m2"``, ``"e4m3"``, ``"e5m2"``)."""
+    try:
+        return ELEMENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown element format {name!r}; valid: {sorted(ELEMENTS)}") from None
+
+
+# ----------------------------------------------------------------------------------------
+# Scaled FP8: codes in E4M3 or E5M2, one fp32 scale per tensor or per row.
+
+
+@dataclasses.dataclass
+class FP8Quantized(Quantized):
+    """FP8 codes (``uint8`` bit patterns, shape of the input) and fp32 ``scale``."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    element: str
+    granularity: str
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (element(self.element).decode(self.codes) * self.scale).to(dtype)
+
+
+def quantize_fp8(
+    x: torch.Tensor, element_name: str = "e4m3", granularity: Granularity | str = "channel"
+) -> FP8Quantized:
+    """Scale ``x`` so its abs-max lands on the format's max, then round to FP8 (saturating).
+
+    Args:
+        x: floating-point tensor (finite).
+        element_name: ``"e4m3"`` (more precision, max 448) or ``"e5m2"`` (more range, max 57344).
+        granularity: ``"tensor"`` (one scale) or ``"channel"``/``"token"`` (one per row).
+
+    Example:
+        >>> q = quantize_fp8(torch.randn(4, 32))
+        >>> q.dequantize().shape
+        torch.Size([4, 32])
+    """
+    fmt = element(element_name)
+    if fmt.bits != 8:
+        raise ValueError(f"FP8 needs an 8-bit element ('e4m3' or 'e5m2'), got {element_name!r}")
+    check_finite(x)
+    gran = parse_granularity(granularity)
+    if gran is Granularity.GROUP:
+        raise ValueError("FP8 supports granularity 'tensor', 'channel' or 'token'; for blocks use an MX format")
+    x = x.float()
+    amax = x.abs().amax() if gran is Granularity.TENSOR else x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / fmt.max, torch.ones_like(amax))
+    return FP8Quantized(fmt.encode(x / scale), scale, element_name, gran.value)
+
+
+for _el in ("e4m3", "e5m2"):
+    for _gran, _suffix in (("channel", ""), ("tensor", "-tensor")):
+        register_format(
+            Format(
+                name=f"fp8_{_el}{_suffix}",
+                family="fp8",
+                element_bits=8,
+                block_size=None,
+                scale_bits=32,
+                description=f"FP8 {_el.upper()}, one fp32 scale per {'tensor' if _suffix else 'row'}",
+                quantize_fn=functools.partial(quantize_fp8, element_name=_el, granularity=_gran),
+                container=FP8Quantized,
+            )
+        )

@@ -1,0 +1,236 @@
+"""``QuantLinear``: one packed weight copy, activation precision chosen per call.
+
+The weight is stored once, in the format it was quantized to (NVFP4 by default: 4.5 bits per
+weight), as buffers named ``weight_<field>`` (``weight_codes``, ``weight_scales``, …); no
+full-precision copy is kept. ``layer.act_mode`` selects how the next call multiplies:
+
+==========  ===========================================================================
+``fp``      weight-only: dequantized weight × the input, in the input's dtype (real).
+``int8``    dynamic per-token symmetric INT8 activations × per-channel INT8 weights with
+            int32 accumulation — a real integer GEMM (``torch._int_mm``) where the backend
+            has one, else an exact fallback with identical numerics. Weights stored in
+            another format are converted to INT8 per call (``cache_converted=True`` keeps
+            the converted copy: faster, more memory).
+``nvfp4``   dynamic NVFP4 activations (global scale from the input's abs-max, E4M3 scale
+            per 16 along K) × NVFP4 weights. **Emulated**: no FP4 matmul exists on CPUs or
+            pre-Blackwell GPUs, so both operands are dequantized and multiplied in fp32.
+==========  ===========================================================================
+
+With ``hadamard_block`` set, the weight is rotated offline (``W·H``) and each input online
+(``x·H``) before quantization; in exact arithmetic the output is unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import formats
+from ..formats import Quantized, integer, nvfp4
+from ..kernels import int8_matmul, int8_matmul_backend
+from ..transforms import hadamard
+
+
+class ActMode(str, enum.Enum):
+    """Activation precision of a :class:`QuantLinear` call."""
+
+    FP = "fp"
+    INT8 = "int8"
+    NVFP4 = "nvfp4"
+
+
+# Weight format each activation mode multiplies against (None: the stored one, dequantized).
+_MODE_WEIGHT_FORMAT = {ActMode.FP: None, ActMode.INT8: "int8", ActMode.NVFP4: "nvfp4"}
+_EMULATED = {ActMode.FP: False, ActMode.INT8: False, ActMode.NVFP4: True}
+
+
+def _act_mode(value: ActMode | str) -> ActMode:
+    try:
+        return ActMode(value)
+    except ValueError:
+        raise ValueError(
+            f"unknown act_mode {value!r}; valid: {[m.value for m in ActMode]}"
+        ) from None
+
+
+class QuantLinear(nn.Module):
+    """Drop-in for ``nn.Linear`` with a packed low-bit weight. Build with :meth:`from_linear`.
+
+    Example:
+        >>> import torch
+        >>> lin = torch.nn.Linear(64, 32)
+        >>> q = QuantLinear.from_linear(lin, weight_format="nvfp4", hadamard_block=32)
+        >>> q.act_mode = "int8"
+        >>> q(torch.randn(5, 64)).shape
+        torch.Size([5, 32])
+    """
+
+    def __init__(
+        self,
+        weight: Quantized,
+        weight_format: str,
+        bias: torch.Tensor | None = None,
+        hadamard_block: int | None = None,
+        act_mode: ActMode | str = ActMode.FP,
+        cache_converted: bool = False,
+    ):
+        super().__init__()
+        self.weight_format = formats.get(weight_format).name
+        if not isinstance(weight, formats.get(weight_format).container):
+            raise ValueError(f"weight container {type(weight).__name__} does not match format {weight_format!r}")
+        w_shape = tuple(weight.shape)
+        if len(w_shape) != 2:
+            raise ValueError(f"QuantLinear needs a 2-D (out, in) weight, got shape {w_shape}")
+        self.out_features, self.in_features = w_shape
+        if hadamard_block is not None:
+            hadamard.check_block(self.in_features, hadamard_block)
+        self.hadamard_block = hadamard_block
+        for name, tensor in weight.tensors().items():
+            self.register_buffer(f"weight_{name}", tensor)
+        self._weight_meta = weight.meta()
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.act_mode = act_mode
+        self.cache_converted = cache_converted
+        self._converted: dict[str, Quantized] = {}
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        weight_format: str = "nvfp4",
+        hadamard_block: int | None = None,
+        act_mode: ActMode | str = ActMode.FP,
+        cache_converted: bool = False,
+    ) -> "QuantLinear":
+        """Quantize ``linear``'s weight (rotated first when ``hadamard_block`` is set).
+
+        Args:
+            linear: the layer to replace; it is not modified.
+            weight_format: a name from ``sixbit.formats.available()`` (default ``"nvfp4"``,
+                4.5 bits; ``"int8"`` is 8 bits and nearly lossless).
+            hadamard_block: ``None`` (default) or a power of two 16…256 dividing
+                ``in_features``; rotation flattens outliers (better low-bit accuracy) at the
+                cost of one small matmul per call.
+            act_mode: initial activation precision (``"fp"``, ``"int8"``, ``"nvfp4"``).
+            cache_converted: keep weights converted for another act mode (e.g. NVFP4 → INT8)
+                instead of converting on every call: faster, more memory. Off by default.
+        """
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
+        fmt = formats.get(weight_format)
+        w = linear.weight.detach().float()
+        if hadamard_block is not None:
+            hadamard.check_block(linear.in_features, hadamard_block)
+            w = hadamard.rotate(w, hadamard_block)
+        return cls(fmt.quantize(w), fmt.name, linear.bias, hadamard_block, act_mode, cache_converted)
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def act_mode(self) -> ActMode:
+        return self._act_mode
+
+    @act_mode.setter
+    def act_mode(self, value: ActMode | str) -> None:
+        self._act_mode = _act_mode(value)
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the current ``act_mode`` emulates low-bit arithmetic (dequantize + fp matmul)."""
+        return _EMULATED[self._act_mode]
+
+    def quantized_weight(self) -> Quantized:
+        """The stored weight as its format's container (no copy)."""
+        tensors = {
+            name[len("weight_"):]: buf for name, buf in self.named_buffers(recurse=False)
+            if name.startswith("weight_")
+        }
+        return formats.get(self.weight_format).container.from_parts(tensors, self._weight_meta)
+
+    def weight_nbytes(self) -> int:
+        """Bytes of the packed weight (scales included, bias excluded)."""
+        return self.quantized_weight().nbytes
+
+    def config(self) -> dict[str, Any]:
+        """JSON-serialisable description used by checkpoints."""
+        return {
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "weight_format": self.weight_format,
+            "hadamard_block": self.hadamard_block,
+            "bias": self.bias is not None,
+            "weight_meta": self._weight_meta,
+        }
+
+    def _apply(self, fn, recurse=True):
+        self._converted.clear()  # converted copies follow the buffers' device and dtype
+        return super()._apply(fn, recurse)
+
+    def _weight_as(self, name: str) -> Quantized:
+        if name == self.weight_format:
+            return self.quantized_weight()
+        cached = self._converted.get(name)
+        if cached is None:
+            cached = formats.get(name).quantize(self.quantized_weight().dequantize())
+            if self.cache_converted:
+                self._converted[name] = cached
+        return cached
+
+    # ---------------------------------------------------------------- compute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self._act_mode is not ActMode.FP:
+            x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
+        if self.hadamard_block is not None:
+            x2 = hadamard.rotate(x2, self.hadamard_block)
+        y = _PATHS[self._act_mode](self, x2)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def _forward_fp(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.quantized_weight().dequantize(x.dtype))
+
+    def _forward_int8(self, x: torch.Tensor) -> torch.Tensor:
+        xq = integer.quantize(x, bits=8, granularity="token")
+        wq = self._weight_as("int8")
+        acc = int8_matmul(xq.values(), wq.values())
+        return acc.float() * xq.scale * wq.scale.reshape(1, -1)
+
+    def _forward_nvfp4(self, x: torch.Tensor) -> torch.Tensor:
+        # Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32.
+        return F.linear(nvfp4.quantize(x).dequantize(), self._weight_as("nvfp4").dequantize())
+
+    def execution(self) -> str:
+        """How the current ``act_mode`` runs, e.g. ``"int8 (real, torch._int_mm)"``."""
+        mode = self._act_mode
+        if mode is ActMode.INT8:
+            device = next(self.buffers()).device
+            backend = int8_matmul_backend(device, 4096, self.in_features, self.out_features)
+            return f"int8 (real, {backend})"
+        if mode is ActMode.NVFP4:
+            return "nvfp4 (emulated: dequantize + fp32 matmul)"
+        return "fp (weight-only: dequantize + matmul)"
+
+    def extra_repr(self) -> str:
+        bits = 8 * self.weight_nbytes() / (self.in_features * self.out_features)
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, weight={self.weight_format} ({bits:.2f} bits), "
+            f"hadamard_block={self.hadamard_block}, act={self.execution()}"
+        )
+
+
+_PATHS: dict[ActMode, Callable[[QuantLinear, torch.Tensor], torch.Tensor]] = {
+    ActMode.FP: QuantLinear._forward_fp,
+    ActMode.INT8: QuantLinear._forward_int8,
+    ActMode.NVFP4: QuantLinear._forward_nvfp4,
+}

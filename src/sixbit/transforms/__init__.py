@@ -1,0 +1,1 @@
+"""Offline/online transforms that make tensors easier to quantize (block Hadamard)."""
