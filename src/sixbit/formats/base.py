@@ -72,17 +72,30 @@ class Quantized:
         raise NotImplementedError
 
 
-def check_finite(x: torch.Tensor, what: str = "input") -> None:
-    """Raise a ``ValueError`` if ``x`` holds NaN or Inf (quantization scales would be garbage)."""
+def to_float32(x: torch.Tensor, what: str = "input") -> torch.Tensor:
+    """``x`` as fp32; integer or boolean tensors raise ``ValueError`` (nothing to quantize)."""
     if not torch.is_floating_point(x):
         raise ValueError(f"{what} must be a floating-point tensor, got {x.dtype}")
+    return x.float()
+
+
+def check_finite(x: torch.Tensor, what: str = "input", stat: torch.Tensor | None = None) -> None:
+    """Raise a ``ValueError`` if ``x`` holds NaN or Inf (quantization scales would be garbage).
+
+    ``stat`` is an optional reduction of ``x`` that propagates NaN/Inf (an abs-max, a min or
+    max): checking it instead of ``x`` costs nothing on the hot path; ``x`` itself is only
+    scanned to count the bad values once a problem is known.
+    """
+    if not torch.is_floating_point(x):
+        raise ValueError(f"{what} must be a floating-point tensor, got {x.dtype}")
+    if bool(torch.isfinite(x if stat is None else stat).all()):
+        return
     bad = ~torch.isfinite(x)
-    if bool(bad.any()):
-        raise ValueError(
-            f"{what} contains {int(bad.sum())} NaN/Inf value(s) out of {x.numel()}; "
-            "quantization needs finite values: find where they appear upstream "
-            "(e.g. run the model in full precision with torch.autograd.detect_anomaly)"
-        )
+    raise ValueError(
+        f"{what} contains {int(bad.sum())} NaN/Inf value(s) out of {x.numel()}; "
+        "quantization needs finite values: find where they appear upstream "
+        "(e.g. run the model in full precision with torch.autograd.detect_anomaly)"
+    )
 
 
 def split_blocks(x: torch.Tensor, block: int, what: str) -> torch.Tensor:

@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from .base import Granularity, Quantized, check_finite, parse_granularity, split_blocks
+from .base import Granularity, Quantized, check_finite, parse_granularity, split_blocks, to_float32
 from .packing import pack_bits, unpack_bits
 from .registry import Format, register_format
 
@@ -96,9 +96,8 @@ def quantize(
     gran = parse_granularity(granularity)
     if (gran is Granularity.GROUP) != (group_size is not None):
         raise ValueError("pass group_size exactly when granularity='group'")
-    check_finite(x)
     shape = tuple(x.shape)
-    x = x.float()
+    x = to_float32(x)
     if gran is Granularity.GROUP:
         if group_size < 2:
             raise ValueError(f"group_size must be ≥ 2, got {group_size}")
@@ -106,18 +105,20 @@ def quantize(
     if symmetric:
         qmax = 2 ** (bits - 1) - 1
         amax = _reduce(x.abs(), gran, torch.amax)
+        check_finite(x, stat=amax)  # amax propagates NaN/Inf
         scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
-        q = torch.clamp(torch.round(x / scale), -qmax, qmax).to(torch.int32)
+        q = torch.round(x / scale).clamp_(-qmax, qmax).to(torch.int8)
         zero = None
     else:
         qmax = 2**bits - 1
         lo = _reduce(x, gran, torch.amin).clamp(max=0)
         hi = _reduce(x, gran, torch.amax).clamp(min=0)
+        check_finite(x, stat=hi - lo)
         scale = torch.where(hi > lo, (hi - lo) / qmax, torch.ones_like(hi))
         zero = torch.clamp(torch.round(-lo / scale), 0, qmax)
         q = torch.clamp(torch.round(x / scale) + zero, 0, qmax).to(torch.int32)
         zero = zero.to(torch.uint8)
-    codes = pack_bits(q & ((1 << bits) - 1), bits)
+    codes = pack_bits(q, bits)  # two's complement for symmetric codes
     return IntQuantized(codes, scale, shape, bits, symmetric, gran.value, group_size, zero)
 
 

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from .base import Granularity, Quantized, check_finite, parse_granularity
+from .base import Granularity, Quantized, check_finite, parse_granularity, to_float32
 from .constants import F4_E2M1_MAX, F6_E2M3_MAX, F6_E3M2_MAX, F8_E4M3_MAX, F8_E5M2_MAX
 from .registry import Format, register_format
 
@@ -51,7 +51,7 @@ class Minifloat:
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Round fp values to this format: RNE, saturating at ±max. Returns ``uint8`` codes."""
-        x = x.float()
+        x = to_float32(x)
         a = x.abs().clamp(max=self.max)
         _, e = torch.frexp(a)  # a = m·2^e, m in [0.5, 1): floor(log2 a) = e - 1
         exp = (e - 1).clamp(min=self.emin)
@@ -125,6 +125,10 @@ class FP8Quantized(Quantized):
     element: str
     granularity: str
 
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.codes.shape)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (element(self.element).decode(self.codes) * self.scale).to(dtype)
 
@@ -147,12 +151,12 @@ def quantize_fp8(
     fmt = element(element_name)
     if fmt.bits != 8:
         raise ValueError(f"FP8 needs an 8-bit element ('e4m3' or 'e5m2'), got {element_name!r}")
-    check_finite(x)
     gran = parse_granularity(granularity)
     if gran is Granularity.GROUP:
         raise ValueError("FP8 supports granularity 'tensor', 'channel' or 'token'; for blocks use an MX format")
-    x = x.float()
+    x = to_float32(x)
     amax = x.abs().amax() if gran is Granularity.TENSOR else x.abs().amax(dim=-1, keepdim=True)
+    check_finite(x, stat=amax)
     scale = torch.where(amax > 0, amax / fmt.max, torch.ones_like(amax))
     return FP8Quantized(fmt.encode(x / scale), scale, element_name, gran.value)
 

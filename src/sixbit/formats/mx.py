@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from .base import Quantized, check_finite, split_blocks
+from .base import Quantized, check_finite, split_blocks, to_float32
 from .constants import E8M0_BIAS, E8M0_MAX_EXP, E8M0_MIN_EXP, EMAX_ELEM, MX_BLOCK
 from .minifloat import element
 from .packing import pack_bits, unpack_bits
@@ -75,10 +75,10 @@ def quantize(x: torch.Tensor, element_name: str = "e4m3") -> MXQuantized:
         (96, torch.Size([2, 2]))
     """
     fmt = element(element_name)
-    check_finite(x)
-    x = x.float()
+    x = to_float32(x)
     blocks = split_blocks(x, MX_BLOCK, "MX")
     amax = blocks.abs().amax(dim=-1)
+    check_finite(x, stat=amax)
     _, e = torch.frexp(amax)  # amax = m·2^e, m in [0.5, 1): floor(log2 amax) = e - 1
     exp = torch.where(amax > 0, e - 1 - EMAX_ELEM[fmt.name], E8M0_MIN_EXP)
     exp = exp.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)

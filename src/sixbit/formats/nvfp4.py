@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from .base import Quantized, check_finite, split_blocks
+from .base import Quantized, check_finite, split_blocks, to_float32
 from .constants import E4M3_MIN_NORMAL, F4_E2M1_MAX, F8_E4M3_MAX, NVFP4_BLOCK
 from .minifloat import E2M1
 from .packing import pack_bits, unpack_bits
@@ -67,16 +67,17 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | float | None = None) 
         >>> q.codes.dtype, q.codes.shape, q.scales.shape
         (torch.uint8, torch.Size([4, 16]), torch.Size([4, 2]))
     """
-    check_finite(x)
-    x = x.float()
+    x = to_float32(x)
     blocks = split_blocks(x, NVFP4_BLOCK, "NVFP4")
+    block_amax = blocks.abs().amax(dim=-1)
+    check_finite(x, stat=block_amax)
     if global_scale is None:
-        global_scale = global_scale_for(x.abs().amax())
+        global_scale = global_scale_for(block_amax.amax())
     global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
     if global_scale.numel() != 1 or not bool(global_scale > 0) or not bool(torch.isfinite(global_scale)):
         raise ValueError(f"global_scale must be one positive finite number, got {global_scale}")
     global_scale = global_scale.reshape(())
-    block_scale = blocks.abs().amax(dim=-1) / F4_E2M1_MAX
+    block_scale = block_amax / F4_E2M1_MAX
     scales = torch.clamp(block_scale / global_scale, min=E4M3_MIN_NORMAL, max=F8_E4M3_MAX).to(
         torch.float8_e4m3fn
     )

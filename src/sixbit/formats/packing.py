@@ -31,9 +31,11 @@ def packed_numel(numel: int, bits: int) -> int:
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack integer codes in ``[0, 2**bits)`` into a flat ``uint8`` tensor."""
     values, nbytes = _group(bits)
+    if bits == 8:  # the hot path for INT8 activations: no int64 round trip
+        if codes.dtype in (torch.int8, torch.uint8):
+            return codes.reshape(-1).view(torch.uint8)
+        return (codes.reshape(-1).to(torch.int32) & 0xFF).to(torch.uint8)
     flat = codes.reshape(-1).to(torch.int64) & ((1 << bits) - 1)
-    if bits == 8:
-        return flat.to(torch.uint8)
     pad = (-flat.numel()) % values
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
@@ -45,7 +47,10 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: the first ``numel`` codes as a flat ``uint8`` tensor."""
+    """Inverse of :func:`pack_bits`: the first ``numel`` codes as a flat ``uint8`` tensor.
+
+    For 8-bit codes the result is a view of ``packed`` (no copy).
+    """
     values, nbytes = _group(bits)
     expected = packed_numel(numel, bits)
     if packed.dtype != torch.uint8 or packed.numel() != expected:
@@ -54,7 +59,7 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
             f"got {packed.numel()} of {packed.dtype}"
         )
     if bits == 8:
-        return packed.reshape(-1).clone()
+        return packed.reshape(-1)
     grouped = packed.reshape(-1, nbytes).to(torch.int64)
     byte_shifts = torch.arange(nbytes, device=packed.device, dtype=torch.int64) * 8
     word = (grouped << byte_shifts).sum(dim=1, keepdim=True)

@@ -203,7 +203,7 @@ class QuantLinear(nn.Module):
         xq = integer.quantize(x, bits=8, granularity="token")
         wq = self._weight_as("int8")
         acc = int8_matmul(xq.values(), wq.values())
-        return acc.float() * xq.scale * wq.scale.reshape(1, -1)
+        return acc.float().mul_(xq.scale).mul_(wq.scale.reshape(1, -1))
 
     def _forward_nvfp4(self, x: torch.Tensor) -> torch.Tensor:
         # Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32.

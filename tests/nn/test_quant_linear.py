@@ -1,0 +1,126 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sixbit import formats
+from sixbit.formats import nvfp4
+from sixbit.nn import ActMode, QuantLinear
+from sixbit.transforms import hadamard
+
+WEIGHT_FORMATS = ["nvfp4", "int8", "int4-g64", "mxfp6_e2m3", "fp8_e4m3"]
+
+
+def _setup(fmt, block):
+    lin = torch.nn.Linear(128, 48)
+    x = torch.randn(3, 7, 128) * torch.exp(torch.randn(128))  # channel outliers
+    layer = QuantLinear.from_linear(lin, weight_format=fmt, hadamard_block=block)
+    w = lin.weight.detach()
+    xr = x if block is None else hadamard.rotate(x, block)
+    wr = w if block is None else hadamard.rotate(w, block)
+    return lin, layer, x, xr.reshape(-1, 128), formats.get(fmt).quantize(wr).dequantize()
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+@pytest.mark.parametrize("block", [None, 32])
+def test_fp_mode_equals_weight_only_reference(fmt, block):
+    lin, layer, x, xr, w_deq = _setup(fmt, block)
+    layer.act_mode = "fp"
+    ref = F.linear(xr, w_deq, lin.bias).reshape(3, 7, 48)
+    torch.testing.assert_close(layer(x), ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+@pytest.mark.parametrize("block", [None, 32])
+def test_int8_mode_equals_integer_reference(fmt, block):
+    lin, layer, x, xr, w_deq = _setup(fmt, block)
+    layer.act_mode = "int8"
+    # independent reference: per-token / per-channel symmetric INT8, exact float64 accumulation
+    sx = xr.abs().amax(-1, keepdim=True) / 127
+    xq = torch.clamp(torch.round(xr / sx), -127, 127)
+    sw = w_deq.abs().amax(-1, keepdim=True) / 127
+    wq = torch.clamp(torch.round(w_deq / sw), -127, 127)
+    acc = xq.double() @ wq.double().T
+    assert acc.abs().max() < 2**31 and torch.equal(acc, acc.round())
+    ref = (acc * sx.double() * sw.double().T + lin.bias.double()).float().reshape(3, 7, 48)
+    torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+@pytest.mark.parametrize("block", [None, 32])
+def test_nvfp4_mode_equals_emulated_reference(fmt, block):
+    lin, layer, x, xr, w_deq = _setup(fmt, block)
+    layer.act_mode = "nvfp4"
+    w4 = nvfp4.quantize(w_deq).dequantize() if fmt != "nvfp4" else w_deq
+    ref = nvfp4.quantize(xr).dequantize().double() @ w4.double().T + lin.bias.double()
+    torch.testing.assert_close(layer(x), ref.float().reshape(3, 7, 48), rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+    assert layer.emulated and "emulated" in repr(layer)
+
+
+def test_accuracy_vs_full_precision():
+    lin = torch.nn.Linear(256, 64)
+    x = torch.randn(32, 256)
+    ref = lin(x)
+
+    def rel(layer, mode):
+        layer.act_mode = mode
+        return ((layer(x) - ref).pow(2).mean() / ref.pow(2).mean()).item()
+
+    w8 = QuantLinear.from_linear(lin, "int8")
+    w4 = QuantLinear.from_linear(lin, "nvfp4", hadamard_block=64)
+    assert rel(w8, "fp") < 1e-4 and rel(w8, "int8") < 3e-4
+    assert rel(w4, "fp") < 2e-2 and rel(w4, "int8") < 2e-2 and rel(w4, "nvfp4") < 4e-2
+    assert rel(w4, "fp") < rel(w4, "nvfp4")
+
+
+def test_packed_storage_no_fp_copy():
+    layer = QuantLinear.from_linear(torch.nn.Linear(4096, 4096, bias=False), "nvfp4", hadamard_block=128)
+    state = layer.state_dict()
+    bits = 8 * sum(t.numel() * t.element_size() for t in state.values()) / 4096**2
+    assert bits <= 4.6
+    assert not any(t.numel() >= 4096 * 4096 for t in state.values())  # no unpacked weight
+    assert layer.weight_nbytes() == 4096 * 4096 // 2 + 4096 * 4096 // 16 + 4
+
+
+def test_mode_switch_dtype_bias_and_shapes():
+    lin = torch.nn.Linear(64, 16)
+    layer = QuantLinear.from_linear(lin, "nvfp4")
+    x = torch.randn(2, 3, 4, 64)
+    outs = {}
+    for mode in ActMode:
+        layer.act_mode = mode.value
+        outs[mode] = layer(x)
+        assert outs[mode].shape == (2, 3, 4, 16)
+        assert layer(x.bfloat16()).dtype == torch.bfloat16
+    assert not torch.equal(outs[ActMode.FP], outs[ActMode.NVFP4])
+    assert torch.allclose(layer.bias, lin.bias)
+    nobias = QuantLinear.from_linear(torch.nn.Linear(64, 16, bias=False), "int8")
+    assert nobias.bias is None and torch.equal(nobias(torch.zeros(1, 64)), torch.zeros(1, 16))
+
+
+def test_cache_converted_gives_same_result():
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(5, 64)
+    plain = QuantLinear.from_linear(lin, "nvfp4", act_mode="int8")
+    cached = QuantLinear.from_linear(lin, "nvfp4", act_mode="int8", cache_converted=True)
+    assert torch.equal(plain(x), cached(x)) and torch.equal(cached(x), plain(x))
+    assert "int8" in cached._converted and not plain._converted
+
+
+def test_errors():
+    lin = torch.nn.Linear(96, 8)
+    with pytest.raises(ValueError, match="hadamard_block=32"):
+        QuantLinear.from_linear(lin, "int8", hadamard_block=64)
+    with pytest.raises(ValueError, match="unknown format"):
+        QuantLinear.from_linear(lin, "int9")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        QuantLinear.from_linear(torch.nn.Linear(40, 8), "nvfp4")
+    layer = QuantLinear.from_linear(lin, "int8")
+    with pytest.raises(ValueError, match="valid: \\['fp', 'int8', 'nvfp4'\\]"):
+        layer.act_mode = "int4"
+    with pytest.raises(ValueError, match="last dimension 96"):
+        layer(torch.randn(2, 95))
+    layer.act_mode = "int8"
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        layer(torch.full((2, 96), float("nan")))
+    with pytest.raises(ValueError, match="nn.Linear"):
+        QuantLinear.from_linear(torch.nn.Conv1d(3, 3, 1))
