@@ -206,7 +206,7 @@ def test_atomic_save(tmp_path, monkeypatch):
             f.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr("sixbit.checkpoint.save_file", half_write)
+    monkeypatch.setattr("sixbit._io.save_file", half_write)
     with pytest.raises(OSError, match="disk full"):
         sixbit.save(model, path)
     assert path.read_bytes() == before  # the old file is intact

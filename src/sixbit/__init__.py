@@ -11,7 +11,26 @@ Example:
 __version__ = "0.1.0"
 
 from . import formats  # noqa: E402
+from .api import quantize, summary  # noqa: E402
+from .calibration import CalibrationData, calibrate  # noqa: E402
 from .checkpoint import load, read_header, save  # noqa: E402
+from .config import QuantConfig, Role  # noqa: E402
 from .nn import ActMode, QuantLinear  # noqa: E402
+from .runtime import track_steps  # noqa: E402
 
-__all__ = ["ActMode", "QuantLinear", "__version__", "formats", "load", "read_header", "save"]
+__all__ = [
+    "ActMode",
+    "CalibrationData",
+    "QuantConfig",
+    "QuantLinear",
+    "Role",
+    "__version__",
+    "calibrate",
+    "formats",
+    "load",
+    "quantize",
+    "read_header",
+    "save",
+    "summary",
+    "track_steps",
+]

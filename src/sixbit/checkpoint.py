@@ -20,15 +20,13 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from . import __version__, formats
+from ._io import read_safetensors, save_safetensors_atomic
 from .nn import QuantLinear
 
 FORMAT_VERSION = 1
@@ -56,9 +54,6 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         >>> p.suffix
         '.safetensors'
     """
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        raise ValueError(f"checkpoint path must end in .safetensors, got {str(path)!r}")
     tensors, seen = {}, set()
     for name, t in model.state_dict().items():
         t = t.detach().contiguous()
@@ -74,19 +69,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         "layers": {n: m.config() for n, m in model.named_modules() if isinstance(m, QuantLinear)},
         "sha256": _digest(tensors),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={_META_KEY: json.dumps(header)})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return save_safetensors_atomic(tensors, path, {_META_KEY: json.dumps(header)})
 
 
 def read_header(path: str | os.PathLike) -> dict:
@@ -95,16 +78,7 @@ def read_header(path: str | os.PathLike) -> dict:
 
 
 def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    if not path.is_file():
-        raise ValueError(f"no checkpoint at {str(path)!r}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for bad files
-        raise ValueError(
-            f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): {e}"
-        ) from None
+    metadata, tensors = read_safetensors(path, "checkpoint")
     if _META_KEY not in metadata:
         raise ValueError(f"{str(path)!r} is a safetensors file but not a sixbit checkpoint (no 'sixbit' header)")
     try:
@@ -128,7 +102,10 @@ def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quan
     parts = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     weight = fmt.container.from_parts(parts, cfg["weight_meta"])
     bias = tensors.get(f"{name}.bias" if name else "bias") if cfg["bias"] else None
-    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"])
+    source_dtype = getattr(torch, str(cfg["source_dtype"]), None)
+    if not isinstance(source_dtype, torch.dtype):
+        raise ValueError(f"layer {name!r}: unknown source_dtype {cfg['source_dtype']!r}")
+    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype)
     if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
         raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
     for field, ref in _expected_layout(fmt.name, cfg["out_features"], cfg["in_features"]).items():

@@ -77,8 +77,10 @@ class QuantLinear(nn.Module):
         hadamard_block: int | None = None,
         act_mode: ActMode | str = ActMode.FP,
         cache_converted: bool = False,
+        source_dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
+        self.source_dtype = source_dtype  # dtype of the weight it replaced (for byte accounting)
         self.weight_format = formats.get(weight_format).name
         if not isinstance(weight, formats.get(weight_format).container):
             raise ValueError(f"weight container {type(weight).__name__} does not match format {weight_format!r}")
@@ -126,7 +128,9 @@ class QuantLinear(nn.Module):
         if hadamard_block is not None:
             hadamard.check_block(linear.in_features, hadamard_block)
             w = hadamard.rotate(w, hadamard_block)
-        return cls(fmt.quantize(w), fmt.name, linear.bias, hadamard_block, act_mode, cache_converted)
+        return cls(
+            fmt.quantize(w), fmt.name, linear.bias, hadamard_block, act_mode, cache_converted, linear.weight.dtype
+        )
 
     # ---------------------------------------------------------------- state
 
@@ -163,6 +167,7 @@ class QuantLinear(nn.Module):
             "weight_format": self.weight_format,
             "hadamard_block": self.hadamard_block,
             "bias": self.bias is not None,
+            "source_dtype": str(self.source_dtype).removeprefix("torch."),
             "weight_meta": self._weight_meta,
         }
 

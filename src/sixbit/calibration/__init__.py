@@ -1,0 +1,6 @@
+"""Calibration: running activation statistics per layer × step × CFG branch."""
+
+from .collector import calibrate
+from .data import TAIL_QUANTILES, BlockStats, CalibrationData, LayerStats
+
+__all__ = ["TAIL_QUANTILES", "BlockStats", "CalibrationData", "LayerStats", "calibrate"]

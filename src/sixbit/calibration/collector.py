@@ -1,0 +1,144 @@
+"""``sixbit.calibrate``: run generations with hooks that record running statistics."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..config import Role
+from ..models import block_index_of, iter_blocks, spec_for
+from ..nn import QuantLinear
+from ..runtime.context import StepTracker, track_steps
+from .data import BlockStats, CalibrationData, LayerStats
+
+logger = logging.getLogger(__name__)
+
+# Layers whose inputs quantized activation paths see: those inside the blocks.
+_QUANTIZABLE_ROLES = (Role.ATTENTION, Role.FEEDFORWARD, Role.OTHER)
+
+
+def _split(x: torch.Tensor, tracker: StepTracker) -> list[tuple[str, torch.Tensor]]:
+    """Per-branch slices of a batch-first tensor (batched CFG: uncond half, cond half)."""
+    info = tracker.info
+    branches = info.batch_branches(x.shape[0]) if x.dim() >= 2 else [info.branch]
+    if len(set(branches)) == 1:
+        return [(branches[0], x)]
+    half = x.shape[0] // 2
+    return [(branches[0], x[:half]), (branches[-1], x[half:])]
+
+
+class _DeltaMemory:
+    """Per-run, per-branch: the previous residual of every block (one tensor per block)."""
+
+    def __init__(self):
+        self.previous: dict[str, torch.Tensor] = {}
+
+
+def calibrate(
+    model: nn.Module,
+    run: Callable[[], object],
+    layers: list[str] | None = None,
+    batched_cfg: bool | None = None,
+) -> CalibrationData:
+    """Run ``run()`` (one or more generations) and record activation statistics.
+
+    Recorded per quantizable linear layer × step × CFG branch: per-channel and per-tensor
+    abs-max of the inputs, mean ``|x|``, RMS and the 99.9/99.99 % quantiles of ``|x|``; per
+    block × step × branch: Γ (relative L1 change input → output) and the step-to-step change
+    of the residual Δ. Branches follow :mod:`sixbit.runtime.context`; batched-CFG calls are
+    split into their unconditional and conditional halves.
+
+    Args:
+        model: the transformer (full precision or already quantized).
+        run: a callable that runs generations, e.g. ``lambda: pipe(prompts, num_inference_steps=20)``.
+        layers: ``re.fullmatch`` patterns of the layers to record (default: every linear
+            inside the blocks except modulation projections).
+        batched_cfg: calls made without a diffusers cache context hold both CFG branches in one
+            batch (see :class:`~sixbit.runtime.StepTracker`); ``None`` keeps the tracker's setting.
+
+    Example:
+        >>> data = sixbit.calibrate(pipe.transformer, lambda: pipe(["a red circle moving right"]))  # doctest: +SKIP
+        >>> data.save("calibration.safetensors")                                                  # doctest: +SKIP
+    """
+    spec = spec_for(model)
+    tracker = track_steps(model, batched_cfg)
+    tracker.new_generation()
+    blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
+    data = CalibrationData()
+    generations: set[int] = set()
+    handles = []
+
+    def note_step():
+        info = tracker.info
+        generations.add(info.generation)
+        if len(generations) == 1:
+            data.timesteps.setdefault(info.step, info.timestep)
+
+    def layer_hook(name):
+        def hook(module, args):
+            note_step()
+            per = data.layers.setdefault(name, {})
+            for branch, x in _split(args[0], tracker):
+                key = (tracker.info.step, branch)
+                if key not in per:
+                    per[key] = LayerStats(torch.zeros(x.shape[-1]))
+                per[key].update(x)
+        return hook
+
+    def block_hooks(name, io):
+        inputs = {}
+
+        def pre(module, args, kwargs):
+            x = io.stream_input(module, args, kwargs)
+            inputs["x"] = None if x is None else x.detach().clone()
+
+        def post(module, args, kwargs, output):
+            x_in, y = inputs.pop("x", None), io.stream_output(output)
+            if x_in is None or y is None or y.shape != x_in.shape:
+                return
+            note_step()
+            per = data.blocks.setdefault(name, {})
+            for (branch, xb), (_, yb) in zip(_split(x_in, tracker), _split(y.detach(), tracker)):
+                key = (tracker.info.step, branch)
+                stats = per.setdefault(key, BlockStats())
+                delta = (yb - xb).float()
+                stats.gamma_sum += float(delta.abs().sum() / xb.float().abs().sum().clamp_min(1e-12))
+                stats.delta_abs_sum += float(delta.abs().mean())
+                stats.calls += 1
+                memory = tracker.state(_DeltaMemory, _DeltaMemory, branch)
+                prev = memory.previous.get(name)
+                if prev is not None and prev.shape == delta.shape:
+                    stats.delta_change_sum += float((delta - prev).abs().sum() / prev.abs().sum().clamp_min(1e-12))
+                    stats.delta_change_calls += 1
+                memory.previous[name] = delta
+        return pre, post
+
+    try:
+        for idx, name, block, io in iter_blocks(model, spec):
+            pre, post = block_hooks(name, io)
+            handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(block.register_forward_hook(post, with_kwargs=True))
+        for name, mod in model.named_modules():
+            if not isinstance(mod, (nn.Linear, QuantLinear)):
+                continue
+            if layers is not None:
+                chosen = any(re.fullmatch(p, name) for p in layers)
+            else:
+                chosen = block_index_of(name, blocks) is not None and spec.role_of(name) in _QUANTIZABLE_ROLES
+            if chosen:
+                handles.append(mod.register_forward_pre_hook(layer_hook(name)))
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+        tracker.new_generation()
+    data.generations = len(generations)
+    if not data.layers and not data.blocks:
+        raise ValueError("calibration recorded nothing: `run` never called the model")
+    logger.info("calibrated %d layers and %d blocks over %d generation(s)", len(data.layers), len(data.blocks), data.generations)
+    return data

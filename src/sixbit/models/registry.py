@@ -1,0 +1,203 @@
+"""Per-architecture metadata: where the blocks are, what they return, what each linear does.
+
+A model is supported by *registering* a :class:`ModelSpec` — never by copying its forward.
+Role patterns are ``re.fullmatch`` regular expressions on module names as
+``model.named_modules()`` prints them; the first role whose pattern matches wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import re
+from typing import Iterator
+
+from torch import nn
+
+from ..config import Role
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockIO:
+    """How a transformer block is called and what it returns.
+
+    Attributes:
+        hidden: keyword name of the video-token input, or its positional index.
+        encoder: keyword name (or index) of the text-token input of joint-attention blocks
+            that also update the text stream; ``None`` when the block returns no text stream.
+        returns: the block's outputs in order, each ``"hidden"`` or ``"encoder"``; a block
+            returning a bare tensor has ``("hidden",)``.
+    """
+
+    hidden: str | int = "hidden_states"
+    encoder: str | int | None = None
+    returns: tuple[str, ...] = ("hidden",)
+
+    def stream_input(self, block: nn.Module, args: tuple, kwargs: dict, stream: str = "hidden"):
+        """The ``stream`` (``"hidden"``/``"encoder"``) input of a call ``block(*args, **kwargs)``."""
+        key = self.hidden if stream == "hidden" else self.encoder
+        if isinstance(key, str):
+            if key in kwargs:
+                return kwargs[key]
+            key = _positional_index(block, key)
+        return args[key] if key is not None and key < len(args) else None
+
+    def stream_output(self, output, stream: str = "hidden"):
+        """The ``stream`` output of a block call (``None`` if the block does not return it)."""
+        if stream not in self.returns:
+            return None
+        if not isinstance(output, (tuple, list)):
+            return output if stream == "hidden" else None
+        return output[self.returns.index(stream)]
+
+
+@functools.lru_cache(maxsize=None)
+def _positional_index_of(cls: type, name: str) -> int | None:
+    params = [p for p in inspect.signature(cls.forward).parameters if p != "self"]
+    return params.index(name) if name in params else None
+
+
+def _positional_index(block: nn.Module, name: str) -> int | None:
+    return _positional_index_of(type(block), name)
+
+
+# Role patterns shared by the diffusers video transformers (names relative to the model).
+_P_OUTPUT = r"(norm_out\..*|proj_out)"
+_P_EMBED = (
+    r"(patch_embed|patch_embedding|pos_embed|time_embed|time_embedding|time_proj|ofs_embedding"
+    r"|condition_embedder|context_embedder|caption_projection|caption_proj|time_text_embed"
+    r"|x_embedder|adaln_single|token_refiner|image_embedder|text_embedder|proj_in|rope)(\..*)?"
+)
+_P_MODULATION = r".*\.(norm\w*|\w*adaln\w*|\w*ada_norm\w*)\..*"
+_P_ATTENTION = (
+    r".*\.(attn\d*|attention|self_attn|cross_attn)\."
+    r"(to_q|to_k|to_v|to_out\.0|to_out|add_q_proj|add_k_proj|add_v_proj|to_add_out|to_qkv)"
+)
+_P_FEEDFORWARD = r".*\.(ff|ff_context|ffn|mlp|feed_forward|proj_mlp)(\..*)?"
+
+DEFAULT_ROLES: tuple[tuple[Role, str], ...] = (
+    (Role.OUTPUT, _P_OUTPUT),
+    (Role.EMBEDDING, _P_EMBED),
+    (Role.MODULATION, _P_MODULATION),
+    (Role.ATTENTION, _P_ATTENTION),
+    (Role.FEEDFORWARD, _P_FEEDFORWARD),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Metadata of one transformer architecture.
+
+    Attributes:
+        name: short name (``"cogvideox"``).
+        classes: class names it applies to (``"CogVideoXTransformer3DModel"``).
+        block_lists: attribute paths of the ``nn.ModuleList`` s of blocks, in execution order.
+        block_io: per block list, a :class:`BlockIO` (one entry applies to all lists).
+        roles: ``(role, pattern)`` pairs tried in order before :data:`DEFAULT_ROLES`.
+        interleaved: the block lists alternate (list 0 block i, list 1 block i, …), as Latte's
+            spatial and temporal blocks do; block i of every list then shares global index i.
+    """
+
+    name: str
+    classes: tuple[str, ...]
+    block_lists: tuple[str, ...]
+    block_io: tuple[BlockIO, ...] = (BlockIO(),)
+    roles: tuple[tuple[Role, str], ...] = ()
+    interleaved: bool = False
+
+    def io_for(self, block_list: str) -> BlockIO:
+        index = self.block_lists.index(block_list)
+        return self.block_io[index if len(self.block_io) > 1 else 0]
+
+    def role_of(self, name: str) -> Role:
+        """The role of the linear layer called ``name``."""
+        for role, pattern in self.roles + DEFAULT_ROLES:
+            if re.fullmatch(pattern, name):
+                return role
+        return Role.OTHER
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register_model(spec: ModelSpec) -> ModelSpec:
+    """Register ``spec`` for its classes. Example: see ``sixbit/models/diffusers_models.py``."""
+    for cls in spec.classes:
+        if cls in _REGISTRY:
+            raise ValueError(f"a ModelSpec is already registered for {cls}")
+        _REGISTRY[cls] = spec
+    return spec
+
+
+def registered() -> dict[str, ModelSpec]:
+    """Class name → spec for every registered architecture."""
+    return dict(_REGISTRY)
+
+
+def _generic_spec(model: nn.Module) -> ModelSpec | None:
+    """The largest ``ModuleList`` whose items all share one class is taken as the block list."""
+    best = None
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.ModuleList) or len(mod) < 2:
+            continue
+        kinds = {type(m) for m in mod}
+        if len(kinds) != 1 or not any(isinstance(m, nn.Linear) for m in mod[0].modules()):
+            continue
+        size = sum(p.numel() for p in mod.parameters())
+        if best is None or size > best[1]:
+            best = (name, size)
+    if best is None:
+        return None
+    return ModelSpec(name="generic", classes=(type(model).__name__,), block_lists=(best[0],))
+
+
+def spec_for(model: nn.Module) -> ModelSpec:
+    """The registered spec of ``model``'s class, else a generic one found from its structure."""
+    spec = _REGISTRY.get(type(model).__name__) or _generic_spec(model)
+    if spec is None:
+        raise ValueError(
+            f"{type(model).__name__} has no recognizable transformer blocks (no nn.ModuleList of "
+            "identical blocks containing linear layers). Register its metadata: "
+            "sixbit.models.register_model(sixbit.models.ModelSpec(name=..., classes=("
+            f"'{type(model).__name__}',), block_lists=('path.to.blocks',)))"
+        )
+    for path in spec.block_lists:
+        blocks = _get(model, path)
+        if not isinstance(blocks, nn.ModuleList):
+            raise ValueError(f"{spec.name} spec names block list {path!r}, which {type(model).__name__} lacks")
+    return spec
+
+
+def _get(model: nn.Module, path: str):
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def iter_blocks(model: nn.Module, spec: ModelSpec | None = None) -> Iterator[tuple[int, str, nn.Module, BlockIO]]:
+    """``(global index, module name, block, BlockIO)`` of every block, in execution order."""
+    spec = spec or spec_for(model)
+    lists = [(path, model.get_submodule(path)) for path in spec.block_lists]
+    if spec.interleaved:
+        for i in range(max(len(blocks) for _, blocks in lists)):
+            for path, blocks in lists:
+                if i < len(blocks):
+                    yield i, f"{path}.{i}", blocks[i], spec.io_for(path)
+        return
+    index = 0
+    for path, blocks in lists:
+        for i, block in enumerate(blocks):
+            yield index, f"{path}.{i}", block, spec.io_for(path)
+            index += 1
+
+
+def block_index_of(layer_name: str, block_names: dict[str, int]) -> int | None:
+    """Global block index of a layer given ``{block module name: index}``, or ``None``."""
+    parts = layer_name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        idx = block_names.get(".".join(parts[:cut]))
+        if idx is not None:
+            return idx
+    return None

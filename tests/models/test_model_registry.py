@@ -1,0 +1,102 @@
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from sixbit.config import Role
+from sixbit.models import iter_blocks, register_model, registered, spec_for, ModelSpec
+from tiny_models import TINY_BUILDERS, build_tiny
+
+# A few layers per architecture whose role the metadata must get right.
+EXPECTED = {
+    "cogvideox": {"transformer_blocks.0.attn1.to_q": Role.ATTENTION, "transformer_blocks.1.ff.net.2": Role.FEEDFORWARD,
+                  "transformer_blocks.0.norm1.linear": Role.MODULATION, "time_embedding.linear_1": Role.EMBEDDING,
+                  "patch_embed.text_proj": Role.EMBEDDING, "norm_out.linear": Role.OUTPUT, "proj_out": Role.OUTPUT},
+    "wan": {"blocks.0.attn2.to_k": Role.ATTENTION, "blocks.1.ffn.net.0.proj": Role.FEEDFORWARD,
+            "condition_embedder.text_embedder.linear_1": Role.EMBEDDING, "proj_out": Role.OUTPUT},
+    "hunyuanvideo": {"transformer_blocks.0.attn.add_q_proj": Role.ATTENTION, "transformer_blocks.0.attn.to_add_out": Role.ATTENTION,
+                     "transformer_blocks.1.ff_context.net.2": Role.FEEDFORWARD, "single_transformer_blocks.0.proj_mlp": Role.FEEDFORWARD,
+                     "single_transformer_blocks.1.proj_out": Role.FEEDFORWARD, "single_transformer_blocks.0.norm.linear": Role.MODULATION,
+                     "transformer_blocks.0.norm1_context.linear": Role.MODULATION,
+                     "context_embedder.token_refiner.refiner_blocks.0.attn.to_q": Role.EMBEDDING, "proj_out": Role.OUTPUT},
+    "ltx": {"transformer_blocks.0.attn2.to_out.0": Role.ATTENTION, "proj_in": Role.EMBEDDING, "caption_projection.linear_1": Role.EMBEDDING},
+    "mochi": {"transformer_blocks.0.attn1.add_k_proj": Role.ATTENTION, "transformer_blocks.1.norm1_context.linear_1": Role.MODULATION,
+              "time_embed.pooler.to_q": Role.EMBEDDING, "transformer_blocks.0.ff_context.net.0.proj": Role.FEEDFORWARD},
+    "allegro": {"adaln_single.linear": Role.EMBEDDING, "transformer_blocks.0.attn2.to_v": Role.ATTENTION},
+    "latte": {"temporal_transformer_blocks.1.attn1.to_q": Role.ATTENTION, "temporal_transformer_blocks.0.ff.net.2": Role.FEEDFORWARD},
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY_BUILDERS))
+def test_every_linear_has_a_role(name):
+    tm = build_tiny(name)
+    spec = spec_for(tm.model)
+    assert spec.name != "generic" and spec.block_lists == tm.block_lists
+    roles = {n: spec.role_of(n) for n, m in tm.model.named_modules() if isinstance(m, nn.Linear)}
+    assert Role.OTHER not in roles.values(), [n for n, r in roles.items() if r is Role.OTHER]
+    for layer, role in EXPECTED.get(name.removesuffix("1.5"), {}).items():
+        assert roles[layer] is role, layer
+
+
+@pytest.mark.parametrize("name", sorted(TINY_BUILDERS))
+def test_block_io_matches_the_real_calls(name):
+    tm = build_tiny(name)
+    seen = []
+
+    def hooks(io):
+        def pre(module, args, kwargs):
+            seen.append(("in", io.stream_input(module, args, kwargs).shape))
+
+        def post(module, args, kwargs, out):
+            seen.append(("out", io.stream_output(out).shape))
+            if io.encoder is not None:
+                assert io.stream_input(module, args, kwargs, "encoder").shape[-1] == io.stream_output(out, "encoder").shape[-1]
+        return pre, post
+
+    for _, _, block, io in iter_blocks(tm.model):
+        pre, post = hooks(io)
+        block.register_forward_pre_hook(pre, with_kwargs=True)
+        block.register_forward_hook(post, with_kwargs=True)
+    with torch.no_grad():
+        tm.model(**tm.inputs(2, None))
+    assert len(seen) == 2 * sum(1 for _ in iter_blocks(tm.model))
+    for (k1, s_in), (k2, s_out) in zip(seen[::2], seen[1::2]):
+        assert (k1, k2) == ("in", "out") and s_in == s_out  # a residual stream keeps its shape
+
+
+def test_latte_blocks_are_interleaved():
+    order = [(i, n) for i, n, _, _ in iter_blocks(build_tiny("latte").model)]
+    assert order == [(0, "transformer_blocks.0"), (0, "temporal_transformer_blocks.0"),
+                     (1, "transformer_blocks.1"), (1, "temporal_transformer_blocks.1")]
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + self.fc(x)
+
+
+class Custom(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(16, 16)
+        self.layers = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.ModuleList([nn.Linear(16, 4)])
+
+
+def test_generic_fallback_and_unrecognized_model():
+    spec = spec_for(Custom())
+    assert spec.name == "generic" and spec.block_lists == ("layers",)
+    with pytest.raises(ValueError, match="register_model"):
+        spec_for(nn.Sequential(nn.Linear(4, 4)))
+
+
+def test_registration_rules():
+    assert "CogVideoXTransformer3DModel" in registered()
+    with pytest.raises(ValueError, match="already registered"):
+        register_model(ModelSpec("again", ("CogVideoXTransformer3DModel",), ("transformer_blocks",)))
+    assert re.fullmatch(r"[a-z0-9.-]+", spec_for(build_tiny("ltx").model).name)
