@@ -13,6 +13,7 @@ from . import formats
 from .config import QuantConfig
 from .models import block_index_of, iter_blocks, spec_for
 from .nn import QuantLinear
+from .transforms.hadamard import BLOCK_SIZES
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +21,14 @@ logger = logging.getLogger(__name__)
 def _fits(fmt_name: str, in_features: int) -> bool:
     block = formats.get(fmt_name).block_size
     return block is None or in_features % block == 0
+
+
+def _hadamard_block(limit: int | None, in_features: int) -> int | None:
+    """The largest supported Hadamard block ≤ ``limit`` that divides ``in_features``."""
+    if limit is None:
+        return None
+    fits = [b for b in BLOCK_SIZES if b <= limit and in_features % b == 0]
+    return max(fits) if fits else None
 
 
 def _plan(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None]]:
@@ -49,8 +58,7 @@ def _plan(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | N
                 name, mod.in_features, fmt, formats.get(fmt).block_size,
             )
             continue
-        hb = config.hadamard_block
-        plan[name] = (fmt, hb if hb is not None and mod.in_features % hb == 0 else None)
+        plan[name] = (fmt, _hadamard_block(config.hadamard_block, mod.in_features))
     return plan
 
 

@@ -52,7 +52,8 @@ class QuantConfig:
         boundary_format: format for those blocks' quantized layers (default ``"int8"``;
             ``None`` keeps them in full precision).
         hadamard_block: block size of the online Hadamard rotation (16…256, a power of two) or
-            ``None`` (default). Layers whose input size it does not divide are left unrotated.
+            ``None`` (default). A layer whose input size it does not divide gets the largest
+            smaller block that does (at least 16), else no rotation.
         act_mode: initial activation precision of every quantized layer: ``"fp"`` (weight-only,
             default), ``"int8"`` or ``"nvfp4"`` (emulated).
 

@@ -13,6 +13,7 @@ from ..config import Role
 from ..models import block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
 from ..runtime.context import StepTracker, track_steps
+from ..runtime.measure import relative_l1
 from .data import BlockStats, CalibrationData, LayerStats
 
 logger = logging.getLogger(__name__)
@@ -106,13 +107,13 @@ def calibrate(
                 key = (tracker.info.step, branch)
                 stats = per.setdefault(key, BlockStats())
                 delta = (yb - xb).float()
-                stats.gamma_sum += float(delta.abs().sum() / xb.float().abs().sum().clamp_min(1e-12))
+                stats.gamma_sum += float(relative_l1(delta.reshape(1, -1), xb.reshape(1, -1)))
                 stats.delta_abs_sum += float(delta.abs().mean())
                 stats.calls += 1
                 memory = tracker.state(_DeltaMemory, _DeltaMemory, branch)
                 prev = memory.previous.get(name)
                 if prev is not None and prev.shape == delta.shape:
-                    stats.delta_change_sum += float((delta - prev).abs().sum() / prev.abs().sum().clamp_min(1e-12))
+                    stats.delta_change_sum += float(relative_l1((delta - prev).reshape(1, -1), prev.reshape(1, -1)))
                     stats.delta_change_calls += 1
                 memory.previous[name] = delta
         return pre, post

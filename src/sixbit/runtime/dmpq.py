@@ -1,0 +1,232 @@
+"""Dynamic mixed-precision quantization (DMPQ): NVFP4 or INT8 activations per block and step.
+
+Each block's relative L1 change from input to output at its previous computed step,
+``Γ_{t−1} = ‖out − in‖₁ / ‖in‖₁``, predicts how much error NVFP4 activations would add at
+step ``t`` through a linear model ``E = α·Γ_{t−1} + β`` fitted per block on calibration runs
+(:func:`sixbit.calibration.fit_dmpq`). A block whose predicted error is at most the threshold
+runs every linear with NVFP4 activations (``low``); otherwise, and whenever ``Γ_{t−1}`` is
+unknown (first step, after a skip), with INT8 (``high``). The threshold is set on calibration
+data so the GEMM-FLOP-weighted average activation width meets ``target_bits``.
+
+Batches: each sample's error is predicted from its own Γ; a block goes low only if *every*
+sample in the call is predicted stable, so one prompt never lowers another's precision.
+
+NVFP4 activations are emulated on hardware without FP4 matmuls (see :class:`~sixbit.nn.QuantLinear`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from torch import nn
+
+from ..models import iter_blocks, spec_for
+from ..nn import ActMode
+from .context import StepTracker, track_steps
+from .measure import quant_linears, relative_l1
+
+HOOK_NAME = "sixbit_dmpq"
+ACT_BITS = {ActMode.NVFP4: 4.5, ActMode.INT8: 8.0, ActMode.FP: 16.0}  # incl. NVFP4's E4M3 scales
+
+
+@dataclasses.dataclass
+class DMPQConfig:
+    """Settings of DMPQ.
+
+    Args:
+        target_bits: GEMM-FLOP-weighted average activation bits that calibration aims for
+            (between 4.5 = all NVFP4 and 8 = all INT8; default 6.0). Lower: faster on FP4
+            hardware, more error.
+        threshold: an explicit predicted-error threshold; overrides ``target_bits`` when set.
+        hadamard_block: online Hadamard block for the NVFP4 weights (default 128; layers whose
+            input size it does not divide use the largest smaller block that does).
+    """
+
+    target_bits: float = 6.0
+    threshold: float | None = None
+    hadamard_block: int | None = 128
+
+    def __post_init__(self):
+        problems = []
+        if not ACT_BITS[ActMode.NVFP4] <= self.target_bits <= ACT_BITS[ActMode.INT8]:
+            problems.append(f"target_bits must be within [4.5, 8], got {self.target_bits!r}")
+        if self.threshold is not None and not self.threshold >= 0:
+            problems.append(f"threshold must be ≥ 0 or None, got {self.threshold!r}")
+        if problems:
+            raise ValueError("invalid DMPQConfig:\n  - " + "\n  - ".join(problems))
+
+
+@dataclasses.dataclass
+class DMPQPredictor:
+    """Per-block linear error model ``E = α·Γ_{t−1} + β`` and the switching threshold."""
+
+    blocks: list[str]
+    alpha: list[float]
+    beta: list[float]
+    threshold: float
+    pearson_r: float = float("nan")  # correlation of Γ_{t−1} and E_t on the calibration data
+
+    def predict(self, block: int, gamma: torch.Tensor) -> torch.Tensor:
+        return self.alpha[block] * gamma + self.beta[block]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DMPQPredictor":
+        return cls(**data)
+
+
+class DMPQState:
+    """Per run and branch: the last Γ of every block (one value per sample)."""
+
+    def __init__(self):
+        self.gamma: dict[int, torch.Tensor] = {}
+
+    def reset(self) -> None:
+        self.gamma.clear()
+
+
+@dataclasses.dataclass
+class DMPQReport:
+    """What DMPQ chose in one run: ``decisions[(branch, step, block)]`` and GEMM FLOPs per mode."""
+
+    blocks: list[str]
+    decisions: dict[tuple[str, int, int], str] = dataclasses.field(default_factory=dict)
+    flops: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({s for _, s, _ in self.decisions})
+
+    @property
+    def average_bits(self) -> float:
+        """GEMM-FLOP-weighted average activation bits (NVFP4 counted as 4.5: its scales included)."""
+        total = sum(self.flops.values())
+        return sum(ACT_BITS[ActMode(m)] * f for m, f in self.flops.items()) / total if total else float("nan")
+
+    def flop_share(self) -> dict[str, float]:
+        total = sum(self.flops.values())
+        return {m: f / total for m, f in self.flops.items()} if total else {}
+
+    def precision_map(self, branch: str | None = None) -> list[list[str]]:
+        """``map[step][block]`` = act mode (``branch`` default: the first one recorded)."""
+        branch = branch or min(b for b, _, _ in self.decisions)
+        return [[self.decisions.get((branch, s, b), "") for b in range(len(self.blocks))] for s in self.steps]
+
+    def plot(self, path, branch: str | None = None, title: str = "DMPQ activation precision"):
+        """Save the step × block precision map as a PNG (needs matplotlib)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import ListedColormap
+
+        modes = [m.value for m in (ActMode.NVFP4, ActMode.INT8, ActMode.FP)]
+        grid = [[modes.index(m) if m in modes else float("nan") for m in row] for row in self.precision_map(branch)]
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.5 + 0.35 * len(self.blocks)), max(2.5, 1.2 + 0.25 * len(grid))))
+        ax.imshow(grid, cmap=ListedColormap(["#2b83ba", "#fdae61", "#d7191c"]), vmin=0, vmax=2, aspect="auto")
+        ax.set_xlabel("block")
+        ax.set_ylabel("denoising step")
+        ax.set_title(f"{title}\nblue NVFP4 (emulated) · orange INT8 · avg {self.average_bits:.2f} bits", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+class DMPQ:
+    """The installed method: shared by the block hooks. Get the run's report with :meth:`report`."""
+
+    def __init__(self, model: nn.Module, predictor: DMPQPredictor, tracker: StepTracker):
+        self.model = model
+        self.predictor = predictor
+        self.tracker = tracker
+        self.blocks = [name for _, name, _, _ in iter_blocks(model)]
+        self._current = DMPQReport(self.blocks)
+        self._last: DMPQReport | None = None
+        tracker.on_new_generation(self._finish_run)
+
+    def _finish_run(self) -> None:
+        if self._current.decisions:
+            self._last = self._current
+            self._current = DMPQReport(self.blocks)
+
+    def report(self) -> DMPQReport:
+        """The current run's decisions, or the last finished run's when none is in progress."""
+        return self._current if self._current.decisions or self._last is None else self._last
+
+    def decide(self, index: int, batch: int) -> ActMode:
+        state = self.tracker.state(self, DMPQState)
+        gamma = state.gamma.get(index)
+        if gamma is None or gamma.shape[0] != batch:
+            return ActMode.INT8
+        predicted = self.predictor.predict(index, gamma)
+        return ActMode.NVFP4 if bool((predicted <= self.predictor.threshold).all()) else ActMode.INT8
+
+    def record(self, index: int, mode: ActMode, gamma: torch.Tensor, flops: float) -> None:
+        self.tracker.state(self, DMPQState).gamma[index] = gamma
+        info = self.tracker.info
+        self._current.decisions[(info.branch, info.step, index)] = mode.value
+        self._current.flops[mode.value] += flops
+
+
+class _BlockHook(ModelHook):
+    def __init__(self, method: DMPQ, index: int, io, layers):
+        super().__init__()
+        self.method, self.index, self.io, self.layers = method, index, io, layers
+        self._pending = None
+
+    def pre_forward(self, module, *args, **kwargs):
+        x = self.io.stream_input(module, args, kwargs)
+        mode = self.method.decide(self.index, x.shape[0])
+        for layer in self.layers:
+            layer.act_mode = mode
+        self._pending = (x, mode)
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        x, mode = self._pending
+        self._pending = None
+        y = self.io.stream_output(output)
+        tokens = x.numel() // x.shape[-1]
+        flops = sum(2.0 * tokens * layer.in_features * layer.out_features for layer in self.layers)
+        self.method.record(self.index, mode, relative_l1(y - x, x), flops)
+        return output
+
+
+def apply_dmpq(model: nn.Module, predictor: DMPQPredictor) -> DMPQ:
+    """Switch every block's activation precision per step with ``predictor``; returns the method.
+
+    ``model`` must already be quantized (``sixbit.quantize``; NVFP4 weights recommended).
+
+    Example:
+        >>> dmpq = apply_dmpq(transformer, predictor)      # doctest: +SKIP
+        >>> pipe("a red circle moving right")               # doctest: +SKIP
+        >>> dmpq.report().average_bits                      # doctest: +SKIP
+    """
+    if len(predictor.blocks) != len(list(iter_blocks(model))):
+        raise ValueError(
+            f"the predictor covers {len(predictor.blocks)} blocks but the model has "
+            f"{len(list(iter_blocks(model)))}: was it fitted on another model?"
+        )
+    remove_dmpq(model)
+    tracker = track_steps(model)
+    method = DMPQ(model, predictor, tracker)
+    for index, name, block, io in iter_blocks(model, spec_for(model)):
+        layers = quant_linears(block)
+        if not layers:
+            raise ValueError(f"block {name!r} has no QuantLinear: run sixbit.quantize(model, ...) first")
+        HookRegistry.check_if_exists_or_initialize(block).register_hook(_BlockHook(method, index, io, layers), HOOK_NAME)
+    return method
+
+
+def remove_dmpq(model: nn.Module) -> None:
+    """Remove DMPQ's hooks (activation modes stay as last set)."""
+    for _, _, block, _ in iter_blocks(model):
+        registry = getattr(block, "_diffusers_hook", None)
+        if registry is not None and registry.get_hook(HOOK_NAME) is not None:
+            registry.remove_hook(HOOK_NAME, recurse=False)
