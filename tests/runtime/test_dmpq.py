@@ -156,3 +156,45 @@ def test_tiny_architectures_end_to_end(name):
     r = dmpq.report()
     assert set(r.flop_share()) <= {"int8", "nvfp4"} and 4.5 <= r.average_bits <= 8
     assert all(m == "int8" for m in r.precision_map("cond")[0])
+
+
+def test_random_assignment_baseline():
+    from sixbit.runtime.dmpq import RandomAssignment
+
+    def share(low_share, seed):
+        model = _toy(depth=3)
+        dmpq = apply_dmpq(model, RandomAssignment(low_share, seed))
+        with torch.no_grad():
+            for t in range(1000, 0, -50):
+                model(torch.randn(1, 4, 32), timestep=torch.tensor([t]))
+        r = dmpq.report()
+        assert all(m == "int8" for m in r.precision_map()[0])  # no Γ yet: INT8, as DMPQ
+        return r.flop_share().get("nvfp4", 0.0), r.precision_map()
+
+    assert share(0.0, 0)[0] == 0.0 and share(1.0, 0)[0] == pytest.approx(19 / 20)
+    half, grid_a = share(0.5, 1)
+    assert 0.3 < half < 0.65
+    assert share(0.5, 1)[1] == grid_a and share(0.5, 2)[1] != grid_a  # seeded
+    with pytest.raises(ValueError, match="low_share"):
+        RandomAssignment(1.5)
+
+
+def test_refined_threshold_meets_target_bits_on_calibration_runs():
+    model = _toy(depth=4)
+    xs = [torch.randn(1, 8, 32) * s for s in (0.3, 1.0, 3.0)]
+
+    def run():
+        for x in xs:
+            for t in range(1000, 0, -50):
+                model(x, timestep=torch.tensor([t]))
+
+    pred = fit_dmpq(model, run, DMPQConfig(target_bits=6.0))
+    tracker = sixbit.runtime.tracker_of(model)
+    listeners = len(tracker._listeners)
+    dmpq = apply_dmpq(model, pred)
+    with torch.no_grad():
+        run()
+    bits = dmpq.report().average_bits
+    assert 5.8 <= bits <= 6.0 + 1e-9  # one 1/240 of the FLOPs per decision: the target is met closely
+    sixbit.runtime.dmpq.remove_dmpq(model)
+    assert len(tracker._listeners) == listeners  # no listener left behind

@@ -2,12 +2,14 @@
 
 For every block call of the calibration runs, the block is first run as usual with
 full-precision activations (the reference ``y``), then once more with NVFP4 activations
-(``y_low``). The quantization error is ``E = ‖y_low − y‖₁ / ‖y − x‖₁``: the share of the
-block's own contribution (its residual) that NVFP4 activations corrupt. ``Γ`` is
-``‖y − x‖₁ / ‖x‖₁``. Pairs ``(Γ_{t−1}, E_t)`` of consecutive steps of one sample feed a
+(``y_low``). The quantization error is ``E = ‖y_low − y‖₁ / ‖y‖₁``: the error NVFP4
+activations add to the residual stream, relative to it. ``Γ`` is ``‖y − x‖₁ / ‖x‖₁``. Pairs ``(Γ_{t−1}, E_t)`` of consecutive steps of one sample feed a
 least-squares line per block. The threshold is then the predicted error below which blocks
 go NVFP4 so that the FLOP-weighted average activation width of the calibration runs equals
-``target_bits`` (steps without ``Γ_{t−1}`` count as INT8).
+``target_bits`` (steps without ``Γ_{t−1}`` count as INT8). With ``refine`` (default), the
+calibration runs are repeated once with DMPQ switching for real and the threshold is picked
+again from the errors predicted then: at run time Γ is measured on mixed-precision blocks, not
+on full-precision ones, and this second pass makes the achieved bits match the target.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 from ..models import iter_blocks, spec_for
 from ..nn import ActMode
 from ..runtime.context import track_steps
-from ..runtime.dmpq import ACT_BITS, DMPQConfig, DMPQPredictor
+from ..runtime.dmpq import ACT_BITS, DMPQConfig, DMPQPredictor, apply_dmpq, remove_dmpq
 from ..runtime.measure import quant_linears, relative_l1
 
 logger = logging.getLogger(__name__)
@@ -42,7 +44,9 @@ def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(torch.corrcoef(torch.stack([x, y]))[0, 1])
 
 
-def fit_dmpq(model: nn.Module, run: Callable[[], object], config: DMPQConfig | None = None) -> DMPQPredictor:
+def fit_dmpq(
+    model: nn.Module, run: Callable[[], object], config: DMPQConfig | None = None, refine: bool = True
+) -> DMPQPredictor:
     """Run ``run()`` (calibration generations) on the quantized ``model`` and fit the predictor.
 
     Example:
@@ -81,7 +85,7 @@ def fit_dmpq(model: nn.Module, run: Callable[[], object], config: DMPQConfig | N
             tokens = x.numel() // x.shape[-1]
             calls.append({
                 "key": (info.generation, info.branch), "block": index, "step": info.step,
-                "gamma": relative_l1(y - x, x), "error": relative_l1(y_low - y, y - x),
+                "gamma": relative_l1(y - x, x), "error": relative_l1(y_low - y, y),
                 "flops": sum(2.0 * tokens * m.in_features * m.out_features for m in layers[index]),
             })
         return pre, post
@@ -118,28 +122,53 @@ def fit_dmpq(model: nn.Module, run: Callable[[], object], config: DMPQConfig | N
         alpha[b], beta[b] = _line(g, e)
     all_g = torch.cat([gp for _, gp in pairs]) if pairs else torch.empty(0)
     all_e = torch.cat([c["error"] for c, _ in pairs]) if pairs else torch.empty(0)
-    predictor = DMPQPredictor([name for _, name, _, _ in blocks], alpha, beta, float("inf"), _pearson(all_g, all_e))
-    predictor.threshold = config.threshold if config.threshold is not None else _threshold(predictor, pairs, calls, config)
+    predictor = DMPQPredictor(
+        [name for _, name, _, _ in blocks], alpha, beta, float("inf"), _pearson(all_g, all_e), (all_g, all_e)
+    )
+    if config.threshold is not None:
+        predictor.threshold = config.threshold
+    else:
+        total = sum(c["flops"] for c in calls)
+        candidates = [(float(predictor.predict(c["block"], gp).max()), c["flops"]) for c, gp in pairs]
+        predictor.threshold = _threshold(candidates, total, config.target_bits)
+        if refine:
+            predictor.threshold = _refine(model, run, predictor, config.target_bits)
     logger.info("DMPQ predictor: r = %.3f, threshold = %.4g", predictor.pearson_r, predictor.threshold)
     return predictor
 
 
-def _threshold(predictor: DMPQPredictor, pairs, calls, config: DMPQConfig) -> float:
-    """Smallest threshold whose NVFP4 FLOP share brings the calibration runs to ``target_bits``."""
+def _threshold(candidates: list[tuple[float, float]], total_flops: float, target_bits: float) -> float:
+    """Smallest threshold whose NVFP4 FLOP share brings the runs to ``target_bits``.
+
+    ``candidates`` are (predicted error, FLOPs) of the calls where a Γ_{t−1} was known; the
+    other calls (``total_flops`` minus theirs) always run INT8.
+    """
     low, high = ACT_BITS[ActMode.NVFP4], ACT_BITS[ActMode.INT8]
-    total = sum(c["flops"] for c in calls)
-    needed = total * (high - config.target_bits) / (high - low)
-    candidates = sorted(
-        (float(predictor.predict(c["block"], gp).max()), c["flops"]) for c, gp in pairs
-    )
+    needed = total_flops * (high - target_bits) / (high - low)
     done = 0.0
-    for predicted, flops in candidates:
+    for predicted, flops in sorted(candidates):
         if done >= needed:
             return predicted - 1e-12 if predicted > 0 else 0.0
         done += flops
     if done < needed:
         logger.warning(
             "target_bits=%.2f is out of reach: even with NVFP4 wherever Γ_{t-1} is known the average is "
-            "%.2f bits; every such block goes NVFP4", config.target_bits, (low * done + high * (total - done)) / total,
+            "%.2f bits; every such block goes NVFP4", target_bits, (low * done + high * (total_flops - done)) / total_flops,
         )
     return float("inf")
+
+
+def _refine(model: nn.Module, run: Callable[[], object], predictor: DMPQPredictor, target_bits: float) -> float:
+    """Re-pick the threshold from the errors predicted while DMPQ really switches precision."""
+    modes = {id(m): m.act_mode for _, _, block, _ in iter_blocks(model) for m in quant_linears(block)}
+    method = apply_dmpq(model, predictor)
+    try:
+        with torch.no_grad():
+            run()
+        report = method.report()
+    finally:
+        remove_dmpq(model)
+        for _, _, block, _ in iter_blocks(model):
+            for m in quant_linears(block):
+                m.act_mode = modes[id(m)]
+    return _threshold(report.candidates, sum(report.flops.values()), target_bits)

@@ -130,6 +130,10 @@ class StepTracker:
         """Call ``fn`` whenever per-run state is dropped."""
         self._listeners.append(fn)
 
+    def remove_listener(self, fn: Callable[[], None]) -> None:
+        """Stop calling ``fn`` (registered with :meth:`on_new_generation`)."""
+        self._listeners = [f for f in self._listeners if f != fn]
+
     # ------------------------------------------------------------------ state
 
     def state(self, owner: object, factory: Callable[[], Any], branch: str | None = None) -> Any:

@@ -68,16 +68,62 @@ class DMPQPredictor:
     beta: list[float]
     threshold: float
     pearson_r: float = float("nan")  # correlation of Γ_{t−1} and E_t on the calibration data
+    # the (Γ_{t−1}, E_t) calibration pairs, kept for plots; not serialized
+    pairs: tuple[torch.Tensor, torch.Tensor] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def predict(self, block: int, gamma: torch.Tensor) -> torch.Tensor:
         return self.alpha[block] * gamma + self.beta[block]
 
+    def choose(self, block: int, gamma: torch.Tensor) -> ActMode:
+        """NVFP4 when every sample's predicted error is within the threshold, else INT8."""
+        return ActMode.NVFP4 if bool((self.predict(block, gamma) <= self.threshold).all()) else ActMode.INT8
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pairs"}
+
+    def plot_correlation(self, path, title: str = "DMPQ predictor"):
+        """Scatter of the calibration pairs (Γ_{t−1}, E_t) with the fitted lines' range (PNG)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        if self.pairs is None:
+            raise ValueError("this predictor carries no calibration pairs (it was loaded, not fitted)")
+        g, e = (t.numpy() for t in self.pairs)
+        fig, ax = plt.subplots(figsize=(4.5, 3.5))
+        ax.scatter(g, e, s=6, alpha=0.5)
+        ax.set_xlabel("Γ(t−1) of the block")
+        ax.set_ylabel("E(t): NVFP4 activation error")
+        ax.set_title(f"{title}: Pearson r = {self.pearson_r:.3f}", fontsize=9)
+        if self.threshold < float("inf"):
+            ax.axhline(self.threshold, color="#d7191c", lw=1, label="threshold")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
 
     @classmethod
     def from_dict(cls, data: dict) -> "DMPQPredictor":
         return cls(**data)
+
+
+class RandomAssignment:
+    """Baseline policy: NVFP4 with probability ``low_share`` wherever DMPQ could choose, ignoring Γ.
+
+    With the same average bits as a DMPQ run it isolates what the predictor contributes.
+    """
+
+    def __init__(self, low_share: float, seed: int = 0):
+        if not 0 <= low_share <= 1:
+            raise ValueError(f"low_share must be within [0, 1], got {low_share!r}")
+        self.low_share = low_share
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def choose(self, block: int, gamma: torch.Tensor) -> ActMode:
+        draw = float(torch.rand((), generator=self.generator))
+        return ActMode.NVFP4 if draw < self.low_share else ActMode.INT8
 
 
 class DMPQState:
@@ -97,6 +143,8 @@ class DMPQReport:
     blocks: list[str]
     decisions: dict[tuple[str, int, int], str] = dataclasses.field(default_factory=dict)
     flops: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    # (predicted error, GEMM FLOPs) of every call where the predictor had a Γ_{t−1} to use
+    candidates: list[tuple[float, float]] = dataclasses.field(default_factory=list)
 
     @property
     def steps(self) -> list[int]:
@@ -141,9 +189,9 @@ class DMPQReport:
 class DMPQ:
     """The installed method: shared by the block hooks. Get the run's report with :meth:`report`."""
 
-    def __init__(self, model: nn.Module, predictor: DMPQPredictor, tracker: StepTracker):
+    def __init__(self, model: nn.Module, policy: "DMPQPredictor | RandomAssignment", tracker: StepTracker):
         self.model = model
-        self.predictor = predictor
+        self.policy = policy
         self.tracker = tracker
         self.blocks = [name for _, name, _, _ in iter_blocks(model)]
         self._current = DMPQReport(self.blocks)
@@ -159,19 +207,22 @@ class DMPQ:
         """The current run's decisions, or the last finished run's when none is in progress."""
         return self._current if self._current.decisions or self._last is None else self._last
 
-    def decide(self, index: int, batch: int) -> ActMode:
+    def decide(self, index: int, batch: int) -> tuple[ActMode, float | None]:
+        """The block's mode for this call, and the predicted error it was based on (if any)."""
         state = self.tracker.state(self, DMPQState)
         gamma = state.gamma.get(index)
         if gamma is None or gamma.shape[0] != batch:
-            return ActMode.INT8
-        predicted = self.predictor.predict(index, gamma)
-        return ActMode.NVFP4 if bool((predicted <= self.predictor.threshold).all()) else ActMode.INT8
+            return ActMode.INT8, None
+        predicted = float(self.policy.predict(index, gamma).max()) if hasattr(self.policy, "predict") else None
+        return self.policy.choose(index, gamma), predicted
 
-    def record(self, index: int, mode: ActMode, gamma: torch.Tensor, flops: float) -> None:
+    def record(self, index: int, mode: ActMode, gamma: torch.Tensor, flops: float, predicted: float | None) -> None:
         self.tracker.state(self, DMPQState).gamma[index] = gamma
         info = self.tracker.info
         self._current.decisions[(info.branch, info.step, index)] = mode.value
         self._current.flops[mode.value] += flops
+        if predicted is not None:
+            self._current.candidates.append((predicted, flops))
 
 
 class _BlockHook(ModelHook):
@@ -182,40 +233,43 @@ class _BlockHook(ModelHook):
 
     def pre_forward(self, module, *args, **kwargs):
         x = self.io.stream_input(module, args, kwargs)
-        mode = self.method.decide(self.index, x.shape[0])
+        mode, predicted = self.method.decide(self.index, x.shape[0])
         for layer in self.layers:
             layer.act_mode = mode
-        self._pending = (x, mode)
+        self._pending = (x, mode, predicted)
         return args, kwargs
 
     def post_forward(self, module, output):
-        x, mode = self._pending
+        x, mode, predicted = self._pending
         self._pending = None
         y = self.io.stream_output(output)
         tokens = x.numel() // x.shape[-1]
         flops = sum(2.0 * tokens * layer.in_features * layer.out_features for layer in self.layers)
-        self.method.record(self.index, mode, relative_l1(y - x, x), flops)
+        self.method.record(self.index, mode, relative_l1(y - x, x), flops, predicted)
         return output
 
 
-def apply_dmpq(model: nn.Module, predictor: DMPQPredictor) -> DMPQ:
-    """Switch every block's activation precision per step with ``predictor``; returns the method.
+def apply_dmpq(model: nn.Module, policy: "DMPQPredictor | RandomAssignment") -> DMPQ:
+    """Switch every block's activation precision per step with ``policy``; returns the method.
 
-    ``model`` must already be quantized (``sixbit.quantize``; NVFP4 weights recommended).
+    ``policy`` is a fitted :class:`DMPQPredictor` (:func:`sixbit.calibration.fit_dmpq`) or the
+    :class:`RandomAssignment` baseline. ``model`` must already be quantized
+    (``sixbit.quantize``; NVFP4 weights recommended).
 
     Example:
         >>> dmpq = apply_dmpq(transformer, predictor)      # doctest: +SKIP
         >>> pipe("a red circle moving right")               # doctest: +SKIP
         >>> dmpq.report().average_bits                      # doctest: +SKIP
     """
-    if len(predictor.blocks) != len(list(iter_blocks(model))):
+    n_blocks = len(list(iter_blocks(model)))
+    if isinstance(policy, DMPQPredictor) and len(policy.blocks) != n_blocks:
         raise ValueError(
-            f"the predictor covers {len(predictor.blocks)} blocks but the model has "
-            f"{len(list(iter_blocks(model)))}: was it fitted on another model?"
+            f"the predictor covers {len(policy.blocks)} blocks but the model has {n_blocks}: "
+            "was it fitted on another model?"
         )
     remove_dmpq(model)
     tracker = track_steps(model)
-    method = DMPQ(model, predictor, tracker)
+    method = DMPQ(model, policy, tracker)
     for index, name, block, io in iter_blocks(model, spec_for(model)):
         layers = quant_linears(block)
         if not layers:
@@ -228,5 +282,7 @@ def remove_dmpq(model: nn.Module) -> None:
     """Remove DMPQ's hooks (activation modes stay as last set)."""
     for _, _, block, _ in iter_blocks(model):
         registry = getattr(block, "_diffusers_hook", None)
-        if registry is not None and registry.get_hook(HOOK_NAME) is not None:
+        hook = registry.get_hook(HOOK_NAME) if registry is not None else None
+        if hook is not None:
+            hook.method.tracker.remove_listener(hook.method._finish_run)
             registry.remove_hook(HOOK_NAME, recurse=False)
