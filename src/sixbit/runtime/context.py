@@ -50,6 +50,7 @@ class StepInfo:
     branch: str  # "cond", "uncond", BATCHED, or the pipeline's cache-context name
     call: int  # index of this call within the step (0 for the first branch)
     generation: int  # counts generations since the tracker was created
+    num_steps: int | None = None  # steps of this generation, when the pipeline's cache context says
 
     def batch_branches(self, batch_size: int) -> list[str]:
         """The branch of each sample: batched CFG splits the batch into uncond | cond halves."""
@@ -111,7 +112,10 @@ class StepTracker:
                 self.call_order[call] if call < len(self.call_order) else f"call{call}"
             )
         self._seen.add(name)
-        self.info = StepInfo(step, float(timestep), name, call, self._generation)
+        num_steps = getattr(context, "num_inference_steps", None)
+        if num_steps is None and prev is not None and prev.generation == self._generation:
+            num_steps = prev.num_steps
+        self.info = StepInfo(step, float(timestep), name, call, self._generation, num_steps)
         return self.info
 
     def new_generation(self) -> None:

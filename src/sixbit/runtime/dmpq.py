@@ -26,6 +26,7 @@ from torch import nn
 from ..models import iter_blocks, spec_for
 from ..nn import ActMode
 from .context import StepTracker, track_steps
+from .delta_cache import HOOK_NAME as CACHE_HOOK_NAME
 from .measure import quant_linears, relative_l1
 
 HOOK_NAME = "sixbit_dmpq"
@@ -127,10 +128,10 @@ class RandomAssignment:
 
 
 class DMPQState:
-    """Per run and branch: the last Γ of every block (one value per sample)."""
+    """Per run and branch: the last Γ of every block (one value per sample) and its step."""
 
     def __init__(self):
-        self.gamma: dict[int, torch.Tensor] = {}
+        self.gamma: dict[int, tuple[int, torch.Tensor]] = {}
 
     def reset(self) -> None:
         self.gamma.clear()
@@ -210,15 +211,16 @@ class DMPQ:
     def decide(self, index: int, batch: int) -> tuple[ActMode, float | None]:
         """The block's mode for this call, and the predicted error it was based on (if any)."""
         state = self.tracker.state(self, DMPQState)
-        gamma = state.gamma.get(index)
-        if gamma is None or gamma.shape[0] != batch:
+        step, gamma = state.gamma.get(index, (None, None))
+        # Γ must come from the step just before: after a skipped step (delta cache) it is unknown
+        if gamma is None or step != self.tracker.info.step - 1 or gamma.shape[0] != batch:
             return ActMode.INT8, None
         predicted = float(self.policy.predict(index, gamma).max()) if hasattr(self.policy, "predict") else None
         return self.policy.choose(index, gamma), predicted
 
     def record(self, index: int, mode: ActMode, gamma: torch.Tensor, flops: float, predicted: float | None) -> None:
-        self.tracker.state(self, DMPQState).gamma[index] = gamma
         info = self.tracker.info
+        self.tracker.state(self, DMPQState).gamma[index] = (info.step, gamma)
         self._current.decisions[(info.branch, info.step, index)] = mode.value
         self._current.flops[mode.value] += flops
         if predicted is not None:
@@ -274,7 +276,14 @@ def apply_dmpq(model: nn.Module, policy: "DMPQPredictor | RandomAssignment") -> 
         layers = quant_linears(block)
         if not layers:
             raise ValueError(f"block {name!r} has no QuantLinear: run sixbit.quantize(model, ...) first")
-        HookRegistry.check_if_exists_or_initialize(block).register_hook(_BlockHook(method, index, io, layers), HOOK_NAME)
+        registry = HookRegistry.check_if_exists_or_initialize(block)
+        # the delta cache must stay outermost: a skipped block must not touch DMPQ's Γ history
+        cache_hook = registry.get_hook(CACHE_HOOK_NAME)
+        if cache_hook is not None:
+            registry.remove_hook(CACHE_HOOK_NAME, recurse=False)
+        registry.register_hook(_BlockHook(method, index, io, layers), HOOK_NAME)
+        if cache_hook is not None:
+            registry.register_hook(cache_hook, CACHE_HOOK_NAME)
     return method
 
 

@@ -1,0 +1,329 @@
+"""Temporal Delta Cache (TDC) with Purified Delta Refresh (PDR): skip blocks whose residual is stable.
+
+Every computed call of a block stores its residual ``Δ_t = out − in`` (for two-stream blocks,
+one per stream) and its *stability*: the relative L1 change from the previous computed
+residual, ``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` divided by the number of steps between them.
+At the next call the block is skipped — ``out = in + Δ_cached`` — when
+
+- it is past the ``warmup_steps`` and before the last ``final_steps`` (those always compute),
+- ``s ≤ threshold`` for every sample of the call (batch-wide rule: one prompt never makes
+  another skip; a batched-CFG call skips only if both halves are stable),
+- fewer than ``max_skips`` consecutive skips have happened, and
+- the accumulated error estimate stays within ``error_budget``: each skip adds ``s·k``, ``k``
+  the age of the cached residual in steps (a stale residual drifts linearly), and a compute
+  resets it — error-guided switching.
+
+Relative L1 is the stability measure because the skip error is an L1-type drift of the
+residual and the measure is scale-free across blocks (the same choice as TeaCache/MagCache).
+
+**PDR**, for quantized models: while a block computes (and so refreshes its cache), each of its
+``QuantLinear`` s whose input outlier ratio ``max|X| / mean|X|`` exceeds ``pdr_outlier_ratio``
+runs in full precision for that call, so the cache stores a clean residual instead of
+quantization noise that every skip would replay. The first computed step after skips has no
+``Γ_{t−1}``, so DMPQ runs it INT8.
+
+Cached residuals can be stored compressed: ``cache_format="int8"`` (per token) or ``"int4-g64"``
+(groups of 64 along the hidden size; 32 or 16 where 64 does not divide it, else per token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from torch import nn
+
+from .. import formats
+from ..models import iter_blocks, spec_for
+from ..nn import ActMode
+from .context import StepTracker, track_steps
+from .measure import quant_linears, relative_l1
+
+logger = logging.getLogger(__name__)
+
+HOOK_NAME = "sixbit_delta_cache"
+PDR_HOOK_NAME = "sixbit_pdr"
+CACHE_FORMATS = ("fp", "int8", "int4-g64")
+
+
+@dataclasses.dataclass
+class DeltaCacheConfig:
+    """Settings of the delta cache.
+
+    Args:
+        threshold: largest per-step relative change of a block's residual that still counts as
+            stable (default 0.1). Higher: more skips, faster, less exact.
+        max_skips: consecutive skips allowed per block (default 2).
+        error_budget: largest accumulated error estimate before a forced recompute (τ, default 0.3).
+        warmup_steps: first steps always computed (default 2; two are needed to measure stability).
+        final_steps: last steps always computed when the number of steps is known (default 1).
+        cache_format: ``"fp"`` (default), ``"int8"`` (per-token, ~¼ of fp32 memory) or
+            ``"int4-g64"`` (the seed's 4-bit residuals, ~⅛).
+        pdr: purify refreshes of quantized blocks (default True; no effect on FP models).
+        pdr_outlier_ratio: input ``max|X| / mean|X|`` above which a linear refreshes in full
+            precision (default 25).
+    """
+
+    threshold: float = 0.1
+    max_skips: int = 2
+    error_budget: float = 0.3
+    warmup_steps: int = 2
+    final_steps: int = 1
+    cache_format: str = "fp"
+    pdr: bool = True
+    pdr_outlier_ratio: float = 25.0
+
+    def __post_init__(self):
+        problems = []
+        if not self.threshold >= 0:
+            problems.append(f"threshold must be ≥ 0, got {self.threshold!r}")
+        if not isinstance(self.max_skips, int) or self.max_skips < 0:
+            problems.append(f"max_skips must be an integer ≥ 0, got {self.max_skips!r}")
+        if not self.error_budget >= 0:
+            problems.append(f"error_budget must be ≥ 0, got {self.error_budget!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 2:
+            problems.append(f"warmup_steps must be an integer ≥ 2 (stability needs two residuals), got {self.warmup_steps!r}")
+        if not isinstance(self.final_steps, int) or self.final_steps < 0:
+            problems.append(f"final_steps must be an integer ≥ 0, got {self.final_steps!r}")
+        if self.cache_format not in CACHE_FORMATS:
+            problems.append(f"cache_format must be one of {CACHE_FORMATS}, got {self.cache_format!r}")
+        if not self.pdr_outlier_ratio > 0:
+            problems.append(f"pdr_outlier_ratio must be > 0, got {self.pdr_outlier_ratio!r}")
+        if problems:
+            raise ValueError("invalid DeltaCacheConfig:\n  - " + "\n  - ".join(problems))
+
+
+def _storage_format(fmt: str, width: int) -> str:
+    """``int4-g64`` needs widths divisible by 64: smaller groups (32, 16), else per token."""
+    if fmt != "int4-g64" or width % 64 == 0:
+        return fmt
+    return next((f"int4-g{g}" for g in (32, 16) if width % g == 0), "int4")
+
+
+class _Stored:
+    """A residual kept in full precision or compressed with a sixbit integer format."""
+
+    def __init__(self, delta: torch.Tensor | None, fmt: str):
+        self.dtype = None if delta is None else delta.dtype
+        if delta is None or fmt == "fp":
+            self.value, self.packed = (None if delta is None else delta.detach()), None
+        else:
+            self.value = None
+            self.packed = formats.get(_storage_format(fmt, delta.shape[-1])).quantize(delta.detach())
+
+    def get(self) -> torch.Tensor | None:
+        if self.packed is not None:
+            return self.packed.dequantize(self.dtype)
+        return self.value
+
+    @property
+    def nbytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.nbytes
+        return 0 if self.value is None else self.value.numel() * self.value.element_size()
+
+
+@dataclasses.dataclass
+class _Entry:
+    hidden: _Stored
+    encoder: _Stored
+    raw: torch.Tensor  # the last computed hidden residual, kept to measure the next change
+    step: int
+    stability: torch.Tensor | None = None  # per sample; None until two residuals were seen
+    skips: int = 0
+    error: float = 0.0
+
+
+class DeltaCacheState:
+    """Per run and branch: one cache entry per block."""
+
+    def __init__(self):
+        self.entries: dict[int, _Entry] = {}
+
+    def reset(self) -> None:
+        self.entries.clear()
+
+
+@dataclasses.dataclass
+class DeltaCacheReport:
+    """What the cache did in one run: ``decisions[(branch, step, block)]`` is "compute" or "skip"."""
+
+    blocks: list[str]
+    decisions: dict[tuple[str, int, int], str] = dataclasses.field(default_factory=dict)
+    cache_bytes: int = 0  # peak bytes of cached residuals
+    pdr_full_precision_calls: int = 0
+
+    @property
+    def skip_share(self) -> float:
+        values = list(self.decisions.values())
+        return values.count("skip") / len(values) if values else 0.0
+
+    def skip_map(self, branch: str | None = None) -> list[list[str]]:
+        branch = branch or min(b for b, _, _ in self.decisions)
+        steps = sorted({s for _, s, _ in self.decisions})
+        return [[self.decisions.get((branch, s, b), "") for b in range(len(self.blocks))] for s in steps]
+
+    def plot(self, path, branch: str | None = None, title: str = "delta cache"):
+        """Save the step × block skip map as a PNG (needs matplotlib)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import ListedColormap
+
+        grid = [[1.0 if d == "skip" else 0.0 for d in row] for row in self.skip_map(branch)]
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.5 + 0.35 * len(self.blocks)), max(2.5, 1.2 + 0.25 * len(grid))))
+        ax.imshow(grid, cmap=ListedColormap(["#fdae61", "#1a9641"]), vmin=0, vmax=1, aspect="auto")
+        ax.set_xlabel("block")
+        ax.set_ylabel("denoising step")
+        ax.set_title(f"{title}\norange computed · green skipped ({100 * self.skip_share:.0f}% skipped)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+class DeltaCache:
+    """The installed method, shared by its hooks. Get the run's report with :meth:`report`."""
+
+    def __init__(self, model: nn.Module, config: DeltaCacheConfig, tracker: StepTracker):
+        self.model, self.config, self.tracker = model, config, tracker
+        self.blocks = [name for _, name, _, _ in iter_blocks(model)]
+        self.refreshing = False  # a cached block is computing: PDR hooks are live
+        self._current = DeltaCacheReport(self.blocks)
+        self._last: DeltaCacheReport | None = None
+        tracker.on_new_generation(self._finish_run)
+
+    def _finish_run(self) -> None:
+        if self._current.decisions:
+            self._last = self._current
+            self._current = DeltaCacheReport(self.blocks)
+
+    def report(self) -> DeltaCacheReport:
+        """The current run's decisions, or the last finished run's when none is in progress."""
+        return self._current if self._current.decisions or self._last is None else self._last
+
+    def state(self) -> DeltaCacheState:
+        return self.tracker.state(self, DeltaCacheState)
+
+    def may_skip(self, entry: _Entry | None, x: torch.Tensor) -> bool:
+        info, cfg = self.tracker.info, self.config
+        if entry is None or entry.stability is None or entry.raw.shape != x.shape:
+            return False
+        if info.step < cfg.warmup_steps or entry.skips >= cfg.max_skips:
+            return False
+        if info.num_steps is not None and info.step >= info.num_steps - cfg.final_steps:
+            return False
+        worst = float(entry.stability.max())
+        age = info.step - entry.step
+        return worst <= cfg.threshold and entry.error + worst * age <= cfg.error_budget
+
+    def record(self, index: int, decision: str) -> None:
+        info = self.tracker.info
+        self._current.decisions[(info.branch, info.step, index)] = decision
+        if decision == "compute":
+            held = sum(e.hidden.nbytes + e.encoder.nbytes for e in self.state().entries.values())
+            self._current.cache_bytes = max(self._current.cache_bytes, held)
+
+
+class _BlockHook(ModelHook):
+    def __init__(self, cache: DeltaCache, index: int, io, layers):
+        super().__init__()
+        self.cache, self.index, self.io, self.layers = cache, index, io, layers
+
+    def new_forward(self, module, *args, **kwargs):
+        cache, io = self.cache, self.io
+        x = io.stream_input(module, args, kwargs)
+        enc = io.stream_input(module, args, kwargs, "encoder") if io.encoder is not None else None
+        state = cache.state()
+        entry = state.entries.get(self.index)
+        step = cache.tracker.info.step
+        if cache.may_skip(entry, x):
+            worst = float(entry.stability.max())
+            entry.error += worst * (step - entry.step)
+            entry.skips += 1
+            cache.record(self.index, "skip")
+            outs = {"hidden": x + entry.hidden.get()}
+            if "encoder" in io.returns:
+                cached = entry.encoder.get()
+                outs["encoder"] = None if enc is None or cached is None else enc + cached
+            return outs["hidden"] if io.returns == ("hidden",) else tuple(outs[r] for r in io.returns)
+        cache.refreshing = cache.config.pdr and bool(self.layers)
+        try:
+            output = self.fn_ref.original_forward(*args, **kwargs)
+        finally:
+            cache.refreshing = False
+        y = io.stream_output(output)
+        delta = (y - x).detach()
+        stability = None
+        if entry is not None and entry.raw.shape == delta.shape:
+            stability = relative_l1(delta - entry.raw, entry.raw) / max(step - entry.step, 1)
+        y_enc = io.stream_output(output, "encoder")
+        enc_delta = None if enc is None or y_enc is None or y_enc.shape != enc.shape else (y_enc - enc).detach()
+        fmt = cache.config.cache_format
+        state.entries[self.index] = _Entry(_Stored(delta, fmt), _Stored(enc_delta, fmt), delta, step, stability)
+        cache.record(self.index, "compute")
+        return output
+
+
+class _PDRHook(ModelHook):
+    """Full-precision activations for an outlier-heavy input while its block refreshes the cache."""
+
+    def __init__(self, cache: DeltaCache):
+        super().__init__()
+        self.cache = cache
+        self._saved: ActMode | None = None
+
+    def pre_forward(self, module, *args, **kwargs):
+        if self.cache.refreshing and module.act_mode is not ActMode.FP:
+            a = args[0].detach().abs()
+            if float(a.amax()) > self.cache.config.pdr_outlier_ratio * float(a.mean()):
+                self._saved, module.act_mode = module.act_mode, ActMode.FP
+                self.cache._current.pdr_full_precision_calls += 1
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        if self._saved is not None:
+            module.act_mode, self._saved = self._saved, None
+        return output
+
+
+def enable_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None) -> DeltaCache:
+    """Skip stable blocks of ``model`` (full precision or quantized); returns the method.
+
+    Works inside diffusers pipelines (batched CFG and per-branch calls: state per branch) and
+    in plain sampling loops. Install it after DMPQ (``apply_dmpq`` keeps the order right
+    either way) so a skipped block leaves DMPQ's Γ history untouched.
+
+    Example:
+        >>> cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=0.1))  # doctest: +SKIP
+        >>> video = pipe("a red circle moving right").frames                                # doctest: +SKIP
+        >>> cache.report().skip_share                                                        # doctest: +SKIP
+    """
+    config = config or DeltaCacheConfig()
+    disable_delta_cache(model)
+    tracker = track_steps(model)
+    cache = DeltaCache(model, config, tracker)
+    for index, name, block, io in iter_blocks(model, spec_for(model)):
+        layers = quant_linears(block)
+        HookRegistry.check_if_exists_or_initialize(block).register_hook(_BlockHook(cache, index, io, layers), HOOK_NAME)
+        if config.pdr:
+            for layer in layers:
+                HookRegistry.check_if_exists_or_initialize(layer).register_hook(_PDRHook(cache), PDR_HOOK_NAME)
+    return cache
+
+
+def disable_delta_cache(model: nn.Module) -> None:
+    """Remove the delta cache's hooks from ``model``."""
+    for _, _, block, _ in iter_blocks(model):
+        registry = getattr(block, "_diffusers_hook", None)
+        hook = registry.get_hook(HOOK_NAME) if registry is not None else None
+        if hook is not None:
+            hook.cache.tracker.remove_listener(hook.cache._finish_run)
+            registry.remove_hook(HOOK_NAME, recurse=False)
+        for layer in quant_linears(block):
+            reg = getattr(layer, "_diffusers_hook", None)
+            if reg is not None and reg.get_hook(PDR_HOOK_NAME) is not None:
+                reg.remove_hook(PDR_HOOK_NAME, recurse=False)

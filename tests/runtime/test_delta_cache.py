@@ -1,0 +1,200 @@
+import pytest
+import torch
+from torch import nn
+
+import sixbit
+from sixbit.nn import ActMode, quant_linear
+from sixbit.runtime.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache
+from sixbit.runtime.dmpq import DMPQPredictor, apply_dmpq
+from tiny_models import build_tiny
+from toy import ToyTransformer
+
+STEPS = list(range(1000, 0, -100))  # 10 steps
+
+
+class ConstBlock(nn.Module):
+    """A block whose residual never changes: perfectly stable."""
+
+    def __init__(self, dim=32):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.calls = 0
+
+    def forward(self, hidden_states, temb):
+        self.calls += 1
+        return hidden_states + self.proj(torch.ones_like(hidden_states))
+
+
+def _const_model(depth=2):
+    model = ToyTransformer(depth=depth)
+    model.blocks = nn.ModuleList(ConstBlock() for _ in range(depth))
+    return model
+
+
+def _run(model, x, steps=STEPS, **ctx):
+    outs = []
+    with torch.no_grad():
+        for i, t in enumerate(steps):
+            if ctx:
+                with model.cache_context("cond", step_index=i, num_inference_steps=len(steps)):
+                    outs.append(model(x, timestep=torch.tensor([t] * x.shape[0])))
+            else:
+                outs.append(model(x, timestep=torch.tensor([t] * x.shape[0])))
+    return outs
+
+
+def test_zero_threshold_is_bit_exact():
+    torch.manual_seed(0)
+    model = ToyTransformer()
+    x = torch.randn(2, 6, 32)
+    ref = _run(model, x)
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.0, error_budget=0.0))
+    assert all(torch.equal(a, b) for a, b in zip(_run(model, x), ref))
+    assert cache.report().skip_share == 0.0
+
+
+def test_stable_blocks_skip_with_max_skips_and_exact_reuse():
+    model = _const_model()
+    x = torch.randn(1, 4, 32)
+    ref = _run(model, x)
+    for b in model.blocks:
+        b.calls = 0
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01, max_skips=2, final_steps=0))
+    outs = _run(model, x)
+    row = [r[0] for r in cache.report().skip_map()]
+    assert row == ["compute", "compute", "skip", "skip", "compute", "skip", "skip", "compute", "skip", "skip"]
+    assert model.blocks[0].calls == 4
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(outs, ref))  # a constant residual replays exactly
+
+
+def test_final_steps_and_error_budget():
+    model = _const_model(depth=1)
+    x = torch.randn(1, 4, 32)
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01, max_skips=9, final_steps=2))
+    _run(model, x, ctx=True)
+    row = [r[0] for r in cache.report().skip_map("cond")]
+    assert row[:2] == ["compute"] * 2 and row[-2:] == ["compute"] * 2 and set(row[2:-2]) == {"skip"}
+    # a drifting block: the error budget forces recomputes even under a generous threshold
+    torch.manual_seed(0)
+    drifting = ToyTransformer(depth=1)
+    cache = enable_delta_cache(drifting, DeltaCacheConfig(threshold=10.0, max_skips=9, error_budget=1e-9))
+    _run(drifting, torch.randn(1, 4, 32))
+    assert cache.report().skip_share == 0.0
+
+
+def test_branches_and_batches_decide_safely():
+    model = _const_model(depth=1)
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01, final_steps=0))
+    stable = torch.randn(1, 4, 32)
+    with torch.no_grad():
+        for t in STEPS:
+            model(stable, timestep=torch.tensor([t]))  # "cond"
+            model(stable * 2, timestep=torch.tensor([t]))  # "uncond": its own entries
+    r = cache.report()
+    assert r.skip_map("cond") == r.skip_map("uncond") and r.skip_share > 0.5
+    # batch rule: a sample whose residual keeps changing blocks the whole call from skipping
+    torch.manual_seed(0)
+    model = ToyTransformer(depth=1)  # residual ∝ t/1000: changes 10–50 % per step
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.6, error_budget=10.0, final_steps=0))
+    calm = torch.randn(1, 4, 32)
+    _run(model, calm)
+    alone = cache.report().skip_share
+    model._reset_stateful_cache()
+    with torch.no_grad():
+        for t in STEPS:  # the second sample's input, hence its residual, changes every step
+            model(torch.cat([calm, torch.randn(1, 4, 32)]), timestep=torch.tensor([t, t]))
+    assert alone > 0.3 and cache.report().skip_share == 0.0
+
+
+@pytest.mark.parametrize("name", ["cogvideox", "hunyuanvideo", "mochi", "wan"])
+def test_two_stream_blocks_and_compressed_cache(name):
+    tm = build_tiny(name)
+
+    def go():
+        with torch.no_grad():
+            return [tm.output(tm.model(**tm.inputs(2, torch.tensor(t)))) for t in STEPS]
+
+    ref = go()
+    sizes = {}
+    for fmt in ("fp", "int8", "int4-g64"):
+        cache = enable_delta_cache(tm.model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, cache_format=fmt))
+        outs = go()
+        r = cache.report()
+        assert r.skip_share > 0.4
+        sizes[fmt] = r.cache_bytes
+        assert all(o.shape == f.shape and torch.isfinite(o).all() for o, f in zip(outs, ref))
+        tm.model._reset_stateful_cache()
+    assert sizes["fp"] > 3 * sizes["int8"] > 0 and sizes["int8"] > sizes["int4-g64"]
+    disable_delta_cache(tm.model)
+    assert all(torch.equal(a, b) for a, b in zip(go(), ref))
+
+
+def test_pdr_refreshes_outlier_layers_in_full_precision(monkeypatch):
+    torch.manual_seed(0)
+    model = sixbit.quantize(ToyTransformer(depth=2), sixbit.QuantConfig(weight_format="nvfp4", act_mode="nvfp4"))
+    x = torch.randn(1, 8, 32)
+    x[0, 0, 0] = 500.0  # max|x| / mean|x| ≫ 25
+    seen = []
+
+    def spy(mode):
+        original = quant_linear._PATHS[mode]
+        monkeypatch.setitem(quant_linear._PATHS, mode, lambda self, x: seen.append(mode.value) or original(self, x))
+
+    for mode in ActMode:
+        spy(mode)
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, pdr=True))
+    _run(model, x)
+    r = cache.report()
+    computes = list(r.decisions.values()).count("compute")
+    assert seen.count("fp") == computes == r.pdr_full_precision_calls  # every refresh was purified
+    assert seen.count("nvfp4") == 0
+    assert model.blocks[0].proj.act_mode.value == "nvfp4"  # restored after each refresh
+    seen.clear()
+    off = enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, pdr=False))
+    _run(model, x)
+    assert "fp" not in seen and off.report().pdr_full_precision_calls == 0
+    x[0, 0, 0] = 1.0  # no outliers: refreshes stay in NVFP4 even with PDR on
+    seen.clear()
+    enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, pdr=True))
+    _run(model, x)
+    assert "fp" not in seen and "nvfp4" in seen
+
+
+def test_with_dmpq_the_first_step_after_skips_is_int8_and_order_is_kept():
+    model = sixbit.quantize(_const_model(depth=1), sixbit.QuantConfig(weight_format="nvfp4"))
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01, final_steps=0, pdr=False))
+    dmpq = apply_dmpq(model, DMPQPredictor(["blocks.0"], [0.0], [0.0], threshold=1.0))  # always NVFP4 if Γ known
+    _run(model, torch.randn(1, 4, 32))
+    skips = [r[0] for r in cache.report().skip_map()]
+    modes = {s: m for (b, s, _), m in dmpq.report().decisions.items()}
+    assert skips == ["compute", "compute", "skip", "skip", "compute", "skip", "skip", "compute", "skip", "skip"]
+    assert sorted(modes) == [0, 1, 4, 7]  # DMPQ never sees a skipped call
+    assert modes == {0: "int8", 1: "nvfp4", 4: "int8", 7: "int8"}  # no Γ(t−1) after skips
+
+
+def test_report_plot_and_config_errors(tmp_path):
+    model = _const_model()
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01))
+    _run(model, torch.randn(1, 4, 32))
+    model._reset_stateful_cache()  # the report of the finished run stays available
+    assert cache.report().skip_share > 0
+    assert cache.report().plot(tmp_path / "skips.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError) as err:
+        DeltaCacheConfig(threshold=-1, max_skips=-1, warmup_steps=1, cache_format="int3")
+    assert all(k in str(err.value) for k in ("threshold", "max_skips", "warmup_steps", "cache_format"))
+
+
+def test_shapes_pipeline_with_cache_and_quantization():
+    from sixbit.zoo.shapes import make_pipeline
+
+    pipe = make_pipeline("wan", num_layers=2)
+    pipe.set_progress_bar_config(disable=True)
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    ref = pipe("a red circle moving right", num_inference_steps=6, generator=gen()).frames
+    sixbit.quantize(pipe.transformer, sixbit.QuantConfig(weight_format="int8"))
+    cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=1e9, error_budget=1e9))
+    out = pipe("a red circle moving right", num_inference_steps=6, generator=gen()).frames
+    r = cache.report()
+    assert {b for b, _, _ in r.decisions} == {"cond", "uncond"}
+    assert [row[0] for row in r.skip_map("cond")] == ["compute", "compute", "skip", "skip", "compute", "compute"]
+    assert out.shape == ref.shape
