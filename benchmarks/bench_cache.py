@@ -1,6 +1,6 @@
 """Delta cache (TDC, + PDR) vs diffusers' caches on the shipped shapes models → BENCHMARKS.md.
 
-    python benchmarks/bench_cache.py                 # both models, 24 held-out pairs, 20 steps
+    python benchmarks/bench_cache.py                 # both models, 16 held-out pairs, 20 steps
 
 Same pipeline, seeds and steps for every method; PSNR/SSIM against the uncached FP videos;
 speedup = FP wall time / method wall time for the whole set, measured in the same run (FP is
@@ -208,7 +208,7 @@ def _verdict(rows):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", default="cogvideox,wan")
-    parser.add_argument("--pairs", type=int, default=24)
+    parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--calib", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))

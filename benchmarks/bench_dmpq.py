@@ -1,6 +1,6 @@
 """DMPQ vs uniform W4A4/W4A8 and other baselines on the shipped shapes models → BENCHMARKS.md.
 
-    python benchmarks/bench_dmpq.py                       # both models, 24 held-out pairs, 20 steps
+    python benchmarks/bench_dmpq.py                       # both models, 16 held-out pairs, 20 steps
 
 Every method starts from the same shipped full-precision pipeline, seeds and steps; PSNR/SSIM
 are against that pipeline's own FP videos. NVFP4 activations are EMULATED on this CPU
@@ -108,7 +108,7 @@ def run_arch(arch: str, pairs, calib_pairs, steps: int, target_bits: float, draw
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", default="cogvideox,wan")
-    parser.add_argument("--pairs", type=int, default=24, help="held-out (prompt, seed) pairs (every other one of 48)")
+    parser.add_argument("--pairs", type=int, default=16, help="held-out (prompt, seed) pairs (every third of 48)")
     parser.add_argument("--calib", type=int, default=8, help="calibration generations (prompts with unseen seeds)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--target-bits", type=float, default=6.0)
