@@ -1,0 +1,243 @@
+"""Train a shapes text-to-video model: ``python -m sixbit.zoo.shapes.train --arch cogvideox|wan``.
+
+Rectified flow (flow matching): ``x_t = (1 - t) x0 + t noise`` with ``t ~ U(0, 1)``, the
+transformer predicts the velocity ``noise - x0`` at timestep ``1000 t`` (the convention of
+diffusers' ``FlowMatchEulerDiscreteScheduler``). Captions drop to ``""`` with probability
+``--cfg-dropout`` so the model also learns the unconditional velocity used by guidance, and half
+of the captions name the background. Every training video is drawn fresh from the procedural
+world, so there is no data set to download and no overfitting to a fixed set.
+
+Determinism: step ``k`` draws its videos from ``numpy.random.default_rng((seed, k))`` and its
+noise from ``torch.Generator().manual_seed(seed * 1_000_003 + k)``; with the same thread count
+the run is reproducible, and ``--resume`` continues bit-exactly from a training-state checkpoint.
+
+Shipped weights (``weights/<arch>``): ``--steps 2200`` with the defaults otherwise, run with
+``--threads 1`` (both models trained side by side on 2 shared CPU cores)::
+
+    python -m sixbit.zoo.shapes.train --arch cogvideox --steps 2200 --threads 1
+    python -m sixbit.zoo.shapes.train --arch wan --steps 2200 --threads 1
+
+2200 steps is a time budget, not convergence: the models learn color first, then motion, and
+shape last (see BENCHMARKS.md). To train further, resume with a longer schedule, e.g.
+``--steps 6000 --resume`` (the learning rate then follows the longer cosine from the resumed step).
+
+Stopping: Ctrl-C or SIGTERM saves the state and the EMA weights reached so far (``--resume``
+continues); ``--stop-at N`` does the same at a chosen step.
+
+The output folder receives the EMA weights as a ``save_pretrained`` pipeline (float16
+safetensors, to keep the shipped package small) plus ``training.json`` (the arguments). The
+training state (float32 weights, EMA, AdamW moments; for ``--resume``) goes to ``--state``,
+outside the package so that it never ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from . import WEIGHTS_DIR, make_pipeline
+from .models import predict_velocity
+from .world import sample_specs, render
+
+logger = logging.getLogger(__name__)
+
+
+def training_batch(step: int, seed: int, batch_size: int, cfg_dropout: float):
+    """(videos in [-1, 1] (B, F, 3, H, W), captions) for training step ``step``."""
+    rng = np.random.default_rng((seed, step))
+    specs = sample_specs(batch_size, seed=int(rng.integers(2**62)))
+    captions = []
+    for spec in specs:
+        if rng.random() < cfg_dropout:
+            captions.append("")
+        else:
+            captions.append(spec.prompt(with_background=bool(rng.random() < 0.5)))
+    return render(specs) * 2 - 1, captions
+
+
+def flow_matching_loss(arch, transformer, text_encoder, videos, captions, generator):
+    """Mean squared error between predicted and true velocity at uniformly drawn flow times."""
+    b = videos.shape[0]
+    t = torch.rand(b, generator=generator)
+    noise = torch.randn(videos.shape, generator=generator)
+    tt = t.view(b, 1, 1, 1, 1)
+    x_t = (1 - tt) * videos + tt * noise
+    pred = predict_velocity(arch, transformer, x_t, t * 1000, text_encoder.encode(captions))
+    return torch.nn.functional.mse_loss(pred, noise - videos)
+
+
+def _lr(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _save_state(path: Path, step, modules, ema, optimizer):
+    tensors = {}
+    for name, module in modules.items():
+        for k, v in module.state_dict().items():
+            tensors[f"model.{name}.{k}"] = v.contiguous()
+    for i, e in enumerate(ema):
+        tensors[f"ema.{i}"] = e.contiguous()
+    for i, p in enumerate(optimizer.param_groups[0]["params"]):
+        st = optimizer.state.get(p)
+        if st:
+            tensors[f"opt.{i}.exp_avg"] = st["exp_avg"].contiguous()
+            tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+            tensors[f"opt.{i}.step"] = torch.as_tensor(st["step"]).float().reshape(1)
+    save_file(tensors, str(path), metadata={"step": str(step)})
+
+
+def _load_state(path: Path, modules, ema, optimizer) -> int:
+    from safetensors import safe_open
+
+    tensors = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        step = int(f.metadata()["step"])
+    for name, module in modules.items():
+        prefix = f"model.{name}."
+        module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+    for i, e in enumerate(ema):
+        e.copy_(tensors[f"ema.{i}"])
+    for i, p in enumerate(optimizer.param_groups[0]["params"]):
+        if f"opt.{i}.exp_avg" in tensors:
+            optimizer.state[p] = {
+                "step": tensors[f"opt.{i}.step"].reshape(()),
+                "exp_avg": tensors[f"opt.{i}.exp_avg"],
+                "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"],
+            }
+    return step
+
+
+def export(pipe, params, ema, out: Path, meta: dict) -> None:
+    """Write the EMA weights as a float16 ``save_pretrained`` pipeline into ``out``.
+
+    The cast happens on a copy: casting the training pipeline in place and back would also round
+    its float64 buffers (Wan's RoPE tables) through float16 and train on degraded positions."""
+    import copy
+
+    from diffusers.utils import logging as diffusers_logging
+
+    backup = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, e in zip(params, ema):
+            p.copy_(e)
+    snapshot = copy.deepcopy(pipe)
+    with torch.no_grad():
+        for p, b in zip(params, backup):
+            p.copy_(b)
+    # diffusers warns about casting with .to(); these modules hold plain fp32 weights, so the fp16
+    # copy is exactly what loading with dtype=float16 would give.
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    try:
+        snapshot.to(torch.float16).save_pretrained(out, safe_serialization=True)
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
+    (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def train(args) -> Path:
+    torch.set_num_threads(args.threads)
+    out = Path(args.out) if args.out else WEIGHTS_DIR / args.arch
+    out.mkdir(parents=True, exist_ok=True)
+    pipe = make_pipeline(args.arch, seed=args.seed)
+    transformer, text_encoder = pipe.transformer, pipe.text_encoder
+    modules = {"transformer": transformer, "text_encoder": text_encoder}
+    params = [p for m in modules.values() for p in m.parameters()]
+    n_params = sum(p.numel() for p in transformer.parameters())
+    logger.info("%s: %.2f M transformer parameters", args.arch, n_params / 1e6)
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
+    ema = [p.detach().clone() for p in params]
+    state_path = Path(args.state or Path.home() / ".cache" / "sixbit" / f"shapes-train-{args.arch}.safetensors")
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    start = _load_state(state_path, modules, ema, optimizer) if args.resume else 0
+    transformer.train()
+    t0, losses = time.time(), []
+    meta = {k: v for k, v in vars(args).items() if k not in ("out", "state", "resume")}
+    meta.update(transformer_parameters=n_params, started_at_step=start)
+    done = start
+    # SIGTERM (e.g. `kill PID` of a background run, where SIGINT is often ignored) stops cleanly too.
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        for step in range(start, args.steps):
+            videos, captions = training_batch(step, args.seed, args.batch_size, args.cfg_dropout)
+            generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+            for group in optimizer.param_groups:
+                group["lr"] = _lr(step, args.steps, args.lr, args.warmup)
+            loss = flow_matching_loss(args.arch, transformer, text_encoder, videos, captions, generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            # EMA with a short warm-up: early on the average would be dominated by random weights.
+            decay = min(args.ema, (1 + step) / (10 + step))
+            with torch.no_grad():
+                for e, p in zip(ema, params):
+                    e.lerp_(p.detach(), 1 - decay)
+            losses.append(loss.item())
+            done = step + 1
+            if done % args.log_every == 0 or done == args.steps:
+                logger.info(
+                    "step %d/%d loss %.4f (mean of last %d) %.3f s/step",
+                    done, args.steps, float(np.mean(losses)), len(losses), (time.time() - t0) / len(losses),
+                )
+                losses, t0 = [], time.time()
+            if done % args.save_every == 0 or done == args.steps:
+                _save_state(state_path, done, modules, ema, optimizer)
+                export(pipe, params, ema, out, {**meta, "step": done})
+                logger.info("saved step %d to %s and %s", done, out, state_path)
+            if args.stop_at is not None and done >= args.stop_at:
+                _save_state(state_path, done, modules, ema, optimizer)
+                export(pipe, params, ema, out, {**meta, "step": done, "stopped_at": done})
+                logger.info("stopped at step %d of %d (--stop-at); continue with --resume", done, args.steps)
+                break
+    except KeyboardInterrupt:
+        # Stop cleanly: keep what was trained so far, resumable with --resume.
+        _save_state(state_path, done, modules, ema, optimizer)
+        export(pipe, params, ema, out, {**meta, "step": done, "interrupted": True})
+        logger.info("interrupted: saved step %d to %s and %s", done, out, state_path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", choices=["cogvideox", "wan"], required=True)
+    parser.add_argument("--out", default=None, help="output folder (default: the package's shipped weights)")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--ema", type=float, default=0.998)
+    parser.add_argument("--cfg-dropout", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--save-every", type=int, default=250)
+    parser.add_argument("--state", default=None, help="training-state file (default ~/.cache/sixbit/shapes-train-ARCH.safetensors)")
+    parser.add_argument("--stop-at", type=int, default=None, help="save and stop after this step (resume later)")
+    parser.add_argument("--resume", action="store_true", help="continue from the --state file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    train(args)
+
+
+if __name__ == "__main__":
+    main()
