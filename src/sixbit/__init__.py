@@ -17,6 +17,8 @@ from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
 from .nn import ActMode, QuantLinear  # noqa: E402
 from .runtime import track_steps  # noqa: E402
+from .runtime.static_w8a8 import StaticW8A8Config, apply_static_w8a8  # noqa: E402
+from .runtime.static_w8a8_layers import range_parameters, static_w8a8_info  # noqa: E402
 
 __all__ = [
     "ActMode",
@@ -24,13 +26,17 @@ __all__ = [
     "QuantConfig",
     "QuantLinear",
     "Role",
+    "StaticW8A8Config",
     "__version__",
+    "apply_static_w8a8",
     "calibrate",
     "formats",
     "load",
     "quantize",
+    "range_parameters",
     "read_header",
     "save",
+    "static_w8a8_info",
     "summary",
     "track_steps",
 ]

@@ -12,15 +12,26 @@ bit-exactly. The safetensors metadata key ``"sixbit"`` carries a JSON header::
 
 No pickle is involved at any point. Writes are atomic (temporary file in the same folder,
 fsync, rename): a failed save never leaves a partial file behind.
+
+**Extensions.** Runtime methods whose state is not in the ``state_dict`` (e.g. static W8A8's
+per-time-range parameters) register a :class:`CheckpointExtension` with
+:func:`register_extension`. On save, ``export(model)`` returns ``None`` (nothing to store) or
+``(meta, tensors)``: ``meta`` goes to ``header["extensions"][name]``, tensors are stored as
+``"<name>::<key>"`` (covered by the checksum). On load, after the weights, ``restore(model,
+meta, tensors)`` rebuilds the method; a file naming an extension this process has not
+registered is refused before the model changes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -31,6 +42,31 @@ from .nn import QuantLinear
 
 FORMAT_VERSION = 1
 _META_KEY = "sixbit"
+_EXT_SEP = "::"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointExtension:
+    """Extra state a runtime method stores in checkpoints (see the module docstring).
+
+    ``restore`` must validate everything before changing the model and raise ``ValueError``
+    on a problem.
+    """
+
+    name: str
+    export: Callable[[nn.Module], "tuple[dict, dict[str, torch.Tensor]] | None"]
+    restore: Callable[[nn.Module, dict, dict[str, torch.Tensor]], None]
+
+
+_EXTENSIONS: dict[str, CheckpointExtension] = {}
+
+
+def register_extension(extension: CheckpointExtension) -> CheckpointExtension:
+    """Register ``extension`` (re-registering the same name replaces it: module reloads)."""
+    if not re.fullmatch(r"[a-z0-9_-]+", extension.name):
+        raise ValueError(f"extension name {extension.name!r} must match [a-z0-9_-]+")
+    _EXTENSIONS[extension.name] = extension
+    return extension
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -61,6 +97,15 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
             t = t.clone()
         seen.add(t.data_ptr())
         tensors[name] = t.cpu()
+    extensions = {}
+    for name, ext in _EXTENSIONS.items():
+        payload = ext.export(model)
+        if payload is None:
+            continue
+        meta, extra = payload
+        extensions[name] = meta
+        for key, t in extra.items():
+            tensors[f"{name}{_EXT_SEP}{key}"] = t.detach().contiguous().cpu().clone()
     header = {
         "format": "sixbit",
         "format_version": FORMAT_VERSION,
@@ -69,6 +114,8 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         "layers": {n: m.config() for n, m in model.named_modules() if isinstance(m, QuantLinear)},
         "sha256": _digest(tensors),
     }
+    if extensions:
+        header["extensions"] = extensions
     return save_safetensors_atomic(tensors, path, {_META_KEY: json.dumps(header)})
 
 
@@ -105,7 +152,12 @@ def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quan
     source_dtype = getattr(torch, str(cfg["source_dtype"]), None)
     if not isinstance(source_dtype, torch.dtype):
         raise ValueError(f"layer {name!r}: unknown source_dtype {cfg['source_dtype']!r}")
-    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype)
+    divisor = None
+    if cfg.get("input_divisor"):
+        divisor = tensors.get(f"{name}.input_divisor")
+        if divisor is None:
+            raise ValueError(f"layer {name!r}: tensor 'input_divisor' is missing")
+    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype, input_divisor=divisor)
     if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
         raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
     for field, ref in _expected_layout(fmt.name, cfg["out_features"], cfg["in_features"]).items():
@@ -131,10 +183,25 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     ``model`` may be freshly built in full precision: its ``nn.Linear`` layers named in the
     file are replaced by ``QuantLinear``. Every check runs before anything changes, so on any
     error (missing, truncated or corrupted file, unknown format version, another
-    architecture) ``model`` is left untouched. Returns ``model``.
+    architecture) ``model`` is left untouched. Registered extensions stored in the file (e.g.
+    static W8A8's parameters) are restored last; a file naming an extension this process
+    has not registered is refused up front. Returns ``model``.
     """
     path = Path(path)
     header, tensors = _open(path)
+    extensions = header.get("extensions", {})
+    missing_ext = [n for n in extensions if n not in _EXTENSIONS]
+    if missing_ext:
+        raise ValueError(
+            f"{str(path)!r} stores state of runtime method(s) {missing_ext} that this process has not "
+            f"registered; import sixbit (which registers them) before loading"
+        )
+    ext_tensors = {n: {} for n in extensions}
+    for key in [k for k in tensors if _EXT_SEP in k]:
+        ext, _, sub = key.partition(_EXT_SEP)
+        if ext not in ext_tensors:
+            raise ValueError(f"{str(path)!r} holds tensor {key!r} of no declared extension")
+        ext_tensors[ext][sub] = tensors.pop(key)
     if header["model_class"] != type(model).__name__:
         raise ValueError(
             f"{str(path)!r} was saved from a {header['model_class']}, not a {type(model).__name__}"
@@ -185,4 +252,6 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         state = model.state_dict()
         for k, v in own.items():
             state[k].copy_(v)
+    for name, meta in extensions.items():
+        _EXTENSIONS[name].restore(model, meta, ext_tensors[name])
     return model

@@ -18,6 +18,16 @@ full-precision copy is kept. ``layer.act_mode`` selects how the next call multip
 
 With ``hadamard_block`` set, the weight is rotated offline (``W·H``) and each input online
 (``x·H``) before quantization; in exact arithmetic the output is unchanged.
+
+With ``input_divisor`` set (a per-input-channel vector ``s``, e.g. SmoothQuant's), the stored
+weight is ``W·diag(s)`` and every input is divided by ``s`` first; in exact arithmetic the
+output is unchanged. It is a buffer, so checkpoints carry it.
+
+An ``act_quantizer`` (optional child module, e.g. static W8A8's) replaces the dynamic per-token
+quantization of the ``int8`` path. It provides ``quantize_input(x) -> [(codes, scale), ...]``
+(int8 codes of the raw input, divisor included, with fp32 scales broadcastable to ``(M, 1)``;
+several parts are summed, e.g. an outlier side path), ``int8_weight() -> (codes (N, K) int8,
+scale (N,))`` and ``describe() -> str``. Every part is multiplied with the real int8 GEMM.
 """
 
 from __future__ import annotations
@@ -78,6 +88,7 @@ class QuantLinear(nn.Module):
         act_mode: ActMode | str = ActMode.FP,
         cache_converted: bool = False,
         source_dtype: torch.dtype = torch.float32,
+        input_divisor: torch.Tensor | None = None,
     ):
         super().__init__()
         self.source_dtype = source_dtype  # dtype of the weight it replaced (for byte accounting)
@@ -95,6 +106,14 @@ class QuantLinear(nn.Module):
             self.register_buffer(f"weight_{name}", tensor)
         self._weight_meta = weight.meta()
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        if input_divisor is not None:
+            input_divisor = input_divisor.detach().float().reshape(-1).clone()
+            if input_divisor.numel() != self.in_features or not bool((input_divisor > 0).all()):
+                raise ValueError(f"input_divisor must hold {self.in_features} positive values, got {tuple(input_divisor.shape)}")
+            if hadamard_block is not None:
+                raise ValueError("input_divisor and hadamard_block cannot be combined (the rotation mixes channels)")
+        self.register_buffer("input_divisor", input_divisor)
+        self.act_quantizer: nn.Module | None = None
         self.act_mode = act_mode
         self.cache_converted = cache_converted
         self._converted: dict[str, Quantized] = {}
@@ -107,6 +126,7 @@ class QuantLinear(nn.Module):
         hadamard_block: int | None = None,
         act_mode: ActMode | str = ActMode.FP,
         cache_converted: bool = False,
+        input_divisor: torch.Tensor | None = None,
     ) -> "QuantLinear":
         """Quantize ``linear``'s weight (rotated first when ``hadamard_block`` is set).
 
@@ -120,6 +140,9 @@ class QuantLinear(nn.Module):
             act_mode: initial activation precision (``"fp"``, ``"int8"``, ``"nvfp4"``).
             cache_converted: keep weights converted for another act mode (e.g. NVFP4 → INT8)
                 instead of converting on every call: faster, more memory. Off by default.
+            input_divisor: ``None`` (default) or positive ``(in_features,)`` ``s``: the weight
+                ``W·diag(s)`` is stored and inputs are divided by ``s`` (SmoothQuant folding,
+                which moves activation outliers into the weight).
         """
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
@@ -128,8 +151,11 @@ class QuantLinear(nn.Module):
         if hadamard_block is not None:
             hadamard.check_block(linear.in_features, hadamard_block)
             w = hadamard.rotate(w, hadamard_block)
+        if input_divisor is not None:
+            w = w * input_divisor.detach().float().reshape(1, -1)
         return cls(
-            fmt.quantize(w), fmt.name, linear.bias, hadamard_block, act_mode, cache_converted, linear.weight.dtype
+            fmt.quantize(w), fmt.name, linear.bias, hadamard_block, act_mode, cache_converted, linear.weight.dtype,
+            input_divisor,
         )
 
     # ---------------------------------------------------------------- state
@@ -169,6 +195,7 @@ class QuantLinear(nn.Module):
             "bias": self.bias is not None,
             "source_dtype": str(self.source_dtype).removeprefix("torch."),
             "weight_meta": self._weight_meta,
+            "input_divisor": self.input_divisor is not None,
         }
 
     def _apply(self, fn, recurse=True):
@@ -196,6 +223,9 @@ class QuantLinear(nn.Module):
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
         if self.hadamard_block is not None:
             x2 = hadamard.rotate(x2, self.hadamard_block)
+        static = self.act_quantizer is not None and self._act_mode is ActMode.INT8
+        if self.input_divisor is not None and not static:  # the static quantizer folds it into its scale
+            x2 = x2 / self.input_divisor.to(x2.dtype)
         y = _PATHS[self._act_mode](self, x2)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -205,6 +235,14 @@ class QuantLinear(nn.Module):
         return F.linear(x, self.quantized_weight().dequantize(x.dtype))
 
     def _forward_int8(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_quantizer is not None:
+            # Static: the quantizer's codes and scales; each part is one real int8 GEMM.
+            w_codes, w_scale = self.act_quantizer.int8_weight()
+            y = None
+            for codes, scale in self.act_quantizer.quantize_input(x):
+                part = int8_matmul(codes, w_codes).float().mul_(scale)
+                y = part if y is None else y.add_(part)
+            return y.mul_(w_scale.reshape(1, -1))
         xq = integer.quantize(x, bits=8, granularity="token")
         wq = self._weight_as("int8")
         acc = int8_matmul(xq.values(), wq.values())
@@ -220,6 +258,8 @@ class QuantLinear(nn.Module):
         if mode is ActMode.INT8:
             device = next(self.buffers()).device
             backend = int8_matmul_backend(device, 4096, self.in_features, self.out_features)
+            if self.act_quantizer is not None:
+                return f"{self.act_quantizer.describe()} (real, {backend})"
             return f"int8 (real, {backend})"
         if mode is ActMode.NVFP4:
             return "nvfp4 (emulated: dequantize + fp32 matmul)"
