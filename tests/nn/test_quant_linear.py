@@ -124,3 +124,15 @@ def test_errors():
         layer(torch.full((2, 96), float("nan")))
     with pytest.raises(ValueError, match="nn.Linear"):
         QuantLinear.from_linear(torch.nn.Conv1d(3, 3, 1))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int6"])
+def test_low_bit_channel_weights_feed_the_int8_gemm_without_rerounding(fmt):
+    lin = torch.nn.Linear(64, 16)
+    x = torch.randn(5, 64)
+    layer = QuantLinear.from_linear(lin, fmt, act_mode="int8")
+    wq = formats.get(fmt).quantize(lin.weight.detach())
+    sx = x.abs().amax(-1, keepdim=True) / 127
+    xq = torch.clamp(torch.round(x / sx), -127, 127)
+    ref = (xq.double() @ wq.values().double().T) * sx.double() * wq.scale.double().T + lin.bias.double()
+    torch.testing.assert_close(layer(x), ref.float(), rtol=1e-5, atol=1e-6 * ref.abs().max().item())

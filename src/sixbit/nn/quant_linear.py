@@ -203,11 +203,14 @@ class QuantLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def _weight_as(self, name: str) -> Quantized:
+        stored = self.quantized_weight()
         if name == self.weight_format:
-            return self.quantized_weight()
+            return stored
+        if name == "int8" and _fits_int8_gemm(stored):
+            return stored  # INT2…INT7 per-channel codes already are int8 GEMM operands: no re-rounding
         cached = self._converted.get(name)
         if cached is None:
-            cached = formats.get(name).quantize(self.quantized_weight().dequantize())
+            cached = formats.get(name).quantize(stored.dequantize())
             if self.cache_converted:
                 self._converted[name] = cached
         return cached
@@ -272,6 +275,11 @@ class QuantLinear(nn.Module):
             f"bias={self.bias is not None}, weight={self.weight_format} ({bits:.2f} bits), "
             f"hadamard_block={self.hadamard_block}, act={self.execution()}"
         )
+
+
+def _fits_int8_gemm(q: Quantized) -> bool:
+    """Symmetric per-channel integer codes of ≤ 8 bits: ``values()`` is int8, ``scale`` is (N, 1)."""
+    return isinstance(q, integer.IntQuantized) and q.symmetric and q.granularity == "channel"
 
 
 _PATHS: dict[ActMode, Callable[[QuantLinear, torch.Tensor], torch.Tensor]] = {

@@ -87,7 +87,9 @@ class ShapesCogVideoXPipeline(ShapesPipelineBase):
                     "num_inference_steps": self._num_timesteps,
                 }
                 model_in = torch.cat([latents, latents]) if self.do_classifier_free_guidance else latents
-                with self.transformer.cache_context("cond_uncond", **step_info):
+                # "cond_uncond" only when the batch really holds both branches (uncond first)
+                branch = "cond_uncond" if self.do_classifier_free_guidance else "cond"
+                with self.transformer.cache_context(branch, **step_info):
                     velocity = self.transformer(
                         hidden_states=model_in,
                         encoder_hidden_states=text,
