@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         share = report.flop_share()
         lines += [
             "",
-            f"- DMPQ closes **{100 * closed:.0f}%** of the PSNR gap from W4A4 to W4A8 (done-when: ≥ 60%) at "
+            f"- DMPQ closes **{100 * closed:.1f}%** of the PSNR gap from W4A4 to W4A8 (done-when: ≥ 60%) at "
             f"{rows[dname]['bits']:.2f} average activation bits; GEMM FLOPs NVFP4 {100 * share.get('nvfp4', 0):.0f}% / "
             f"INT8 {100 * share.get('int8', 0):.0f}%.",
             f"- DMPQ vs random assignment with the same NVFP4 share: {rows[dname]['psnr']:.2f} dB vs "
