@@ -12,24 +12,32 @@ __version__ = "0.1.0"
 
 from . import formats  # noqa: E402
 from .api import quantize, summary  # noqa: E402
-from .calibration import CalibrationData, calibrate  # noqa: E402
+from .calibration import CalibrationData, calibrate, fit_dmpq  # noqa: E402
 from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
 from .nn import ActMode, QuantLinear  # noqa: E402
 from .runtime import track_steps  # noqa: E402
+from .runtime.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
+from .runtime.dmpq import DMPQConfig, apply_dmpq  # noqa: E402
 from .runtime.static_w8a8 import StaticW8A8Config, apply_static_w8a8  # noqa: E402
 from .runtime.static_w8a8_layers import range_parameters, static_w8a8_info  # noqa: E402
 
 __all__ = [
     "ActMode",
     "CalibrationData",
+    "DMPQConfig",
+    "DeltaCacheConfig",
     "QuantConfig",
     "QuantLinear",
     "Role",
     "StaticW8A8Config",
     "__version__",
+    "apply_dmpq",
     "apply_static_w8a8",
     "calibrate",
+    "disable_delta_cache",
+    "enable_delta_cache",
+    "fit_dmpq",
     "formats",
     "load",
     "quantize",
