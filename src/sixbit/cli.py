@@ -108,7 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Other libraries' import-time warnings (e.g. torchao's optional kernels) are noise here:
+    # only errors from them, warnings from sixbit; --debug shows everything.
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("sixbit").setLevel(logging.DEBUG if args.debug else logging.WARNING)
     try:
         return args.func(args)
     except ValueError as e:
