@@ -32,6 +32,17 @@ class Role(str, enum.Enum):
 DEFAULT_QUANTIZED_ROLES = (Role.ATTENTION, Role.FEEDFORWARD)
 
 
+def pattern_problems(field: str, patterns) -> list[str]:
+    """One message per entry of ``patterns`` that is not a valid regular expression."""
+    problems = []
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as e:
+            problems.append(f"{field} pattern {pattern!r} is not a valid regular expression: {e}")
+    return problems
+
+
 @dataclasses.dataclass
 class QuantConfig:
     """How :func:`sixbit.quantize` replaces a model's linear layers.
@@ -87,12 +98,7 @@ class QuantConfig:
             f"role_formats has unknown role {r!r} (valid: {valid_roles})"
             for r in self.role_formats if r not in valid_roles
         ]
-        for field in ("include", "exclude"):
-            for pattern in getattr(self, field):
-                try:
-                    re.compile(pattern)
-                except (re.error, TypeError) as e:
-                    problems.append(f"{field} pattern {pattern!r} is not a valid regular expression: {e}")
+        problems += pattern_problems("include", self.include) + pattern_problems("exclude", self.exclude)
         if not isinstance(self.boundary_blocks, int) or self.boundary_blocks < 0:
             problems.append(f"boundary_blocks must be an integer ≥ 0, got {self.boundary_blocks!r}")
         if self.hadamard_block is not None and self.hadamard_block not in BLOCK_SIZES:

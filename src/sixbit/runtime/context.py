@@ -161,6 +161,31 @@ class StepTracker:
             self._explicit = previous
 
 
+class RunReports:
+    """The report of the run in progress, and of the last finished run once a new one starts.
+
+    ``factory()`` builds an empty report (anything with a ``decisions`` mapping). Registered on
+    the tracker, so a pipeline's end-of-call reset keeps the finished run's report readable.
+    """
+
+    def __init__(self, tracker: StepTracker, factory: Callable[[], Any]):
+        self.tracker, self._factory = tracker, factory
+        self.current = factory()
+        self._last = None
+        tracker.on_new_generation(self._finish)
+
+    def _finish(self) -> None:
+        if self.current.decisions:
+            self._last, self.current = self.current, self._factory()
+
+    def get(self):
+        return self.current if self.current.decisions or self._last is None else self._last
+
+    def detach(self) -> None:
+        """Stop following the tracker (when the method is removed)."""
+        self.tracker.remove_listener(self._finish)
+
+
 class _Observed(BaseState):
     def reset(self, *args, **kwargs) -> None:
         pass

@@ -38,7 +38,7 @@ from torch import nn
 from .. import formats
 from ..models import iter_blocks, spec_for
 from ..nn import ActMode
-from .context import StepTracker, track_steps
+from .context import RunReports, StepTracker, track_steps
 from .measure import quant_linears, relative_l1
 
 logger = logging.getLogger(__name__)
@@ -192,18 +192,11 @@ class DeltaCache:
         self.model, self.config, self.tracker = model, config, tracker
         self.blocks = [name for _, name, _, _ in iter_blocks(model)]
         self.refreshing = False  # a cached block is computing: PDR hooks are live
-        self._current = DeltaCacheReport(self.blocks)
-        self._last: DeltaCacheReport | None = None
-        tracker.on_new_generation(self._finish_run)
-
-    def _finish_run(self) -> None:
-        if self._current.decisions:
-            self._last = self._current
-            self._current = DeltaCacheReport(self.blocks)
+        self.reports = RunReports(tracker, lambda: DeltaCacheReport(self.blocks))
 
     def report(self) -> DeltaCacheReport:
         """The current run's decisions, or the last finished run's when none is in progress."""
-        return self._current if self._current.decisions or self._last is None else self._last
+        return self.reports.get()
 
     def state(self) -> DeltaCacheState:
         return self.tracker.state(self, DeltaCacheState)
@@ -222,10 +215,11 @@ class DeltaCache:
 
     def record(self, index: int, decision: str) -> None:
         info = self.tracker.info
-        self._current.decisions[(info.branch, info.step, index)] = decision
+        current = self.reports.current
+        current.decisions[(info.branch, info.step, index)] = decision
         if decision == "compute":
             held = sum(e.hidden.nbytes + e.encoder.nbytes for e in self.state().entries.values())
-            self._current.cache_bytes = max(self._current.cache_bytes, held)
+            current.cache_bytes = max(current.cache_bytes, held)
 
 
 class _BlockHook(ModelHook):
@@ -281,7 +275,7 @@ class _PDRHook(ModelHook):
             a = args[0].detach().abs()
             if float(a.amax()) > self.cache.config.pdr_outlier_ratio * float(a.mean()):
                 self._saved, module.act_mode = module.act_mode, ActMode.FP
-                self.cache._current.pdr_full_precision_calls += 1
+                self.cache.reports.current.pdr_full_precision_calls += 1
         return args, kwargs
 
     def post_forward(self, module, output):
@@ -321,7 +315,7 @@ def disable_delta_cache(model: nn.Module) -> None:
         registry = getattr(block, "_diffusers_hook", None)
         hook = registry.get_hook(HOOK_NAME) if registry is not None else None
         if hook is not None:
-            hook.cache.tracker.remove_listener(hook.cache._finish_run)
+            hook.cache.reports.detach()
             registry.remove_hook(HOOK_NAME, recurse=False)
         for layer in quant_linears(block):
             reg = getattr(layer, "_diffusers_hook", None)

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..models import iter_blocks, spec_for
 from ..nn import ActMode
-from .context import StepTracker, track_steps
+from .context import RunReports, StepTracker, track_steps
 from .delta_cache import HOOK_NAME as CACHE_HOOK_NAME
 from .measure import quant_linears, relative_l1
 
@@ -195,18 +195,11 @@ class DMPQ:
         self.policy = policy
         self.tracker = tracker
         self.blocks = [name for _, name, _, _ in iter_blocks(model)]
-        self._current = DMPQReport(self.blocks)
-        self._last: DMPQReport | None = None
-        tracker.on_new_generation(self._finish_run)
-
-    def _finish_run(self) -> None:
-        if self._current.decisions:
-            self._last = self._current
-            self._current = DMPQReport(self.blocks)
+        self.reports = RunReports(tracker, lambda: DMPQReport(self.blocks))
 
     def report(self) -> DMPQReport:
         """The current run's decisions, or the last finished run's when none is in progress."""
-        return self._current if self._current.decisions or self._last is None else self._last
+        return self.reports.get()
 
     def decide(self, index: int, batch: int) -> tuple[ActMode, float | None]:
         """The block's mode for this call, and the predicted error it was based on (if any)."""
@@ -221,10 +214,11 @@ class DMPQ:
     def record(self, index: int, mode: ActMode, gamma: torch.Tensor, flops: float, predicted: float | None) -> None:
         info = self.tracker.info
         self.tracker.state(self, DMPQState).gamma[index] = (info.step, gamma)
-        self._current.decisions[(info.branch, info.step, index)] = mode.value
-        self._current.flops[mode.value] += flops
+        current = self.reports.current
+        current.decisions[(info.branch, info.step, index)] = mode.value
+        current.flops[mode.value] += flops
         if predicted is not None:
-            self._current.candidates.append((predicted, flops))
+            current.candidates.append((predicted, flops))
 
 
 class _BlockHook(ModelHook):
@@ -293,5 +287,5 @@ def remove_dmpq(model: nn.Module) -> None:
         registry = getattr(block, "_diffusers_hook", None)
         hook = registry.get_hook(HOOK_NAME) if registry is not None else None
         if hook is not None:
-            hook.method.tracker.remove_listener(hook.method._finish_run)
+            hook.method.reports.detach()
             registry.remove_hook(HOOK_NAME, recurse=False)

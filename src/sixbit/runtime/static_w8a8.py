@@ -46,7 +46,7 @@ from torch import nn
 from ..calibration import time_ranges as tr
 from ..calibration.data import CalibrationData
 from ..calibration.static_fit import fit_layer
-from ..config import Role
+from ..config import Role, pattern_problems
 from ..formats import integer
 from ..models import block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
@@ -176,12 +176,7 @@ class StaticW8A8Config:
             problems.append(f"boundary_blocks must be an integer ≥ 0, got {self.boundary_blocks!r}")
         if not bits_ok(self.boundary_bits):
             problems.append(f"boundary_bits must be an integer in 2…8, got {self.boundary_bits!r}")
-        for field in ("include", "exclude"):
-            for pattern in getattr(self, field):
-                try:
-                    re.compile(pattern)
-                except (re.error, TypeError) as e:
-                    problems.append(f"{field} pattern {pattern!r} is not a valid regular expression: {e}")
+        problems += pattern_problems("include", self.include) + pattern_problems("exclude", self.exclude)
         if not (isinstance(self.tsq_min_gain, (int, float)) and 0 <= self.tsq_min_gain <= 1):
             problems.append(f"tsq_min_gain must be in [0, 1], got {self.tsq_min_gain!r}")
         if problems:
