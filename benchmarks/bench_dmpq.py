@@ -60,7 +60,7 @@ def _measure(pipe, pairs, steps, ref):
     return row, videos
 
 
-def run_arch(arch: str, pairs, calib_pairs, steps: int, target_bits: float, draws: int, plots: Path):
+def run_arch(arch: str, pairs, calib_pairs, steps: int, target_bits: list[float], draws: int, plots: Path):
     rows = {}
     fp = load_pipeline(arch)
     rows["FP"], ref = _measure(fp, pairs, steps, None)
@@ -77,32 +77,35 @@ def run_arch(arch: str, pairs, calib_pairs, steps: int, target_bits: float, draw
         rows[name]["bits"] = bits
         print(f"[{arch}] {name}: {rows[name]}", flush=True)
 
-    pipe = _quantized(arch, "nvfp4", 128, "int8")
-    calib = lambda: generate_heldout(pipe, calib_pairs, steps, GUIDANCE)  # noqa: E731
-    predictor = fit_dmpq(pipe.transformer, calib, DMPQConfig(target_bits=target_bits))
-    dmpq = apply_dmpq(pipe.transformer, predictor)
-    name = f"DMPQ (target {target_bits:g} bits)"
-    rows[name], _ = _measure(pipe, pairs, steps, ref)
-    report = dmpq.report()
-    rows[name]["bits"] = report.average_bits
-    report.plot(plots / f"dmpq_map_{arch}.png", branch="cond" if arch == "wan" else "cond_uncond", title=f"DMPQ on shapes-{arch}")
-    predictor.plot_correlation(plots / f"dmpq_corr_{arch}.png", title=f"shapes-{arch}")
-    print(f"[{arch}] {name}: {rows[name]}", flush=True)
-
-    low_share = report.flop_share().get("nvfp4", 0.0) * steps / max(steps - 1, 1)
-    draws_rows = []
-    for seed in range(draws):
-        rp = _quantized(arch, "nvfp4", 128, "int8")
-        handle = apply_dmpq(rp.transformer, RandomAssignment(min(low_share, 1.0), seed))
-        r, _ = _measure(rp, pairs, steps, ref)
-        r["bits"] = handle.report().average_bits
-        draws_rows.append(r)
-    rows[f"random NVFP4/INT8 (same share, mean of {draws})"] = {
-        k: statistics.mean(r[k] for r in draws_rows) for k in draws_rows[0]
-    }
-    rows[f"random NVFP4/INT8 (same share, mean of {draws})"]["psnr_draws"] = [r["psnr"] for r in draws_rows]
-    print(f"[{arch}] random: {[r['psnr'] for r in draws_rows]}", flush=True)
-    return rows, predictor, report
+    fits = {}
+    for target in target_bits:
+        pipe = _quantized(arch, "nvfp4", 128, "int8")
+        calib = lambda: generate_heldout(pipe, calib_pairs, steps, GUIDANCE)  # noqa: E731
+        predictor = fit_dmpq(pipe.transformer, calib, DMPQConfig(target_bits=target))
+        dmpq = apply_dmpq(pipe.transformer, predictor)
+        name = f"DMPQ (target {target:g} bits)"
+        rows[name], _ = _measure(pipe, pairs, steps, ref)
+        report = dmpq.report()
+        rows[name]["bits"] = report.average_bits
+        if target == target_bits[0]:
+            report.plot(plots / f"dmpq_map_{arch}.png", branch="cond" if arch == "wan" else "cond_uncond",
+                        title=f"DMPQ on shapes-{arch}, target {target:g} bits")
+            predictor.plot_correlation(plots / f"dmpq_corr_{arch}.png", title=f"shapes-{arch}")
+        print(f"[{arch}] {name}: {rows[name]}", flush=True)
+        low_share = report.flop_share().get("nvfp4", 0.0) * steps / max(steps - 1, 1)
+        draws_rows = []
+        for seed in range(draws):
+            rp = _quantized(arch, "nvfp4", 128, "int8")
+            handle = apply_dmpq(rp.transformer, RandomAssignment(min(low_share, 1.0), seed))
+            r, _ = _measure(rp, pairs, steps, ref)
+            r["bits"] = handle.report().average_bits
+            draws_rows.append(r)
+        rname = f"random NVFP4/INT8 (DMPQ {target:g}'s share, mean of {draws})"
+        rows[rname] = {k: statistics.mean(r[k] for r in draws_rows) for k in draws_rows[0]}
+        rows[rname]["psnr_draws"] = [r["psnr"] for r in draws_rows]
+        print(f"[{arch}] random: {[r['psnr'] for r in draws_rows]}", flush=True)
+        fits[target] = (name, rname, predictor, report)
+    return rows, fits
 
 
 def main(argv=None) -> int:
@@ -111,7 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=16, help="held-out (prompt, seed) pairs (every third of 48)")
     parser.add_argument("--calib", type=int, default=8, help="calibration generations (prompts with unseen seeds)")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--target-bits", type=float, default=6.0)
+    parser.add_argument("--target-bits", default="6.0,6.5", help="comma-separated DMPQ targets")
     parser.add_argument("--draws", type=int, default=3, help="random-assignment draws to average")
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
@@ -125,20 +128,18 @@ def main(argv=None) -> int:
         "## DMPQ: dynamic NVFP4/INT8 activations per block and step (issue 6)",
         "",
         f"Written by `python benchmarks/bench_dmpq.py --pairs {args.pairs} --calib {args.calib} --steps {args.steps} "
-        f"--target-bits {args.target_bits:g} --draws {args.draws}`. Machine: {machine_description()}.",
+        f"--target-bits {args.target_bits} --draws {args.draws}`. Machine: {machine_description()}.",
         f"{len(pairs)} held-out (prompt, seed) pairs, {args.steps} flow-matching steps, CFG {GUIDANCE:g}; PSNR/SSIM "
         "against the same pipeline's FP videos; adherence = share of videos whose color, shape and direction the "
         "judge reads right. *bits* = GEMM-FLOP-weighted average activation bits (NVFP4 counted as 4.5 with its "
         "scales). **NVFP4 activations are EMULATED** (dequantize + fp32 matmul): *s/video* measures emulation on this "
         "CPU, not FP4 hardware speed.",
     ]
+    targets = [float(t) for t in args.target_bits.split(",")]
     for arch in args.archs.split(","):
-        rows, predictor, report = run_arch(arch, pairs, calib_pairs, args.steps, args.target_bits, args.draws, plots)
+        rows, fits = run_arch(arch, pairs, calib_pairs, args.steps, targets, args.draws, plots)
         w4a8 = rows["W4A8 (NVFP4 W + Hadamard, INT8 A)"]["psnr"]
         w4a4 = rows["W4A4 (NVFP4 W + Hadamard, NVFP4 A)"]["psnr"]
-        dname = f"DMPQ (target {args.target_bits:g} bits)"
-        rname = next(k for k in rows if k.startswith("random"))
-        closed = (rows[dname]["psnr"] - w4a4) / (w4a8 - w4a4) if w4a8 != w4a4 else float("nan")
         lines += [
             "",
             f"### shapes-{arch}",
@@ -152,15 +153,20 @@ def main(argv=None) -> int:
                 f"| {name} | {r['bits']:.2f} | {r['weight_mib']:.3f} | {p} | {r['ssim']:.4f} | "
                 f"{100 * r['adherence']:.1f}% | {r['flicker']:.4f} | {r['s_per_video']:.2f} |"
             )
-        share = report.flop_share()
+        lines.append("")
+        for target, (dname, rname, predictor, report) in fits.items():
+            closed = (rows[dname]["psnr"] - w4a4) / (w4a8 - w4a4) if w4a8 != w4a4 else float("nan")
+            share = report.flop_share()
+            lines += [
+                f"- Target {target:g}: DMPQ closes **{100 * closed:.1f}%** of the PSNR gap from W4A4 to W4A8 "
+                f"(done-when: ≥ 60% at ≤ 6.5 bits) at **{rows[dname]['bits']:.2f}** average activation bits "
+                f"(NVFP4 {100 * share.get('nvfp4', 0):.0f}% / INT8 {100 * share.get('int8', 0):.0f}% of GEMM FLOPs); "
+                f"random assignment with the same share: {rows[rname]['psnr']:.2f} dB vs DMPQ {rows[dname]['psnr']:.2f} dB "
+                f"(draws {', '.join(f'{x:.2f}' for x in rows[rname]['psnr_draws'])}); adherence DMPQ "
+                f"{100 * rows[dname]['adherence']:.1f}% vs FP {100 * rows['FP']['adherence']:.1f}%.",
+            ]
+        predictor = fits[targets[0]][2]
         lines += [
-            "",
-            f"- DMPQ closes **{100 * closed:.1f}%** of the PSNR gap from W4A4 to W4A8 (done-when: ≥ 60%) at "
-            f"{rows[dname]['bits']:.2f} average activation bits; GEMM FLOPs NVFP4 {100 * share.get('nvfp4', 0):.0f}% / "
-            f"INT8 {100 * share.get('int8', 0):.0f}%.",
-            f"- DMPQ vs random assignment with the same NVFP4 share: {rows[dname]['psnr']:.2f} dB vs "
-            f"{rows[rname]['psnr']:.2f} dB (draws: {', '.join(f'{x:.2f}' for x in rows[rname]['psnr_draws'])}).",
-            f"- Adherence: DMPQ {100 * rows[dname]['adherence']:.1f}% vs FP {100 * rows['FP']['adherence']:.1f}%.",
             f"- The paper's observation on this model: Pearson r between Γ(t−1) and the NVFP4 error at t = "
             f"**{predictor.pearson_r:.3f}** over {predictor.pairs[0].numel()} calibration pairs.",
             "",
