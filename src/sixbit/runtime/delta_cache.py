@@ -141,9 +141,18 @@ class DeltaCacheState:
 
     def __init__(self):
         self.entries: dict[int, _Entry] = {}
+        self.held_bytes = 0  # bytes of all cached residuals, kept up to date on every store
+
+    def store(self, index: int, entry: _Entry) -> None:
+        old = self.entries.get(index)
+        if old is not None:
+            self.held_bytes -= old.hidden.nbytes + old.encoder.nbytes
+        self.entries[index] = entry
+        self.held_bytes += entry.hidden.nbytes + entry.encoder.nbytes
 
     def reset(self) -> None:
         self.entries.clear()
+        self.held_bytes = 0
 
 
 @dataclasses.dataclass
@@ -218,8 +227,7 @@ class DeltaCache:
         current = self.reports.current
         current.decisions[(info.branch, info.step, index)] = decision
         if decision == "compute":
-            held = sum(e.hidden.nbytes + e.encoder.nbytes for e in self.state().entries.values())
-            current.cache_bytes = max(current.cache_bytes, held)
+            current.cache_bytes = max(current.cache_bytes, self.state().held_bytes)
 
 
 class _BlockHook(ModelHook):
@@ -257,7 +265,7 @@ class _BlockHook(ModelHook):
         y_enc = io.stream_output(output, "encoder")
         enc_delta = None if enc is None or y_enc is None or y_enc.shape != enc.shape else (y_enc - enc).detach()
         fmt = cache.config.cache_format
-        state.entries[self.index] = _Entry(_Stored(delta, fmt), _Stored(enc_delta, fmt), delta, step, stability)
+        state.store(self.index, _Entry(_Stored(delta, fmt), _Stored(enc_delta, fmt), delta, step, stability))
         cache.record(self.index, "compute")
         return output
 
