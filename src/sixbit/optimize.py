@@ -1,0 +1,491 @@
+"""Memory optimization for inference: VAE tiling and block offloading with prefetch.
+
+:func:`enable_memory_optimization` does two independent things to a diffusers pipeline or a bare
+video transformer:
+
+1. **VAE tiling.** Where the pipeline has a VAE, ``vae.enable_tiling`` with tiles of
+   ``tile_size`` pixels (CogVideoX: ``tile_sample_min_height/width``, default overlap; Wan and
+   VAEs that take strides: stride ``3/4·tile_size``, diffusers' own 256 → 192 ratio). Decoding
+   memory then grows with the tile, not the video. A bare transformer or a VAE-less pipeline
+   (the shipped shapes models are pixel-space) has nothing to tile: the report says so.
+2. **Weights off the compute device** (``mode``):
+
+   ``"group"`` (default)
+       The transformer's blocks (in execution order, from :mod:`sixbit.models`) are split into
+       groups of ``blocks_per_group``. Each group lives on the offload side — CPU memory, or a
+       safetensors file under ``offload_device=<folder>`` — and is loaded just before its first
+       block runs. Moving the tensors is diffusers' group offloading (its ``ModuleGroup``:
+       parameters *and* buffers, so ``QuantLinear``'s packed weights travel in their 4.5-bit
+       form); sixbit adds the schedule. Weights outside the blocks stay on the onload device.
+
+       **What ``prefetch_depth`` does.** When group ``g`` is entered, groups ``g+1 … g+depth``
+       (wrapping round to the first groups, which the next transformer call needs) are queued
+       for loading on one background thread, in order, and every group outside
+       ``{g, …, g+depth}`` is offloaded. So at most ``depth + 1`` groups are resident at any
+       time, and a load overlaps the compute of up to ``depth`` groups before it is needed.
+       diffusers' own ``use_stream`` prefetch looks exactly one group ahead, needs CUDA streams
+       and one block per group; this works on any device. On CUDA the copies are issued on the
+       default stream (correct without extra synchronisation), so the prefetch hides host-side
+       work — disk reads, pageable staging — but the PCIe copy itself still queues with the
+       compute kernels.
+
+       A skipped block (delta cache) never needs its weights: whichever block *computes* makes
+       its own group resident first, so correctness does not depend on the order the hooks were
+       installed in — unlike diffusers' group offloading with ``num_blocks_per_group > 1``,
+       where a cache that skips a group's first block leaves the group unloaded for the rest.
+
+       On a CPU-only machine, offloading to ``"cpu"`` would move nothing; use a folder
+       (``offload_device="/tmp/offload"``): weights are written once to a fresh subfolder and
+       read back per group, and the resident memory of the blocks drops to ``depth + 1`` groups.
+
+   ``"cpu_offload"`` / ``"sequential_cpu_offload"``
+       diffusers' ``pipe.enable_model_cpu_offload()`` / ``enable_sequential_cpu_offload()``
+       (whole components, or every leaf, moved to the accelerator when used). Pipelines only,
+       and only with an accelerator: without one they would change nothing, so they raise.
+
+   ``"none"``
+       Tiling only.
+
+Install order: quantize (or load) first, then this, then DMPQ and the delta cache — in any
+order among those two. Outputs are bit-identical to the same model without offloading: the
+weights make an exact round trip (memory copy or safetensors file) and every block computes on
+the same device and dtype.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import enum
+import inspect
+import logging
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks.group_offloading import GroupOffloadingHook, ModuleGroup
+from torch import nn
+
+from .models import iter_blocks, spec_for
+
+logger = logging.getLogger(__name__)
+
+HOOK_NAME = "sixbit_offload"
+
+_HANDLES: "weakref.WeakKeyDictionary[nn.Module, MemoryOptimization]" = weakref.WeakKeyDictionary()
+
+
+class MemoryMode(str, enum.Enum):
+    """Where the transformer's weights live between uses (see the module docstring)."""
+
+    GROUP = "group"
+    CPU_OFFLOAD = "cpu_offload"
+    SEQUENTIAL_CPU_OFFLOAD = "sequential_cpu_offload"
+    NONE = "none"
+
+
+@dataclasses.dataclass
+class OffloadStats:
+    """What the block scheduler did since it was installed."""
+
+    groups: int
+    prefetched: int = 0  # loads queued ahead of need on the background thread
+    prefetch_hits: int = 0  # entered groups that were already resident or queued
+    sync_loads: int = 0  # entered groups loaded on the spot (no prefetch covered them)
+    offloads: int = 0
+    max_resident_groups: int = 0
+
+
+class _Scheduler:
+    """Keeps the window ``{current, next depth groups}`` resident; everything else offloaded."""
+
+    def __init__(self, groups: list[ModuleGroup], depth: int):
+        self.groups, self.depth = groups, min(depth, len(groups) - 1)
+        self.state = ["offloaded"] * len(groups)  # "offloaded" | "queued" | "resident"
+        self.futures: dict[int, concurrent.futures.Future] = {}
+        self.current: int | None = None
+        self.stats = OffloadStats(groups=len(groups))
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def _settle(self, g: int) -> None:
+        future = self.futures.pop(g, None)
+        if future is not None:
+            future.result()  # re-raises a failed load here, in the caller's thread
+            self.state[g] = "resident"
+
+    def _offload(self, g: int) -> None:
+        self._settle(g)
+        if self.state[g] == "resident":
+            self.groups[g].offload_()
+            self.state[g] = "offloaded"
+            self.stats.offloads += 1
+
+    def _queue(self, g: int) -> None:
+        if self.state[g] != "offloaded":
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sixbit-prefetch")
+        self.futures[g] = self._pool.submit(self.groups[g].onload_)
+        self.state[g] = "queued"
+        self.stats.prefetched += 1
+
+    @torch.compiler.disable
+    def enter(self, g: int) -> None:
+        """Called before any block of group ``g`` computes."""
+        if g == self.current:
+            return
+        self.current = g
+        ahead = [(g + k) % len(self.groups) for k in range(1, self.depth + 1)]
+        window = {g, *ahead}
+        for h in range(len(self.groups)):
+            if h not in window and self.state[h] != "offloaded":
+                self._offload(h)
+        if self.state[g] == "offloaded":
+            self.groups[g].onload_()
+            self.state[g] = "resident"
+            self.stats.sync_loads += 1
+        else:
+            self.stats.prefetch_hits += 1
+        for h in ahead:
+            self._queue(h)
+        self._settle(g)
+        resident = sum(s != "offloaded" for s in self.state)
+        self.stats.max_resident_groups = max(self.stats.max_resident_groups, resident)
+
+    def close(self, load_all: bool) -> None:
+        """Finish pending loads; then load every group (weights back in place) or offload every group."""
+        for g in list(self.futures):
+            self._settle(g)
+        for g, group in enumerate(self.groups):
+            if load_all and self.state[g] == "offloaded":
+                group.onload_()
+            elif not load_all and self.state[g] == "resident":
+                group.offload_()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class _OffloadHook(ModelHook):
+    def __init__(self, scheduler: _Scheduler, group: int):
+        super().__init__()
+        self.scheduler, self.group = scheduler, group
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.scheduler.enter(self.group)
+        return args, kwargs
+
+
+@dataclasses.dataclass
+class MemoryOptimization:
+    """What :func:`enable_memory_optimization` set up; :meth:`disable` undoes it.
+
+    ``tiling`` and ``offload`` are one-line descriptions of what was done (or why not);
+    ``stats`` counts the block scheduler's loads (``None`` outside ``mode="group"``).
+    """
+
+    mode: MemoryMode
+    tiling: str
+    offload: str
+    groups: int = 0
+    blocks_per_group: int = 0
+    prefetch_depth: int = 0  # effective: at most groups − 1
+    _model: nn.Module | None = dataclasses.field(default=None, repr=False)
+    _pipe: object = dataclasses.field(default=None, repr=False)
+    _scheduler: _Scheduler | None = dataclasses.field(default=None, repr=False)
+    _rest: ModuleGroup | None = dataclasses.field(default=None, repr=False)
+    _vae: nn.Module | None = dataclasses.field(default=None, repr=False)
+    _saved_tiling: dict | None = dataclasses.field(default=None, repr=False)
+    _folder: Path | None = dataclasses.field(default=None, repr=False)
+    _active: bool = dataclasses.field(default=True, repr=False)
+
+    @property
+    def stats(self) -> OffloadStats | None:
+        return None if self._scheduler is None else self._scheduler.stats
+
+    def __str__(self) -> str:
+        return f"memory optimization ({self.mode.value}): {self.offload}; {self.tiling}"
+
+    def disable(self) -> None:
+        """Remove hooks, put every weight back in ordinary tensors, restore the VAE's tiling.
+
+        Disk offload: block weights are read back to the onload device and the folder this
+        call wrote is deleted. CPU-memory offload: the whole transformer ends on the offload
+        device (move it where you want it).
+        """
+        if not self._active:
+            return
+        self._active = False
+        if self._scheduler is not None:
+            for _, _, block, _ in iter_blocks(self._model):
+                registry = getattr(block, "_diffusers_hook", None)
+                if registry is not None and registry.get_hook(HOOK_NAME) is not None:
+                    registry.remove_hook(HOOK_NAME, recurse=False)
+            self._scheduler.close(load_all=self._folder is not None)
+            if self._folder is None and self._rest is not None:
+                self._rest.offload_()
+        if self.mode in (MemoryMode.CPU_OFFLOAD, MemoryMode.SEQUENTIAL_CPU_OFFLOAD):
+            self._pipe.remove_all_hooks()
+        if self._saved_tiling is not None:
+            for key, value in self._saved_tiling.items():
+                setattr(self._vae, key, value)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        if self._model is not None and _HANDLES.get(self._model) is self:
+            del _HANDLES[self._model]
+
+
+def _split(obj) -> tuple[object | None, nn.Module | None, nn.Module | None]:
+    """``(pipeline, transformer, vae)`` of a diffusers pipeline or a bare model."""
+    from diffusers import DiffusionPipeline
+
+    if isinstance(obj, DiffusionPipeline):
+        transformer = getattr(obj, "transformer", None)
+        return obj, transformer if isinstance(transformer, nn.Module) else None, getattr(obj, "vae", None)
+    if isinstance(obj, nn.Module):
+        return None, obj, None
+    raise ValueError(
+        f"enable_memory_optimization needs a diffusers pipeline or a transformer (torch.nn.Module), "
+        f"got {type(obj).__name__}; pass e.g. `pipe` or `pipe.transformer`"
+    )
+
+
+def _positive_int(name: str, value, minimum: int, why: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer ≥ {minimum} ({why}), got {value!r}")
+    return value
+
+
+def _device_or_folder(value) -> torch.device | Path:
+    """``"cpu"``, ``"cuda:0"``, a ``torch.device`` → device; anything else → a folder for disk offload."""
+    if isinstance(value, torch.device):
+        return value
+    if isinstance(value, str):
+        try:
+            return torch.device(value)
+        except RuntimeError:
+            pass
+    if isinstance(value, (str, Path)):
+        return Path(value)
+    raise ValueError(f"offload_device must be a device (\"cpu\") or a folder path for disk offload, got {value!r}")
+
+
+def _accelerator() -> torch.device | None:
+    if torch.accelerator.is_available():
+        return torch.accelerator.current_accelerator()
+    return None
+
+
+def _check_no_foreign_offload(model: nn.Module) -> None:
+    for name, module in model.named_modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        if registry is not None and any(isinstance(h, GroupOffloadingHook) for h in registry.hooks.values()):
+            raise ValueError(
+                f"{type(model).__name__} already has diffusers group offloading (on {name or 'the model'}); "
+                "remove it first (`model.disable_group_offload()` or reload the model)"
+            )
+        if hasattr(module, "_hf_hook"):
+            raise ValueError(
+                f"{type(model).__name__} already has accelerate offloading hooks (on {name or 'the model'}); "
+                "call `pipe.remove_all_hooks()` first"
+            )
+
+
+def _tile(vae, tile_size: int) -> tuple[str, dict | None]:
+    if vae is None:
+        return "VAE tiling skipped: no VAE (a bare transformer or a pixel-space pipeline)", None
+    if not callable(getattr(vae, "enable_tiling", None)):
+        return f"VAE tiling skipped: {type(vae).__name__} has no enable_tiling", None
+    accepted = inspect.signature(vae.enable_tiling).parameters
+    # Overlap: CogVideoX keeps its default overlap factors (1/6, 1/5); VAEs that take a stride get
+    # 3/4 of the tile, diffusers' Wan default ratio (256 → 192).
+    wanted = {
+        "tile_sample_min_height": tile_size,
+        "tile_sample_min_width": tile_size,
+        "tile_sample_stride_height": tile_size * 3 // 4,
+        "tile_sample_stride_width": tile_size * 3 // 4,
+    }
+    kwargs = {k: v for k, v in wanted.items() if k in accepted}
+    saved = {k: v for k, v in vars(vae).items() if k == "use_tiling" or k.startswith("tile_")}
+    vae.enable_tiling(**kwargs)
+    if not kwargs:
+        return f"VAE tiling on {type(vae).__name__} at its default tile size (its enable_tiling takes no size)", saved
+    sizes = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+    return f"VAE tiling on {type(vae).__name__}: {sizes}", saved
+
+
+def _block_groups(model: nn.Module, blocks_per_group: int, onload: torch.device, offload: torch.device,
+                  folder: Path | None) -> tuple[list[list[nn.Module]], list[ModuleGroup], ModuleGroup]:
+    named = [(name, block) for _, name, block, _ in iter_blocks(model, spec_for(model))]
+    chunks = [named[i:i + blocks_per_group] for i in range(0, len(named), blocks_per_group)]
+    groups = [
+        ModuleGroup(
+            modules=[b for _, b in chunk], offload_device=offload, onload_device=onload,
+            offload_leader=chunk[-1][1], onload_leader=chunk[0][1], onload_self=True,
+            offload_to_disk_path=None if folder is None else str(folder),
+            group_id=f"{chunk[0][0]}..{chunk[-1][0]}",
+        )
+        for chunk in chunks
+    ]
+    in_blocks = {id(t) for _, b in named for t in (*b.parameters(), *b.buffers())}
+    rest = ModuleGroup(
+        modules=[], offload_device=offload, onload_device=onload, offload_leader=model, onload_leader=model,
+        parameters=[p for p in model.parameters() if id(p) not in in_blocks],
+        buffers=[b for b in model.buffers() if id(b) not in in_blocks],
+    )
+    return [[b for _, b in chunk] for chunk in chunks], groups, rest
+
+
+def enable_memory_optimization(
+    model_or_pipe,
+    tile_size: int = 256,
+    prefetch_depth: int = 4,
+    mode: MemoryMode | str = MemoryMode.GROUP,
+    onload_device: str | torch.device | None = None,
+    offload_device: str | torch.device | Path = "cpu",
+    blocks_per_group: int = 1,
+) -> MemoryOptimization:
+    """Tile the VAE and keep the transformer's blocks off the compute device until needed.
+
+    Args:
+        model_or_pipe: a diffusers pipeline (its ``transformer`` and ``vae``) or a bare video
+            transformer. Quantize or load it first: layers swapped in later are not offloaded.
+        tile_size (int, default 256): VAE tile edge in pixels, a multiple of 8 (VAEs compress
+            8× spatially). Smaller: less decoder memory, more tiles (slower, more seams to blend).
+        prefetch_depth (int ≥ 1, default 4): block groups loaded ahead of the one computing, on a
+            background thread; at most ``prefetch_depth + 1`` groups are resident. Larger hides
+            more load latency and holds more memory; ``≥ groups − 1`` keeps everything resident.
+        mode ("group" | "cpu_offload" | "sequential_cpu_offload" | "none", default "group"): see
+            the module docstring.
+        onload_device (default None: the accelerator if torch sees one, else "cpu"): where blocks
+            compute.
+        offload_device (default "cpu"): where blocks wait — a device, or a folder path for disk
+            offload (a fresh subfolder is created in it and removed by :meth:`~MemoryOptimization.disable`).
+        blocks_per_group (int ≥ 1, default 1): blocks moved together. Larger: fewer, bigger
+            transfers; more memory per resident group.
+
+    Returns:
+        a :class:`MemoryOptimization` describing what was done (``str()`` reads well).
+
+    Raises:
+        ValueError: an unknown mode, a bad size, an object that is no model or pipeline, a mode
+            that would change nothing on this machine (``cpu`` → ``cpu``; CPU offload without an
+            accelerator) or a model already under another offloading scheme. Nothing is changed.
+
+    Example:
+        >>> import tempfile, torch, sixbit
+        >>> from sixbit.optimize import enable_memory_optimization
+        >>> from sixbit.zoo.shapes import load_pipeline
+        >>> pipe = load_pipeline("wan")
+        >>> sixbit.quantize(pipe.transformer, sixbit.QuantConfig(weight_format="nvfp4"))  # doctest: +ELLIPSIS
+        WanTransformer3DModel(...)
+        >>> folder = tempfile.mkdtemp()
+        >>> memory = enable_memory_optimization(pipe, prefetch_depth=1, onload_device="cpu", offload_device=folder)
+        >>> video = pipe("a red circle moving right", num_inference_steps=4,
+        ...              generator=torch.Generator().manual_seed(0)).frames
+        >>> memory.stats.max_resident_groups
+        2
+        >>> memory.disable()
+    """
+    try:
+        mode = MemoryMode(mode)
+    except ValueError:
+        raise ValueError(f"unknown mode {mode!r}; valid: {[m.value for m in MemoryMode]}") from None
+    _positive_int("tile_size", tile_size, 8, "VAE tile edge in pixels")
+    if tile_size % 8:
+        raise ValueError(f"tile_size must be a multiple of 8 (VAEs compress 8× spatially), got {tile_size}; try {tile_size // 8 * 8 or 8}")
+    _positive_int("prefetch_depth", prefetch_depth, 1, "block groups loaded ahead")
+    _positive_int("blocks_per_group", blocks_per_group, 1, "blocks moved together")
+    pipe, model, vae = _split(model_or_pipe)
+    offload = _device_or_folder(offload_device)
+    folder = offload if isinstance(offload, Path) else None
+    accelerator = _accelerator()
+    try:
+        onload = torch.device(onload_device) if onload_device is not None else (accelerator or torch.device("cpu"))
+    except (RuntimeError, TypeError):
+        raise ValueError(f"onload_device must be a device such as \"cuda\" or \"cpu\", got {onload_device!r}") from None
+
+    if mode is MemoryMode.GROUP:
+        if model is None:
+            raise ValueError(f"mode='group' offloads a transformer, but this {type(pipe).__name__} has none; use mode='none' for tiling only")
+        spec_for(model)  # raises a ValueError naming the fix when the blocks cannot be found
+        if folder is None and offload == onload:
+            raise ValueError(
+                f"mode='group' with onload_device={str(onload)!r} and offload_device={str(offload)!r} moves nothing "
+                f"(torch sees {'no accelerator' if accelerator is None else accelerator}); pass a folder path as "
+                "offload_device to offload to disk, or an accelerator as onload_device"
+            )
+        _check_no_foreign_offload(model)
+    elif mode in (MemoryMode.CPU_OFFLOAD, MemoryMode.SEQUENTIAL_CPU_OFFLOAD):
+        if pipe is None:
+            raise ValueError(f"mode={mode.value!r} moves the components of a pipeline; pass the pipeline, or use mode='group' for a bare transformer")
+        if accelerator is None:
+            raise ValueError(
+                f"mode={mode.value!r} moves models between the CPU and an accelerator, but torch sees no accelerator "
+                "here, so it would change nothing; on a CPU-only machine use mode='group' with "
+                "offload_device=<folder> (disk offload)"
+            )
+        if folder is not None:
+            raise ValueError(f"mode={mode.value!r} offloads to CPU memory only; for disk offload use mode='group'")
+
+    if model is not None and model in _HANDLES:
+        _HANDLES[model].disable()
+    tiling, saved = _tile(vae, tile_size)
+    handle = MemoryOptimization(mode, tiling, "no weight offloading", _model=model, _pipe=pipe, _vae=vae,
+                                _saved_tiling=saved)
+    try:
+        if mode is MemoryMode.GROUP:
+            _install_groups(handle, model, onload, offload, folder, blocks_per_group, prefetch_depth)
+        elif mode is MemoryMode.CPU_OFFLOAD:
+            pipe.enable_model_cpu_offload(device=onload)
+            handle.offload = f"diffusers model CPU offload (components onloaded to {onload} when used)"
+        elif mode is MemoryMode.SEQUENTIAL_CPU_OFFLOAD:
+            pipe.enable_sequential_cpu_offload(device=onload)
+            handle.offload = f"diffusers sequential CPU offload (each leaf onloaded to {onload} when used)"
+    except BaseException:
+        handle.disable()
+        raise
+    if model is not None:
+        _HANDLES[model] = handle
+    logger.info("%s", handle)
+    return handle
+
+
+def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.device, offload,
+                    folder: Path | None, blocks_per_group: int, prefetch_depth: int) -> None:
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        # A fresh subfolder: diffusers reuses an existing group file without checking what it holds.
+        handle._folder = Path(tempfile.mkdtemp(prefix="sixbit-offload-", dir=folder))
+        offload = torch.device("cpu")
+    members, groups, rest = _block_groups(model, blocks_per_group, onload, offload, handle._folder)
+    handle._rest = rest
+    rest.onload_()  # weights outside the blocks stay on the compute device
+    scheduler = _Scheduler(groups, prefetch_depth)
+    scheduler.state = ["resident"] * len(groups)  # true until each group's first offload (disable relies on it)
+    handle._scheduler = scheduler
+    for index, group in enumerate(groups):
+        group.offload_()
+        scheduler.state[index] = "offloaded"
+        for block in members[index]:
+            HookRegistry.check_if_exists_or_initialize(block).register_hook(_OffloadHook(scheduler, index), HOOK_NAME)
+    where = f"disk ({handle._folder})" if folder is not None else f"{offload} memory"
+    handle.groups, handle.blocks_per_group, handle.prefetch_depth = len(groups), blocks_per_group, scheduler.depth
+    handle.offload = (
+        f"{len(groups)} groups of {blocks_per_group} block(s) on {where}, computed on {onload}, "
+        f"{scheduler.depth} group(s) prefetched ahead"
+    )
+    if prefetch_depth >= len(groups) - 1:
+        logger.warning("prefetch_depth=%d ≥ groups − 1 = %d: every group stays resident after the first call, "
+                       "so no memory is saved; lower prefetch_depth", prefetch_depth, len(groups) - 1)
+
+
+def disable_memory_optimization(model_or_pipe) -> None:
+    """Undo :func:`enable_memory_optimization` on ``model_or_pipe`` (no-op when none is installed)."""
+    _, model, _ = _split(model_or_pipe)
+    handle = _HANDLES.get(model) if model is not None else None
+    if handle is not None:
+        handle.disable()
