@@ -15,7 +15,9 @@ from .api import quantize, summary  # noqa: E402
 from .calibration import CalibrationData, calibrate, fit_dmpq  # noqa: E402
 from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
+from .convert import Conversion, conversion_of, convert_model  # noqa: E402
 from .nn import ActMode, QuantLinear  # noqa: E402
+from .presets import PRESETS, ConvertConfig  # noqa: E402
 from .runtime import track_steps  # noqa: E402
 from .runtime.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
 from .runtime.dmpq import DMPQConfig, apply_dmpq  # noqa: E402
@@ -25,8 +27,11 @@ from .runtime.static_w8a8_layers import range_parameters, static_w8a8_info  # no
 __all__ = [
     "ActMode",
     "CalibrationData",
+    "Conversion",
+    "ConvertConfig",
     "DMPQConfig",
     "DeltaCacheConfig",
+    "PRESETS",
     "QuantConfig",
     "QuantLinear",
     "Role",
@@ -35,6 +40,8 @@ __all__ = [
     "apply_dmpq",
     "apply_static_w8a8",
     "calibrate",
+    "conversion_of",
+    "convert_model",
     "disable_delta_cache",
     "enable_delta_cache",
     "fit_dmpq",

@@ -79,8 +79,20 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def _module_of(model) -> nn.Module:
+    """The transformer of a pipeline, or ``model`` itself."""
+    if isinstance(model, nn.Module):
+        return model
+    transformer = getattr(model, "transformer", None)
+    if isinstance(transformer, nn.Module):
+        return transformer
+    raise ValueError(f"expected a model (nn.Module) or a pipeline with a .transformer, got {type(model).__name__}")
+
+
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
     """Write ``model``'s quantized state to ``path`` (a ``.safetensors`` file), atomically.
+
+    ``model`` may also be a pipeline: its ``.transformer`` is saved.
 
     Example:
         >>> import torch, sixbit, tempfile, os
@@ -90,6 +102,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         >>> p.suffix
         '.safetensors'
     """
+    model = _module_of(model)
     tensors, seen = {}, set()
     for name, t in model.state_dict().items():
         t = t.detach().contiguous()
@@ -186,7 +199,13 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     architecture) ``model`` is left untouched. Registered extensions stored in the file (e.g.
     static W8A8's parameters) are restored last; a file naming an extension this process
     has not registered is refused up front. Returns ``model``.
+
+    ``model`` may be a pipeline (its ``.transformer`` is loaded; the pipeline is returned), and
+    it may have been built on the meta device (``accelerate.init_empty_weights()``): its
+    parameters are then materialized from the file on the CPU.
     """
+    target = model
+    model = _module_of(model)
     path = Path(path)
     header, tensors = _open(path)
     extensions = header.get("extensions", {})
@@ -238,20 +257,34 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     ]
     if problems:
         raise ValueError(f"{str(path)!r} does not fit this model: {problems[:10]}")
+    left_on_meta = [
+        n for n, t in [*model.named_parameters(), *model.named_buffers()]
+        if t.device.type == "meta" and n not in own and n.rsplit(".", 1)[0] not in new_layers
+    ]
+    if left_on_meta:
+        raise ValueError(
+            f"{left_on_meta[:5]} are on the meta device and {str(path)!r} does not hold them (non-persistent "
+            "buffers): build the model with accelerate.init_empty_weights(), which keeps buffers, not under "
+            "torch.device('meta')"
+        )
     # Everything checked: swap the layers in, then copy the remaining tensors.
     for name, layer in new_layers.items():
         old = modules[name]
         ref = next(iter(old.parameters()), None)
         if ref is None:
             ref = next(iter(old.buffers()), None)
-        if ref is not None:
+        if ref is not None and ref.device.type != "meta":
             layer.to(ref.device)
         parent_name, _, child = name.rpartition(".")
         setattr(modules[parent_name] if parent_name else model, child, layer)
     with torch.no_grad():
         state = model.state_dict()
+        on_meta = {k: v for k, v in own.items() if state[k].device.type == "meta"}
         for k, v in own.items():
-            state[k].copy_(v)
+            if k not in on_meta:
+                state[k].copy_(v)
+        if on_meta:  # built with empty weights: take the file's tensors as the parameters
+            model.load_state_dict(on_meta, strict=False, assign=True)
     for name, meta in extensions.items():
         _EXTENSIONS[name].restore(model, meta, ext_tensors[name])
-    return model
+    return target

@@ -14,12 +14,38 @@ _JOINT = BlockIO(hidden="hidden_states", encoder="encoder_hidden_states", return
 # Blocks that read the text tokens (cross-attention) but return only the video stream.
 _VIDEO_ONLY = BlockIO(hidden="hidden_states", encoder=None, returns=("hidden",))
 
+
+
+def _patch_sizes(config) -> tuple[int, int, int]:
+    """(temporal, height, width) patch sizes from a diffusers transformer config."""
+    p = config.patch_size
+    if isinstance(p, (tuple, list)):
+        return int(p[0]), int(p[1]), int(p[2])
+    return int(getattr(config, "patch_size_t", None) or 1), int(p), int(p)
+
+
+def _grid_5d(layout: str):
+    """Token grid of a model whose ``hidden_states`` are a ``layout`` (BFCHW or BCFHW) latent."""
+
+    def grid(model, args, kwargs):
+        x = kwargs.get("hidden_states", args[0] if args else None)
+        if x is None or x.ndim != 5:
+            return None
+        f, h, w = (x.shape[1], x.shape[3], x.shape[4]) if layout == "BFCHW" else tuple(x.shape[2:])
+        pt, ph, pw = _patch_sizes(model.config)
+        return f // pt, (h // ph) * (w // pw)
+
+    return grid
+
+
 register_model(
     ModelSpec(
         name="cogvideox",  # 1.0 and 1.5 configs share the class and the block layout
         classes=("CogVideoXTransformer3DModel",),
         block_lists=("transformer_blocks",),
         block_io=(_JOINT,),
+        video_grid=_grid_5d("BFCHW"),
+        text_tokens="first",  # joint attention and FF run on cat([text, video])
     )
 )
 register_model(
@@ -28,6 +54,7 @@ register_model(
         classes=("WanTransformer3DModel",),
         block_lists=("blocks",),
         block_io=(_VIDEO_ONLY,),
+        video_grid=_grid_5d("BCFHW"),
     )
 )
 register_model(
@@ -38,6 +65,8 @@ register_model(
         block_io=(_JOINT, _JOINT),
         # single-stream blocks fuse attention output and MLP in one projection
         roles=((Role.FEEDFORWARD, r"single_transformer_blocks\.\d+\.proj_out"),),
+        video_grid=_grid_5d("BCFHW"),
+        text_tokens="last",  # single-stream blocks run on cat([video, text])
     )
 )
 register_model(
@@ -54,6 +83,7 @@ register_model(
         classes=("MochiTransformer3DModel",),
         block_lists=("transformer_blocks",),
         block_io=(_JOINT,),
+        video_grid=_grid_5d("BCFHW"),
     )
 )
 register_model(
@@ -62,6 +92,7 @@ register_model(
         classes=("AllegroTransformer3DModel",),
         block_lists=("transformer_blocks",),
         block_io=(_VIDEO_ONLY,),
+        video_grid=_grid_5d("BCFHW"),
     )
 )
 register_model(

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import inspect
 import re
-from typing import Iterator
+from typing import Callable, Iterator
 
 from torch import nn
 
@@ -97,6 +97,11 @@ class ModelSpec:
         roles: ``(role, pattern)`` pairs tried in order before :data:`DEFAULT_ROLES`.
         interleaved: the block lists alternate (list 0 block i, list 1 block i, …), as Latte's
             spatial and temporal blocks do; block i of every list then shares global index i.
+        video_grid: ``f(model, args, kwargs) -> (frames, tokens_per_frame)`` of a model call, the
+            token grid after patching (video tokens are frame-major), or ``None`` if unknown.
+        text_tokens: where linears that see both streams find the text tokens: ``"first"``
+            (CogVideoX concatenates ``[text, video]``), ``"last"`` (``[video, text]``) or ``None``
+            (no such linears are known).
     """
 
     name: str
@@ -105,6 +110,8 @@ class ModelSpec:
     block_io: tuple[BlockIO, ...] = (BlockIO(),)
     roles: tuple[tuple[Role, str], ...] = ()
     interleaved: bool = False
+    video_grid: Callable[[nn.Module, tuple, dict], "tuple[int, int] | None"] | None = None
+    text_tokens: str | None = None
 
     def io_for(self, block_list: str) -> BlockIO:
         index = self.block_lists.index(block_list)

@@ -1,0 +1,273 @@
+"""One call from a diffusers model to a converted one: :func:`convert_model`.
+
+``convert_model`` resolves the config (:mod:`sixbit.presets`), checks the calibration data,
+then quantizes, calibrates and installs the runtime methods the config names, in place. The
+conversion (config, fitted DMPQ predictor, cache settings, frame stabilizer) is remembered per
+model, written into checkpoints by :func:`sixbit.save` and rebuilt by :func:`sixbit.load`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import types
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from . import checkpoint
+from .api import quantize
+from .calibration import calibrate, fit_dmpq
+from .calibration.videos import read_videos, video_runner
+from .models.registry import spec_for
+from .nn import ActMode
+from .presets import ConvertConfig, resolve
+from .runtime.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
+from .runtime.dmpq import ACT_BITS, DMPQ, DMPQPredictor, apply_dmpq, remove_dmpq
+from .runtime.measure import quant_linears
+from .runtime.stabilize import FrameStabilizer, apply_stabilizer, remove_stabilizer
+from .runtime.static_w8a8 import apply_static_w8a8
+
+logger = logging.getLogger(__name__)
+
+EXTENSION = "conversion"
+
+
+@dataclasses.dataclass
+class Conversion:
+    """What :func:`convert_model` did to a model (``sixbit.conversion_of(model)``).
+
+    Attributes:
+        config: the resolved :class:`~sixbit.presets.ConvertConfig`.
+        calibration: where calibration came from (``{"source": ..., "count": ...}``), or ``None``.
+        predictor: the fitted DMPQ predictor (``activations="dynamic"``).
+        dmpq: the installed DMPQ method (``.report()``: precision map, average bits).
+        cache: the installed delta cache (``.report()``: skip map, skip share, cache bytes).
+        stabilizer: the frame stabilizer (``stabilize_frames=True``).
+    """
+
+    config: ConvertConfig
+    calibration: dict | None = None
+    predictor: DMPQPredictor | None = None
+    dmpq: DMPQ | None = None
+    cache: DeltaCache | None = None
+    stabilizer: FrameStabilizer | None = None
+
+    def average_act_bits(self) -> float | None:
+        """FLOP-weighted activation bits of the last run under DMPQ, else the fixed width (None: unknown)."""
+        if self.dmpq is not None:
+            return self.dmpq.report().average_bits
+        if self.config.activations == "static":
+            bits = self.config.static.act_bits
+            return float(sum(bits) / len(bits)) if isinstance(bits, (list, tuple)) else float(bits)
+        return ACT_BITS[ActMode(self.config.activations)]
+
+
+_CONVERSIONS: "weakref.WeakKeyDictionary[nn.Module, Conversion]" = weakref.WeakKeyDictionary()
+
+
+def _transformer_of(model_or_pipe) -> tuple[nn.Module, Any]:
+    """(transformer, pipeline or None) of what the user passed."""
+    if isinstance(model_or_pipe, nn.Module):
+        return model_or_pipe, None
+    transformer = getattr(model_or_pipe, "transformer", None)
+    if isinstance(transformer, nn.Module):
+        return transformer, model_or_pipe
+    raise ValueError(
+        f"expected a diffusers transformer (nn.Module) or a pipeline with a .transformer, got {type(model_or_pipe).__name__}"
+    )
+
+
+def conversion_of(model_or_pipe) -> Conversion | None:
+    """The :class:`Conversion` of a converted model (or of a pipeline's transformer), else ``None``."""
+    transformer, _ = _transformer_of(model_or_pipe)
+    return _CONVERSIONS.get(transformer)
+
+
+def _calibration_runner(data, pipe, calibration_kwargs: dict) -> tuple[Callable[[], object], dict]:
+    """Check ``calibration_data`` and return (run, description) without running anything."""
+    if callable(data):
+        return data, {"source": "callable"}
+    if isinstance(data, (list, tuple)):
+        if not data or not all(isinstance(p, str) and p.strip() for p in data):
+            raise ValueError("calibration prompts must be a non-empty list of non-empty strings")
+        if pipe is None:
+            raise ValueError("calibration prompts need a pipeline: pass the pipeline itself, or pipeline=pipe")
+        prompts = list(data)
+        batch = int(calibration_kwargs.pop("batch_size", 4))
+
+        def run():
+            for i in range(0, len(prompts), batch):
+                gen = torch.Generator().manual_seed(i)
+                pipe(prompts[i:i + batch], generator=gen, **calibration_kwargs)
+
+        return run, {"source": "prompts", "count": len(prompts)}
+    if isinstance(data, (str, os.PathLike)):
+        if pipe is None:
+            raise ValueError("calibration from a video folder needs a pipeline: pass the pipeline itself, or pipeline=pipe")
+        videos = read_videos(data)
+        return video_runner(pipe, videos, **calibration_kwargs), {"source": "videos", "count": len(videos), "folder": Path(data).name}
+    raise ValueError(
+        "calibration_data must be a callable that runs generations, a list of prompts (with a pipeline) "
+        f"or a folder of videos/frames, got {type(data).__name__}"
+    )
+
+
+def _attach_save(obj) -> None:
+    """Give a converted model (and its pipeline) ``.save(path)``: :func:`sixbit.save` of the transformer."""
+    transformer, _ = _transformer_of(obj)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the converted transformer (weights, predictor, cache and calibration state) to ``path``."""
+        return checkpoint.save(transformer, path)
+
+    setattr(obj, "save", types.MethodType(save, obj))
+
+
+def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor | None, stabilize: bool,
+             calibration: dict | None) -> Conversion:
+    """Install the runtime methods of an already quantized model and remember the conversion."""
+    if config.activations in ("int8", "nvfp4", "fp"):
+        for layer in quant_linears(model):
+            layer.act_mode = config.activations
+    conversion = Conversion(config, calibration, predictor)
+    if predictor is not None:
+        conversion.dmpq = apply_dmpq(model, predictor)
+    if stabilize:
+        conversion.stabilizer = apply_stabilizer(model)
+    if config.cache is not None:
+        conversion.cache = enable_delta_cache(model, config.cache)
+    _CONVERSIONS[model] = conversion
+    return conversion
+
+
+def _undo(model: nn.Module, originals: dict[str, nn.Module]) -> None:
+    """Put every original layer back and remove the runtime hooks (after a failed conversion)."""
+    disable_delta_cache(model)
+    remove_dmpq(model)
+    remove_stabilizer(model)
+    modules = dict(model.named_modules())
+    for name, layer in originals.items():
+        parent, _, child = name.rpartition(".")
+        current = modules.get(name)
+        if current is not layer:
+            setattr(modules[parent] if parent else model, child, layer)
+    _CONVERSIONS.pop(model, None)
+
+
+def convert_model(
+    model,
+    calibration_data=None,
+    quant_config="balanced",
+    stabilize_frames: bool = False,
+    *,
+    pipeline=None,
+    calibration_kwargs: dict | None = None,
+):
+    """Convert a diffusers video transformer in place: quantize, calibrate, install DMPQ / cache.
+
+    Args:
+        model: the transformer (``pipe.transformer``) or the pipeline itself. It stays usable in
+            its pipeline; the same object is returned, with a ``.save(path)`` method.
+        calibration_data: what calibration runs on (needed by ``"dynamic"`` and ``"static"``
+            activations, e.g. the ``"balanced"`` preset): a callable that runs generations with
+            the model (``lambda: pipe(prompts)``); a list of prompts (with a pipeline); or a
+            folder of videos or frame folders (:mod:`sixbit.calibration.videos`; encoded with
+            the pipeline's VAE where it has one). More and more varied data fits better; the
+            source recipe is about 10 varied prompts.
+        quant_config: a preset name (``sixbit.presets.PRESETS``: ``"balanced"`` (default),
+            ``"high_quality"``, ``"aggressive"``, ``"w8a8-static"``, ``"w4a6-dynamic"``,
+            ``"w4a8"``, ``"w4a4"``, ``"w4a16"``, ``"w8a8"``, ``"tdc"``; measured trade-offs in
+            BENCHMARKS.md), a path to a JSON file (full schema or the short seed shape, see
+            :mod:`sixbit.presets`), a ``ConvertConfig`` or a ``QuantConfig``.
+        stabilize_frames: quantize each video token's temporal mean and its per-frame deviation
+            separately (:mod:`sixbit.runtime.stabilize`), so activation rounding error is shared
+            by all frames instead of flickering between them. Costs one extra GEMM on 1/F of the
+            rows of each quantized layer. Default ``False``.
+        pipeline: the pipeline, when ``model`` is a bare transformer and calibration uses
+            prompts or videos.
+        calibration_kwargs: extra pipeline arguments for calibration runs (e.g.
+            ``{"num_inference_steps": 20}``); ``batch_size`` (default 4) for prompt lists.
+
+    Everything is checked before the model changes; if calibration itself fails (e.g. the
+    callable raises), the model is restored to what it was and the error is re-raised.
+
+    Example:
+        >>> import sixbit
+        >>> from sixbit.zoo.shapes import all_prompts, load_pipeline
+        >>> pipe = load_pipeline("cogvideox")
+        >>> sixbit.convert_model(pipe, all_prompts()[:4], "balanced",
+        ...                      calibration_kwargs={"num_inference_steps": 8})  # doctest: +SKIP
+        >>> pipe.save("6bit_model.safetensors")                                   # doctest: +SKIP
+    """
+    config = resolve(quant_config)
+    transformer, pipe = _transformer_of(model)
+    pipe = pipe if pipe is not None else pipeline
+    spec_for(transformer)  # unsupported architectures fail here, before any change
+    if _CONVERSIONS.get(transformer) is not None or quant_linears(transformer):
+        raise ValueError("this model is already quantized or converted: convert a freshly loaded model")
+    run, calibration = None, None
+    if config.needs_calibration:
+        if calibration_data is None:
+            raise ValueError(
+                f"activations={config.activations!r} needs calibration_data (prompts, videos or a callable); "
+                "or choose a preset without calibration, e.g. 'w4a8'"
+            )
+        run, calibration = _calibration_runner(calibration_data, pipe, dict(calibration_kwargs or {}))
+    elif calibration_data is not None:
+        logger.info("calibration_data is not used by activations=%r", config.activations)
+    originals = {name: m for name, m in transformer.named_modules() if isinstance(m, nn.Linear)}
+    try:
+        predictor = None
+        if config.activations == "static":
+            logger.info("calibrating static W8A8 ranges")
+            stats = calibrate(transformer, run)
+            apply_static_w8a8(transformer, config.static, stats)
+        elif config.weights is not None:
+            quantize(transformer, config.weights)
+            if config.activations == "dynamic":
+                logger.info("fitting the DMPQ predictor")
+                predictor = fit_dmpq(transformer, run, config.dmpq)
+        _install(transformer, config, predictor, stabilize_frames, calibration)
+    except BaseException:
+        _undo(transformer, originals)
+        raise
+    _attach_save(transformer)
+    if pipe is not None and model is pipe:
+        _attach_save(pipe)
+    return model
+
+
+def _export(model: nn.Module):
+    conversion = _CONVERSIONS.get(model)
+    if conversion is None:
+        return None
+    meta = {
+        "version": 1,
+        "config": conversion.config.to_dict(),
+        "calibration": conversion.calibration,
+        "predictor": None if conversion.predictor is None else conversion.predictor.to_dict(),
+        "stabilize_frames": conversion.stabilizer is not None,
+    }
+    return meta, {}
+
+
+def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+    if meta.get("version") != 1:
+        raise ValueError(f"unsupported conversion state version {meta.get('version')!r}")
+    try:
+        config = ConvertConfig.from_dict(meta["config"])
+        predictor = DMPQPredictor.from_dict(meta["predictor"]) if meta.get("predictor") else None
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"the conversion state is incomplete or malformed: {e}") from None
+    _install(model, config, predictor, bool(meta.get("stabilize_frames")), meta.get("calibration"))
+    _attach_save(model)
+
+
+checkpoint.register_extension(checkpoint.CheckpointExtension(EXTENSION, _export, _restore))
+
+__all__ = ["Conversion", "convert_model", "conversion_of"]

@@ -1,0 +1,298 @@
+"""What :func:`sixbit.convert_model` does to a model: :class:`ConvertConfig` and the named presets.
+
+A :class:`ConvertConfig` bundles the four choices of a conversion — weight formats
+(:class:`~sixbit.QuantConfig`), how activations are quantized (``"fp"``, ``"int8"``,
+``"nvfp4"``, ``"dynamic"`` = DMPQ, ``"static"`` = static W8A8), the delta cache, and nothing
+else. Presets are named configs; JSON is ``ConvertConfig.to_dict()``. :func:`resolve` turns a
+preset name, a JSON file, a dict, a :class:`ConvertConfig` or a :class:`~sixbit.QuantConfig`
+into a validated config, reporting every problem at once.
+
+The seed's short JSON shape is accepted too and maps onto the ``"balanced"`` preset::
+
+    {"attention": {"bits": 8, "symmetric": false},   # attention weights: int8-asym (per channel)
+     "residual": {"bits": 4, "group_size": 64},      # cached block residuals: int4-g64
+     "threshold": 0.01}                               # delta-cache skip threshold
+
+``attention.bits`` (2…8) and ``symmetric`` (default true) choose the attention layers' weight
+format ``int{bits}`` / ``int{bits}-asym``; ``residual`` chooses the delta cache's storage
+(``bits`` 4 with ``group_size`` 64 → ``"int4-g64"``, ``bits`` 8 → ``"int8"``, ``bits`` 16 or 32
+→ ``"fp"``); ``threshold`` is the delta cache's stability threshold. Any key may be left out.
+
+Example:
+    >>> from sixbit.presets import resolve
+    >>> resolve("balanced").activations
+    'dynamic'
+    >>> resolve({"attention": {"bits": 8, "symmetric": False}}).weights.role_formats["attention"]
+    'int8-asym'
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .config import QuantConfig
+from .runtime.delta_cache import DeltaCacheConfig
+from .runtime.dmpq import DMPQConfig
+from .runtime.static_w8a8 import StaticW8A8Config
+
+ACTIVATIONS = ("fp", "int8", "nvfp4", "dynamic", "static")
+
+
+@dataclasses.dataclass
+class ConvertConfig:
+    """A whole conversion: weights, activations, cache.
+
+    Args:
+        weights: how linears are quantized (:class:`~sixbit.QuantConfig`); ``None`` keeps the
+            model in full precision (cache-only configs). Must be ``None`` with
+            ``activations="static"``, whose ``static`` config quantizes the weights itself.
+        activations: ``"fp"`` (weight-only), ``"int8"`` (per-token INT8, real integer GEMM),
+            ``"nvfp4"`` (NVFP4 × NVFP4, emulated on this hardware), ``"dynamic"`` (DMPQ: NVFP4
+            or INT8 per block and step, needs calibration) or ``"static"`` (static W8A8: every
+            scale fixed offline per time range, needs calibration).
+        dmpq: DMPQ settings (``activations="dynamic"``; default ``DMPQConfig()``).
+        static: static W8A8 settings (``activations="static"``; default its ``"w8a8-static"`` preset).
+        cache: delta-cache settings, or ``None`` for no cache.
+        description: one line shown by ``sixbit info`` and the preset table.
+    """
+
+    weights: QuantConfig | None = dataclasses.field(
+        default_factory=lambda: QuantConfig(weight_format="nvfp4", hadamard_block=128)
+    )
+    activations: str = "dynamic"
+    dmpq: DMPQConfig | None = None
+    static: StaticW8A8Config | None = None
+    cache: DeltaCacheConfig | None = None
+    description: str = ""
+
+    def __post_init__(self):
+        problems = []
+        if self.activations not in ACTIVATIONS:
+            problems.append(f"activations={self.activations!r} is not one of {list(ACTIVATIONS)}")
+        if self.weights is not None and not isinstance(self.weights, QuantConfig):
+            problems.append(f"weights must be a QuantConfig or None, got {type(self.weights).__name__}")
+        if self.activations == "static":
+            if self.weights is not None:
+                problems.append('activations="static" quantizes the weights itself: set weights=None')
+            if self.static is None:
+                self.static = StaticW8A8Config.preset("w8a8-static")
+        elif self.static is not None:
+            problems.append(f'static is set but activations={self.activations!r} (use activations="static")')
+        elif self.activations != "fp" and self.weights is None:
+            problems.append(f"activations={self.activations!r} needs quantized weights: set weights=QuantConfig(...)")
+        if self.activations == "dynamic":
+            self.dmpq = self.dmpq or DMPQConfig()
+        elif self.dmpq is not None:
+            problems.append(f'dmpq is set but activations={self.activations!r} (use activations="dynamic")')
+        for field, cls in (("dmpq", DMPQConfig), ("static", StaticW8A8Config), ("cache", DeltaCacheConfig)):
+            value = getattr(self, field)
+            if value is not None and not isinstance(value, cls):
+                problems.append(f"{field} must be a {cls.__name__} or None, got {type(value).__name__}")
+        if problems:
+            raise ValueError("invalid ConvertConfig:\n  - " + "\n  - ".join(problems))
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether converting with this config runs calibration generations."""
+        return self.activations in ("dynamic", "static")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights": None if self.weights is None else self.weights.to_dict(),
+            "activations": self.activations,
+            "dmpq": None if self.dmpq is None else dataclasses.asdict(self.dmpq),
+            "static": None if self.static is None else self.static.to_dict(),
+            "cache": None if self.cache is None else dataclasses.asdict(self.cache),
+            "description": self.description,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ConvertConfig":
+        """Build from ``to_dict()``'s shape; every problem (unknown keys included) in one error."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a ConvertConfig must be a JSON object, got {type(data).__name__}")
+        problems, kwargs = [], {}
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            problems.append(f"unknown keys {unknown} (valid: {fields})")
+        builders = {
+            "weights": QuantConfig.from_dict,
+            "dmpq": lambda d: _plain_from_dict(DMPQConfig, d),
+            "static": StaticW8A8Config.from_dict,
+            "cache": lambda d: _plain_from_dict(DeltaCacheConfig, d),
+        }
+        for key in fields:
+            if key not in data:
+                continue
+            value = data[key]
+            if key in builders and value is not None:
+                if not isinstance(value, dict):
+                    problems.append(f"{key} must be an object or null, got {value!r}")
+                    continue
+                try:
+                    value = builders[key](value)
+                except (ValueError, TypeError) as e:
+                    problems.append(f"{key}: " + str(e).replace("\n", "\n    "))
+                    continue
+            kwargs[key] = value
+        if data.get("activations", "dynamic") not in ACTIVATIONS:
+            problems.append(f"activations={data['activations']!r} is not one of {list(ACTIVATIONS)}")
+        if not problems:
+            try:
+                return cls(**kwargs)
+            except ValueError as e:
+                problems.append(str(e).replace("\n", "\n    "))
+        raise ValueError("invalid conversion config:\n  - " + "\n  - ".join(problems))
+
+
+def _plain_from_dict(cls, data: dict[str, Any]):
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ValueError(f"unknown keys {unknown} (valid: {sorted(fields)})")
+    return cls(**data)
+
+
+def _w4(act: str, **quant) -> dict[str, Any]:
+    return {"weights": QuantConfig(weight_format="nvfp4", hadamard_block=128, **quant), "activations": act}
+
+
+# Cache thresholds come from the cache benchmark (BENCHMARKS.md): 0.15 skips ≈ 35–45 % of block
+# calls on the shapes models at 20 steps; 0.25 reaches ≈ 2× with visible loss.
+_PRESETS: dict[str, dict[str, Any]] = {
+    "balanced": dict(
+        **_w4("dynamic"), dmpq=DMPQConfig(target_bits=6.0), cache=DeltaCacheConfig(threshold=0.15),
+        description="the full method: NVFP4 weights, DMPQ activations (NVFP4/INT8 per block and step, ~6 bits), delta cache with PDR",
+    ),
+    "high_quality": dict(
+        weights=QuantConfig(weight_format="int8", boundary_blocks=1, boundary_format=None), activations="int8",
+        description="INT8 weights and activations (real integer GEMM), first and last block in full precision, no cache",
+    ),
+    "aggressive": dict(
+        **_w4("nvfp4"), cache=DeltaCacheConfig(threshold=0.25, cache_format="int4-g64"),
+        description="NVFP4 weights and activations (emulated here), delta cache at threshold 0.25 with 4-bit residuals",
+    ),
+    "w8a8-static": dict(
+        weights=None, activations="static", static=StaticW8A8Config.preset("w8a8-static"),
+        description="static W8A8: every activation scale fixed offline per time range, SmoothQuant folded in",
+    ),
+    "w4a6-dynamic": dict(
+        **_w4("dynamic"), dmpq=DMPQConfig(target_bits=6.0),
+        description="NVFP4 weights, DMPQ activations (NVFP4/INT8 per block and step, ~6 bits), no cache",
+    ),
+    "w4a8": dict(**_w4("int8"), description="NVFP4 weights (Hadamard 128), per-token INT8 activations"),
+    "w4a4": dict(**_w4("nvfp4"), description="NVFP4 weights and activations (Hadamard 128; activations emulated here)"),
+    "w4a16": dict(**_w4("fp"), description="NVFP4 weights only (Hadamard 128), activations in full precision"),
+    "w8a8": dict(
+        weights=QuantConfig(weight_format="int8"), activations="int8",
+        description="INT8 weights (per channel) and activations (per token), real integer GEMM",
+    ),
+    "tdc": dict(
+        weights=None, activations="fp", cache=DeltaCacheConfig(threshold=0.15),
+        description="delta cache only, on the full-precision model",
+    ),
+}
+
+
+def preset(name: str) -> ConvertConfig:
+    """A fresh :class:`ConvertConfig` for the preset ``name`` (see :data:`PRESETS`)."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(_PRESETS)}, a JSON file or a ConvertConfig")
+    return ConvertConfig(**copy.deepcopy(_PRESETS[name]))
+
+
+PRESETS: tuple[str, ...] = tuple(_PRESETS)
+
+_SEED_KEYS = {"attention", "residual", "threshold"}
+_RESIDUAL_FORMATS = {(4, 64): "int4-g64", (8, None): "int8", (16, None): "fp", (32, None): "fp"}
+
+
+def _from_seed_shape(data: dict[str, Any]) -> ConvertConfig:
+    problems = []
+    cfg = preset("balanced")
+    attention = data.get("attention")
+    if attention is not None:
+        if not isinstance(attention, dict) or set(attention) - {"bits", "symmetric"}:
+            problems.append(f'"attention" must be {{"bits": 2…8, "symmetric": true|false}}, got {attention!r}')
+        else:
+            bits, symmetric = attention.get("bits", 8), attention.get("symmetric", True)
+            if not isinstance(bits, int) or not 2 <= bits <= 8:
+                problems.append(f'"attention.bits" must be an integer 2…8, got {bits!r}')
+            elif not isinstance(symmetric, bool):
+                problems.append(f'"attention.symmetric" must be true or false, got {symmetric!r}')
+            else:
+                cfg.weights.role_formats["attention"] = f"int{bits}" + ("" if symmetric else "-asym")
+    residual = data.get("residual")
+    if residual is not None:
+        ok = isinstance(residual, dict) and not set(residual) - {"bits", "group_size"}
+        key = (residual.get("bits"), residual.get("group_size")) if ok else None
+        if key not in _RESIDUAL_FORMATS:
+            problems.append(
+                f'"residual" must be one of {{"bits": 4, "group_size": 64}}, {{"bits": 8}}, {{"bits": 16}}, '
+                f"{{\"bits\": 32}}, got {residual!r}"
+            )
+        else:
+            cfg.cache.cache_format = _RESIDUAL_FORMATS[key]
+    if "threshold" in data:
+        t = data["threshold"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
+            problems.append(f'"threshold" must be a number ≥ 0, got {t!r}')
+        else:
+            cfg.cache.threshold = float(t)
+    if problems:
+        raise ValueError("invalid conversion config:\n  - " + "\n  - ".join(problems))
+    cfg.description = "from the short JSON shape: " + json.dumps(data, sort_keys=True)
+    try:  # re-validate the edited parts
+        QuantConfig.from_dict(cfg.weights.to_dict())
+        DeltaCacheConfig(**dataclasses.asdict(cfg.cache))
+    except ValueError as e:
+        raise ValueError(f"invalid conversion config: {e}") from None
+    return cfg
+
+
+def from_json_dict(data: Any) -> ConvertConfig:
+    """A config from parsed JSON: the full schema (``to_dict()``) or the seed's short shape."""
+    if isinstance(data, dict) and data and set(data) <= _SEED_KEYS:
+        return _from_seed_shape(data)
+    return ConvertConfig.from_dict(data)
+
+
+def resolve(spec: "str | os.PathLike | dict | ConvertConfig | QuantConfig") -> ConvertConfig:
+    """Turn what a user passes as ``quant_config`` into a validated :class:`ConvertConfig`.
+
+    ``spec``: a preset name (:data:`PRESETS`), a path to a ``.json`` file, a dict in either JSON
+    shape, a :class:`ConvertConfig`, or a :class:`~sixbit.QuantConfig` (weights only; its
+    ``act_mode`` becomes ``activations``).
+    """
+    if isinstance(spec, ConvertConfig):
+        return spec
+    if isinstance(spec, QuantConfig):
+        return ConvertConfig(weights=spec, activations=spec.act_mode)
+    if isinstance(spec, dict):
+        return from_json_dict(spec)
+    if isinstance(spec, (str, os.PathLike)):
+        if isinstance(spec, str) and spec in _PRESETS:
+            return preset(spec)
+        path = Path(spec)
+        if path.suffix.lower() == ".json" or path.is_file():
+            if not path.is_file():
+                raise ValueError(f"config file {str(path)!r} does not exist")
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ValueError(f"config file {str(path)!r} is not valid JSON: {e}") from None
+            try:
+                return from_json_dict(data)
+            except ValueError as e:
+                raise ValueError(f"{str(path)!r}: {e}") from None
+        raise ValueError(f"unknown preset {str(spec)!r}; choose one of {sorted(_PRESETS)}, or a path to a .json file")
+    raise ValueError(
+        f"quant_config must be a preset name, a .json path, a dict, a ConvertConfig or a QuantConfig, "
+        f"got {type(spec).__name__}"
+    )

@@ -1,0 +1,146 @@
+"""Frame stabilization: quantize each token's temporal mean and its per-frame deviation apart.
+
+Why videos flicker after activation quantization: a quantized linear rounds every token on
+its own grid, so a background patch that is (nearly) the same in every frame picks up a
+*different* rounding error in each frame, and the error shows up as frame-to-frame jitter.
+
+For a linear layer ``y = W x`` and the video tokens ``x[f, s]`` (frame ``f``, spatial position
+``s``), write ``x[f, s] = m[s] + r[f, s]`` with ``m`` the mean over frames. Then
+
+    y[f, s] = W·Q(m[s]) + W·Q(r[f, s])
+
+The first term's rounding error is the same in every frame (no flicker); the second term's
+error scales with ``|r|``, which is small wherever the video is still. Both GEMMs run in the
+layer's own activation precision (INT8 stays a real integer GEMM); the extra cost is one GEMM
+on ``1/F`` of the video rows. Text tokens sharing a linear with the video (CogVideoX's joint
+attention) are multiplied as usual.
+
+It acts only where activations are quantized dynamically (``act_mode`` int8/nvfp4, no static
+quantizer: static scales are calibrated on ``x``, not on ``m`` and ``r``), and only on models
+whose :class:`~sixbit.models.ModelSpec` gives the token grid (``video_grid``). Layout config →
+state → hook → ``apply_stabilizer``, like the other runtime methods.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from torch import nn
+
+from ..models.registry import spec_for
+from ..nn import ActMode
+from .measure import quant_linears
+
+logger = logging.getLogger(__name__)
+
+HOOK_NAME = "sixbit_stabilize"
+GRID_HOOK_NAME = "sixbit_stabilize_grid"
+
+
+class FrameStabilizer:
+    """State of one model's stabilizer: the current call's token grid and usage counts."""
+
+    def __init__(self, text_tokens: str | None):
+        self.text_tokens = text_tokens
+        self.grid: tuple[int, int] | None = None
+        self.stabilized_calls = 0
+        self.plain_calls = 0
+
+    def reset(self) -> None:
+        self.grid = None
+        self.stabilized_calls = self.plain_calls = 0
+
+
+class _GridHook(ModelHook):
+    """Reads the token grid (frames, tokens per frame) of each model call."""
+
+    def __init__(self, state: FrameStabilizer, grid_fn):
+        super().__init__()
+        self.state, self.grid_fn = state, grid_fn
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.state.grid = self.grid_fn(module, args, kwargs)
+        return args, kwargs
+
+
+def _split_rows(x: torch.Tensor, frames: int, per_frame: int, text_tokens: str | None):
+    """(text rows before, video rows, text rows after) of ``x`` (B, N, C), or None if the rows don't fit."""
+    n, v = x.shape[1], frames * per_frame
+    if n == v:
+        return None, x, None
+    if n < v or text_tokens is None:
+        return None
+    if text_tokens == "first":
+        return x[:, : n - v], x[:, n - v:], None
+    return None, x[:, :v], x[:, v:]
+
+
+class _StabilizeHook(ModelHook):
+    def __init__(self, state: FrameStabilizer):
+        super().__init__()
+        self.state = state
+
+    def new_forward(self, module, x, *args, **kwargs):
+        forward = self.fn_ref.original_forward
+        grid = self.state.grid
+        if (grid is None or grid[0] < 2 or x.ndim != 3 or module.act_mode is ActMode.FP
+                or module.act_quantizer is not None):
+            self.state.plain_calls += 1
+            return forward(x, *args, **kwargs)
+        frames, per_frame = grid
+        parts = _split_rows(x, frames, per_frame, self.state.text_tokens)
+        if parts is None:
+            self.state.plain_calls += 1
+            return forward(x, *args, **kwargs)
+        before, video, after = parts
+        b, _, c = video.shape
+        v = video.reshape(b, frames, per_frame, c)
+        mean = v.mean(dim=1)
+        y_mean = forward(mean)  # (B, S, O), bias included once
+        y_dev = forward((v - mean.unsqueeze(1)).reshape(b, frames * per_frame, c))
+        if module.bias is not None:
+            y_dev = y_dev - module.bias.to(y_dev.dtype)
+        y = (y_dev.reshape(b, frames, per_frame, -1) + y_mean.unsqueeze(1)).reshape(b, frames * per_frame, -1)
+        pieces = [forward(before)] if before is not None else []
+        pieces.append(y)
+        if after is not None:
+            pieces.append(forward(after))
+        self.state.stabilized_calls += 1
+        return torch.cat(pieces, dim=1) if len(pieces) > 1 else y
+
+
+def apply_stabilizer(model: nn.Module) -> FrameStabilizer:
+    """Stabilize every quantized linear of ``model`` across frames; returns the state.
+
+    Example:
+        >>> stab = apply_stabilizer(pipe.transformer)   # doctest: +SKIP
+        >>> pipe("a red circle moving right"); stab.stabilized_calls > 0   # doctest: +SKIP
+    """
+    spec = spec_for(model)
+    if spec.video_grid is None:
+        raise ValueError(
+            f"frame stabilization needs the token grid of {type(model).__name__}, which its model metadata "
+            f"({spec.name!r}) does not give; register a ModelSpec with video_grid=..., or use stabilize_frames=False"
+        )
+    layers = quant_linears(model)
+    if not layers:
+        raise ValueError("frame stabilization acts on quantized linears: quantize the model first")
+    remove_stabilizer(model)
+    state = FrameStabilizer(spec.text_tokens)
+    registry = HookRegistry.check_if_exists_or_initialize(model)
+    registry.register_hook(_GridHook(state, spec.video_grid), GRID_HOOK_NAME)
+    for layer in layers:
+        # innermost on the layer: PDR's full-precision switch (if any) wraps it and is seen here
+        HookRegistry.check_if_exists_or_initialize(layer).register_hook(_StabilizeHook(state), HOOK_NAME)
+    return state
+
+
+def remove_stabilizer(model: nn.Module) -> None:
+    """Remove the stabilizer's hooks (no-op when there are none)."""
+    for module in [model, *quant_linears(model)]:
+        registry = getattr(module, "_diffusers_hook", None)
+        for name in (GRID_HOOK_NAME, HOOK_NAME):
+            if registry is not None and registry.get_hook(name) is not None:
+                registry.remove_hook(name, recurse=False)

@@ -1,0 +1,98 @@
+"""Presets and JSON configs of convert_model: every preset valid, JSON good and bad."""
+
+import json
+
+import pytest
+
+import sixbit
+from sixbit.presets import PRESETS, ConvertConfig, preset, resolve
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_resolves_and_round_trips_through_json(name, tmp_path):
+    cfg = resolve(name)
+    assert cfg.description
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    assert resolve(path) == cfg
+    assert resolve(str(path)) == cfg
+
+
+def test_presets_are_independent_copies():
+    a = preset("balanced")
+    a.weights.role_formats["attention"] = "int8"
+    a.cache.threshold = 0.9
+    b = preset("balanced")
+    assert b.weights.role_formats == {} and b.cache.threshold == 0.15
+
+
+def test_preset_contents():
+    assert resolve("balanced").activations == "dynamic" and resolve("balanced").cache is not None
+    assert resolve("w4a6-dynamic").cache is None and resolve("w4a6-dynamic").dmpq.target_bits == 6.0
+    assert resolve("w8a8-static").weights is None and resolve("w8a8-static").static is not None
+    assert resolve("tdc").weights is None and resolve("tdc").activations == "fp"
+    assert resolve("w4a8").weights.weight_format == "nvfp4" and resolve("w4a8").activations == "int8"
+
+
+def test_seed_json_shape_maps_onto_balanced(tmp_path):
+    path = tmp_path / "quant_config.json"
+    path.write_text(json.dumps(
+        {"attention": {"bits": 8, "symmetric": False}, "residual": {"bits": 4, "group_size": 64}, "threshold": 0.01}
+    ))
+    cfg = resolve(path)
+    assert cfg.weights.role_formats == {"attention": "int8-asym"}
+    assert cfg.weights.weight_format == "nvfp4"  # feed-forward keeps the preset's format
+    assert cfg.cache.cache_format == "int4-g64" and cfg.cache.threshold == 0.01
+    assert cfg.activations == "dynamic"
+    assert resolve({"residual": {"bits": 8}}).cache.cache_format == "int8"
+    assert resolve({"attention": {"bits": 6}}).weights.role_formats == {"attention": "int6"}
+
+
+def test_seed_shape_reports_every_problem():
+    with pytest.raises(ValueError) as e:
+        resolve({"attention": {"bits": 12}, "residual": {"bits": 3, "group_size": 7}, "threshold": -1})
+    msg = str(e.value)
+    assert "attention.bits" in msg and '"residual"' in msg and '"threshold"' in msg
+
+
+def test_full_schema_reports_every_problem_at_once_including_unknown_keys(tmp_path):
+    bad = {
+        "weights": {"weight_format": "nvfp5", "bogus": 1},
+        "activations": "int7",
+        "cache": {"threshold": -1, "what": 2},
+        "extra": True,
+    }
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError) as e:
+        resolve(path)
+    msg = str(e.value)
+    for needle in ("nvfp5", "bogus", "int7", "what", "extra", "bad.json"):
+        assert needle in msg, needle
+
+
+def test_inconsistent_fields_are_reported():
+    with pytest.raises(ValueError, match="needs quantized weights"):
+        ConvertConfig(weights=None, activations="int8")
+    with pytest.raises(ValueError, match="quantizes the weights itself"):
+        ConvertConfig(activations="static")
+    with pytest.raises(ValueError, match="dmpq is set"):
+        ConvertConfig(activations="int8", dmpq=sixbit.DMPQConfig())
+
+
+def test_bad_specs_name_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="unknown preset 'fast'.*balanced"):
+        resolve("fast")
+    with pytest.raises(ValueError, match="does not exist"):
+        resolve(tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        resolve(broken)
+    with pytest.raises(ValueError, match="quant_config must be"):
+        resolve(42)
+
+
+def test_quant_config_becomes_weights_with_its_act_mode():
+    cfg = resolve(sixbit.QuantConfig(weight_format="int8", act_mode="int8"))
+    assert cfg.activations == "int8" and cfg.cache is None and cfg.weights.weight_format == "int8"
