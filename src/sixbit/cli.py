@@ -14,6 +14,7 @@ import sys
 import torch
 
 from . import __version__, formats
+from .bench import cli as bench_cli
 
 
 def _sqnr_db(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", help="only this family (integer, fp8, nvfp4, mx)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_formats)
+    bench_cli.register(sub)
     return parser
 
 

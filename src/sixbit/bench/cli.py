@@ -1,0 +1,66 @@
+"""``sixbit bench``: run methods and peers side by side and write tables, plots and videos."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_METHODS = "fp,w8a8,w8a8-static,w4a8,w4a6-dynamic,tdc,balanced,fbcache-0.2,magcache,torchao-int8dq,quanto-qint8"
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .harness import BenchSettings, run_bench
+    from .methods import PEERS, available_names
+    from .outputs import write_all
+
+    if args.list_methods:
+        for name in available_names():
+            method = PEERS.get(name)
+            knob = f"  (-VALUE sets {method.param})" if method is not None and method.param else ""
+            print(f"{name}{knob}")
+        return 0
+    settings = BenchSettings(
+        args.model, args.methods.split(","), prompts=args.prompts, steps=args.steps, guidance=args.guidance,
+        runs=args.runs, calibration_prompts=args.calibration_prompts, video_prompts=args.video_prompts,
+    )
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    result = run_bench(settings, progress=not args.quiet)
+    paths = write_all(result, args.output)
+    for r in result.rows:
+        if r["status"] == "ok":
+            print(f"{r['method']:<24} {r['s_per_video']:.3f} s/video  {r['speedup']:.2f}×  PSNR {r['psnr']:.2f} dB  "
+                  f"act {r['act_bits']:.2f} bits  skipped {100 * r['skip_share']:.0f}%")
+        else:
+            print(f"{r['method']:<24} {r['status']}: {r['note']}")
+    print(f"wrote {paths['markdown']}, {paths['csv'].name}, {paths['json'].name}, plots and {paths['html'].name} "
+          f"in {args.output} ({result.total_seconds:.0f} s)")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add the ``bench`` command to the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "bench",
+        help="measure methods and peers side by side (speed, memory, bits, skips, quality, GPU projection)",
+        description="Run every method through the same pipeline, prompts, seeds and steps; write results.md, "
+        "results.csv, results.json, PNG plots and index.html with the videos into -o. Method names: fp, the "
+        "sixbit presets (balanced, w8a8-static, w4a6-dynamic, tdc, …) and peers (fbcache, magcache, taylorseer, "
+        "pab, fastercache, torchao-int8dq, quanto-qint8, quanto-qint4); append -VALUE to set a method's knob, "
+        "e.g. fbcache-0.2 (threshold), pab-3 (skip range), tdc-0.25 (threshold). --list-methods shows them all.",
+    )
+    p.add_argument("--model", default="shapes-cogvideox",
+                   help="shapes-cogvideox (default), shapes-wan, or a saved shapes pipeline folder")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated (default {DEFAULT_METHODS})")
+    p.add_argument("--prompts", type=int, default=8, help="held-out prompts, each with its own seed (default 8, max 48)")
+    p.add_argument("--steps", type=int, default=20, help="denoising steps (default 20)")
+    p.add_argument("--guidance", type=float, default=4.0, help="CFG scale (default 4)")
+    p.add_argument("--runs", type=int, default=3, help="timed runs per method after a warm-up; median (default 3)")
+    p.add_argument("--calibration-prompts", type=int, default=8, help="prompts for calibrating methods (default 8)")
+    p.add_argument("--video-prompts", type=int, default=2, help="prompts whose videos go in index.html (default 2)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--list-methods", action="store_true", help="print every method name and exit")
+    p.add_argument("-o", "--output", default="sixbit-bench", help="output folder (default ./sixbit-bench)")
+    p.set_defaults(func=_cmd_bench)

@@ -1,0 +1,345 @@
+"""Run methods side by side through one pipeline, the same prompts, seeds and steps, and measure.
+
+Per method (:func:`run_bench`):
+
+1. load a fresh pipeline and apply the method (``setup_s``: conversion, calibration);
+2. one warm-up generation of all prompts, with the work counters installed
+   (:mod:`sixbit.bench.counting`) and peak memory tracked: its videos are the ones judged;
+3. ``runs`` timed generations without counters: ``s_per_video`` is the median / prompts.
+
+Quality is measured against the FP method's videos of the same seeds (PSNR, SSIM), flicker
+and adherence by the shapes judge (:mod:`sixbit.eval.shapes`). The GPU projection
+(:mod:`sixbit.bench.gpu_model`) compares each run's counted work with the FP run's.
+
+Example:
+    >>> from sixbit.bench.harness import BenchSettings, run_bench
+    >>> result = run_bench(BenchSettings("shapes-wan", ["fp", "tdc"], prompts=2, steps=4))  # doctest: +SKIP
+    >>> result.rows[1]["speedup"]                                                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import logging
+import re
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import gpu_model, layer_shapes
+from .counting import WorkCounter
+from .methods import BenchContext, resolve
+
+logger = logging.getLogger(__name__)
+
+SHAPES_MODELS = {"shapes-cogvideox": "cogvideox", "shapes-wan": "wan"}
+_SHAPES_PIPELINES = {"ShapesCogVideoXPipeline": "cogvideox", "ShapesWanPipeline": "wan"}
+
+
+@dataclasses.dataclass
+class BenchSettings:
+    """What to run.
+
+    Args:
+        model: ``"shapes-cogvideox"``, ``"shapes-wan"`` or the folder of a saved shapes pipeline.
+        methods: ``--methods`` names (:mod:`sixbit.bench.methods`); ``"fp"`` always runs first (the reference).
+        prompts: held-out (prompt, seed) pairs, spread over the 48 (default 8).
+        steps: denoising steps (default 20). guidance: CFG scale (default 4.0).
+        runs: timed generations per method after the warm-up; the median counts (default 3, ≥ 3).
+        calibration_prompts: prompts (own seeds) for methods that calibrate (default 8).
+        video_prompts: prompts whose videos the HTML page shows per method (default 2).
+    """
+
+    model: str
+    methods: list[str]
+    prompts: int = 8
+    steps: int = 20
+    guidance: float = 4.0
+    runs: int = 3
+    calibration_prompts: int = 8
+    video_prompts: int = 2
+
+    def __post_init__(self):
+        problems = []
+        if not 1 <= self.prompts <= 48:
+            problems.append(f"prompts must be in 1..48 (the held-out pairs), got {self.prompts}")
+        if self.steps < 2:
+            problems.append(f"steps must be ≥ 2, got {self.steps}")
+        if self.runs < 3:
+            problems.append(f"runs must be ≥ 3 (the median of at least three timed runs), got {self.runs}")
+        if self.calibration_prompts < 1:
+            problems.append(f"calibration_prompts must be ≥ 1, got {self.calibration_prompts}")
+        if not self.methods:
+            problems.append("methods is empty; e.g. fp,w8a8-static,balanced,fbcache-0.2")
+        if problems:
+            raise ValueError("invalid bench settings: " + "; ".join(problems))
+        names = list(dict.fromkeys(m.strip() for m in self.methods if m.strip()))
+        self.methods = ["fp"] + [m for m in names if m != "fp"]  # the reference runs first
+
+
+@dataclasses.dataclass
+class BenchResult:
+    settings: BenchSettings
+    arch: str
+    machine: str
+    rows: list[dict]  # one per method, JSON-ready
+    prompts: list[str]
+    videos: dict[str, np.ndarray]  # method → (video_prompts, F, H, W, 3)
+    grids: dict[str, tuple[list[int], list[list[str]]]]  # method → (steps, step × block map)
+    judge_check: float | None  # adherence of clean renders of the prompts (the judge's ceiling)
+    total_seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "settings": dataclasses.asdict(self.settings), "arch": self.arch, "machine": self.machine,
+            "prompts": self.prompts, "judge_check": self.judge_check, "total_seconds": self.total_seconds,
+            "projection": gpu_model.LABEL, "rows": _plain(self.rows),
+        }
+
+
+def _plain(value):
+    """JSON-safe copy: non-finite floats become strings ("inf", "nan")."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    return value
+
+
+def resolve_model(model: str) -> tuple[str, Path | None]:
+    """(arch, weights folder or None for the shipped weights) of ``--model``."""
+    if model in SHAPES_MODELS:
+        return SHAPES_MODELS[model], None
+    folder = Path(model)
+    index = folder / "model_index.json"
+    if not index.is_file():
+        raise ValueError(
+            f"--model {model!r} is neither {' nor '.join(SHAPES_MODELS)} nor a pipeline folder with model_index.json"
+        )
+    cls = json.loads(index.read_text()).get("_class_name")
+    if cls not in _SHAPES_PIPELINES:
+        raise ValueError(
+            f"{folder} holds a {cls}; the harness runs shapes pipelines (saved by the shapes training script), "
+            f"i.e. one of {sorted(_SHAPES_PIPELINES)}"
+        )
+    return _SHAPES_PIPELINES[cls], folder
+
+
+def eval_pairs(n: int) -> list[tuple[str, int]]:
+    """``n`` held-out (prompt, seed) pairs spread over all 48."""
+    from ..zoo.shapes import HELDOUT_PAIRS
+
+    return list(HELDOUT_PAIRS[:: max(1, len(HELDOUT_PAIRS) // n)])[:n]
+
+
+def calibration_pairs(n: int) -> list[tuple[str, int]]:
+    """``n`` varied zoo prompts with seeds 20 000+ (never used for evaluation)."""
+    from ..zoo.shapes import all_prompts
+
+    prompts = all_prompts()
+    return [(prompts[(7 * i + 3) % len(prompts)], 20_000 + i) for i in range(n)]
+
+
+def _tensor_bytes(t: torch.Tensor, seen: set) -> int:
+    if hasattr(t, "__tensor_flatten__") and type(t) not in (torch.Tensor, torch.nn.Parameter):
+        names, _ = t.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(t, n), seen) for n in names)
+    key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+    if key in seen:
+        return 0
+    seen.add(key)
+    return t.numel() * t.element_size()
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every parameter and buffer as stored (quantized tensor subclasses: their parts)."""
+    seen: set = set()
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(_tensor_bytes(t.data if isinstance(t, torch.nn.Parameter) else t, seen) for t in tensors)
+
+
+def _rss_kib(field: str) -> int | None:
+    try:
+        match = re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+@contextlib.contextmanager
+def peak_memory(out: dict):
+    """``out["extra_bytes"]``: peak resident memory added while the block ran (Linux: the
+    kernel's high-water mark, reset on entry; CUDA: peak allocated). ``None`` where unknown."""
+    out["extra_bytes"] = None
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        yield out
+        out["extra_bytes"] = torch.cuda.max_memory_allocated() - before
+        return
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap back, so reuse shows as growth
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        before = _rss_kib("VmRSS")
+    except OSError:
+        before = None
+    yield out
+    peak = _rss_kib("VmHWM")
+    if before is not None and peak is not None:
+        out["extra_bytes"] = max(peak - before, 0) * 1024
+
+
+class _Runner:
+    def __init__(self, settings: BenchSettings):
+        from ..zoo.shapes import load_pipeline
+
+        self.settings = settings
+        self.arch, self.folder = resolve_model(settings.model)
+        self._load = lambda: load_pipeline(self.arch, path=self.folder)
+        self.pairs = eval_pairs(settings.prompts)
+        self.calib = calibration_pairs(settings.calibration_prompts)
+        self.context = BenchContext(self.arch, settings.steps, settings.guidance, self.calibrate, len(self.calib))
+
+    def generate(self, pipe, pairs=None) -> np.ndarray:
+        from ..eval.shapes import generate_heldout
+
+        videos, _ = generate_heldout(pipe, pairs or self.pairs, self.settings.steps, self.settings.guidance)
+        return videos
+
+    def calibrate(self, pipe):
+        return self.generate(pipe, self.calib)
+
+    def measure(self, name: str, reference: np.ndarray | None):
+        method, value = resolve(name)
+        row = {"method": name, "family": method.family, "description": method.description,
+               "emulated": method.emulated, "status": "ok", "note": ""}
+        reason = method.unavailable()
+        if reason is not None:
+            row.update(status="could not run", note=reason)
+            return row, None, None
+        pipe = self._load()
+        t0 = time.perf_counter()
+        try:
+            row["note"] = method.apply(pipe, self.context, value)
+        except Exception as e:  # noqa: BLE001 - a peer that fails here is listed with its reason
+            logger.warning("%s failed to apply: %s", name, e)
+            row.update(status="failed", note=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            return row, None, None
+        row["setup_s"] = time.perf_counter() - t0
+        from ..runtime import track_steps
+
+        track_steps(pipe.transformer)  # step/branch for the maps (the methods that need it have one)
+        counter = WorkCounter(pipe.transformer, method.precision_of)
+        mem: dict = {}
+        try:
+            with torch.no_grad(), peak_memory(mem), counter:
+                videos = self.generate(pipe)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("%s failed to generate: %s", name, e)
+            row.update(status="failed", note=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            return row, None, None
+        finally:
+            counter.remove()
+        times = self.time_runs(pipe)
+        if name == "fp":
+            self.fp_pipe = pipe  # timed again after the other methods
+        work = counter.totals()
+        weights = model_bytes(pipe.transformer)
+        row.update(
+            run_seconds=times,
+            s_per_video=statistics.median(times) / len(self.pairs),
+            weight_bytes=weights,
+            peak_bytes=None if mem["extra_bytes"] is None else weights + mem["extra_bytes"],
+            act_bits=work.average_act_bits(),
+            skip_share=work.skip_share,
+            work=work.to_dict(),
+        )
+        row.update(self.quality(videos, reference))
+        return row, videos, counter.grid()
+
+    def time_runs(self, pipe) -> list[float]:
+        times = []
+        with torch.no_grad():
+            for _ in range(self.settings.runs):
+                t0 = time.perf_counter()
+                self.generate(pipe)
+                times.append(time.perf_counter() - t0)
+        return times
+
+    def quality(self, videos, reference) -> dict:
+        from ..eval.metrics import psnr, ssim
+        from ..eval.shapes import adherence
+
+        prompts = [p for p, _ in self.pairs]
+        adh = adherence(videos, prompts)
+        out = {"flicker": adh.flicker, "adherence": adh.accuracy["all"],
+               "adherence_attrs": {k: v for k, v in adh.accuracy.items() if k != "all"}}
+        if reference is None:
+            out.update(psnr=float("inf"), ssim=1.0)
+        else:
+            out.update(psnr=float(np.mean([psnr(v, r) for v, r in zip(videos, reference)])),
+                       ssim=float(np.mean([ssim(v, r) for v, r in zip(videos, reference)])))
+        return out
+
+    def judge_check(self) -> float:
+        """Adherence of the world's own clean renders of the prompts: the judge's ceiling."""
+        from ..eval.shapes import adherence
+        from ..zoo.shapes.world import parse_prompt, render, sample_specs
+
+        videos = [render(sample_specs(1, seed=s, **parse_prompt(p))[0]) for p, s in self.pairs]
+        return adherence(videos, [p for p, _ in self.pairs]).accuracy["all"]
+
+
+def _projections(rows: list[dict], arch: str) -> None:
+    fp = next(r for r in rows if r["method"] == "fp")
+    fp_work = {"gemm": fp["work"]["gemm_flops"], "attention": fp["work"]["attention_flops"]}
+    real = {name: layer_shapes.model_flops(name) for name in layer_shapes.SCALE_OF.get(arch, ())}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        r["speedup"] = fp["s_per_video"] / r["s_per_video"]
+        work = {"gemm": r["work"]["gemm_flops"], "attention": r["work"]["attention_flops"]}
+        r["projection"] = gpu_model.project(fp_work, work, real)
+
+
+def run_bench(settings: BenchSettings, progress: bool = True) -> BenchResult:
+    """Run every method of ``settings`` and return the measured rows (see the module docstring)."""
+    from tqdm.auto import tqdm
+
+    from .report import machine_description
+
+    for name in settings.methods:  # every name is checked before anything runs
+        resolve(name)
+    start = time.perf_counter()
+    runner = _Runner(settings)
+    rows, videos, grids, reference = [], {}, {}, None
+    keep = settings.video_prompts
+    for name in tqdm(settings.methods, desc=f"bench {settings.model}", disable=not progress):
+        row, vids, grid = runner.measure(name, reference)
+        if name == "fp":
+            if row["status"] != "ok":
+                raise RuntimeError(f"the FP reference failed: {row['note']}")
+            reference = vids
+        rows.append(row)
+        if vids is not None:
+            videos[name] = vids[:keep]
+            grids[name] = grid
+        logger.info("%s: %s", name, {k: v for k, v in row.items() if k not in ("work", "run_seconds")})
+    fp = rows[0]
+    if len(rows) > 1:  # FP again after the others: the reference time spans the whole session
+        fp["run_seconds"] += runner.time_runs(runner.fp_pipe)
+        fp["s_per_video"] = statistics.median(fp["run_seconds"]) / len(runner.pairs)
+    _projections(rows, runner.arch)
+    return BenchResult(
+        settings, runner.arch, machine_description(), rows, [p for p, _ in runner.pairs], videos, grids,
+        runner.judge_check(), time.perf_counter() - start,
+    )

@@ -1,0 +1,180 @@
+"""Real video-DiT linear shapes at 49 frames: FLOP counts and time per call per precision.
+
+Shapes come from the published configs (diffusers ``transformer/config.json``):
+
+* CogVideoX-2B: 30 heads × 64 (hidden 1920), 30 layers, FFN 4×; CogVideoX-5B: 48 × 64
+  (3072), 42 layers. 49 frames at 480×720 → 13 latent frames of 60×90, patch 2 →
+  17 550 video tokens; 226 text tokens joined to them in every attention and FFN call.
+* Wan2.1-14B: 40 heads × 128 (5120), 40 layers, FFN 13 824. 49 frames at 480×832 → 13 latent
+  frames of 60×104, patch (1, 2, 2) → 20 280 video tokens; self-attention, then
+  cross-attention to 512 text tokens.
+
+Per-sample modulation linears (a few rows per call) are left out: their FLOPs are
+negligible. Timing: random weights (the shape is what matters), ``M`` = ``tokens`` rows per
+measured call, scaled linearly to the real token count (a GEMM's work is linear in M); the
+median of ``runs`` calls after a warm-up. NVFP4 × NVFP4 is EMULATED on a device without FP4
+GEMMs (dequantize both, fp32 matmul): that row measures emulation cost, not FP4 speed.
+
+Example:
+    >>> gemm, attn = model_flops("CogVideoX-2B")
+    >>> round(attn / (gemm + attn), 2)      # share of FLOPs in attention at 49 frames
+    0.55
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    role: str
+    k: int
+    n: int
+    tokens: int  # rows per call (one sample)
+
+
+@dataclasses.dataclass(frozen=True)
+class RealModel:
+    name: str
+    hidden: int
+    layers: int
+    video_tokens: int
+    text_tokens: int
+    linears: tuple[Linear, ...]  # per block
+    joint: bool  # CogVideoX: one attention over text + video tokens; Wan: self + cross
+
+    def block_flops(self) -> tuple[float, float]:
+        """(GEMM FLOPs, attention FLOPs) of one block call on one sample."""
+        gemm = sum(2.0 * lin.tokens * lin.k * lin.n for lin in self.linears)
+        d = self.hidden
+        if self.joint:
+            length = self.video_tokens + self.text_tokens
+            attention = 4.0 * length * length * d  # QKᵀ and PV
+        else:
+            attention = 4.0 * self.video_tokens * (self.video_tokens + self.text_tokens) * d
+        return gemm, attention
+
+
+def _cogvideox(name: str, heads: int, layers: int) -> RealModel:
+    d, video, text = heads * 64, 13 * 30 * 45, 226
+    joint = video + text
+    linears = (
+        Linear("attention q/k/v/out (×4)", d, d, joint),
+        Linear("attention q/k/v/out (×4)", d, d, joint),
+        Linear("attention q/k/v/out (×4)", d, d, joint),
+        Linear("attention q/k/v/out (×4)", d, d, joint),
+        Linear("FFN up", d, 4 * d, joint),
+        Linear("FFN down", 4 * d, d, joint),
+    )
+    return RealModel(name, d, layers, video, text, linears, joint=True)
+
+
+def _wan14b() -> RealModel:
+    d, ffn, video, text = 5120, 13824, 13 * 30 * 52, 512
+    linears = (
+        *(Linear("self-attention q/k/v/out (×4)", d, d, video) for _ in range(4)),
+        Linear("cross-attention q, out (×2)", d, d, video),
+        Linear("cross-attention q, out (×2)", d, d, video),
+        Linear("cross-attention k, v on text (×2)", d, d, text),
+        Linear("cross-attention k, v on text (×2)", d, d, text),
+        Linear("FFN up", d, ffn, video),
+        Linear("FFN down", ffn, d, video),
+    )
+    return RealModel("Wan2.1-14B", d, 40, video, text, linears, joint=False)
+
+
+REAL_MODELS: dict[str, RealModel] = {
+    m.name: m for m in (_cogvideox("CogVideoX-2B", 30, 30), _cogvideox("CogVideoX-5B", 48, 42), _wan14b())
+}
+
+#: The real model each shipped shapes model stands in for in the GPU projection.
+SCALE_OF = {"cogvideox": ("CogVideoX-2B", "CogVideoX-5B"), "wan": ("Wan2.1-14B",)}
+
+
+def model_flops(name: str, steps: int = 50, cfg: bool = True) -> tuple[float, float]:
+    """(GEMM FLOPs, attention FLOPs) of one 49-frame generation of real model ``name``."""
+    if name not in REAL_MODELS:
+        raise ValueError(f"unknown real model {name!r}; valid: {sorted(REAL_MODELS)}")
+    m = REAL_MODELS[name]
+    gemm, attention = m.block_flops()
+    calls = m.layers * steps * (2 if cfg else 1)
+    return gemm * calls, attention * calls
+
+
+def _median_seconds(fn, runs: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+#: precision → how it runs here (every table row carries this label)
+PRECISIONS = {
+    "fp32": "nn.Linear fp32",
+    "bf16": "nn.Linear bf16",
+    "int8": "real: QuantLinear INT8 W, per-token INT8 A, integer GEMM",
+    "nvfp4": "EMULATED: QuantLinear NVFP4 W and A, dequantize + fp32 GEMM",
+}
+
+
+def _layers(k: int, n: int):
+    from ..nn import QuantLinear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(k, n, bias=False)
+    return {
+        "fp32": (lin, torch.float32),
+        "bf16": (torch.nn.Linear(k, n, bias=False).to(torch.bfloat16), torch.bfloat16),
+        "int8": (QuantLinear.from_linear(lin, "int8", act_mode="int8"), torch.float32),
+        "nvfp4": (QuantLinear.from_linear(lin, "nvfp4", act_mode="nvfp4"), torch.float32),
+    }
+
+
+def time_layers(models=None, tokens: int = 256, runs: int = 3, progress: bool = True) -> list[dict]:
+    """Time each distinct (K, N) of ``models`` (default all of :data:`REAL_MODELS`) per precision.
+
+    Returns one row per (model, shape, precision): ``ms_measured`` for ``tokens`` rows and
+    ``ms_per_call`` scaled to the real rows of one sample; ``speedup`` vs fp32 of the same shape.
+    """
+    from tqdm.auto import tqdm
+
+    names = list(models or REAL_MODELS)
+    for n in names:
+        if n not in REAL_MODELS:
+            raise ValueError(f"unknown real model {n!r}; valid: {sorted(REAL_MODELS)}")
+    shapes = []
+    for name in names:
+        seen = set()
+        for lin in REAL_MODELS[name].linears:
+            key = (lin.role, lin.k, lin.n, lin.tokens)
+            if key not in seen:
+                seen.add(key)
+                shapes.append((name, lin))
+    rows = []
+    with torch.no_grad():
+        for name, lin in tqdm(shapes, desc="layer shapes", disable=not progress):
+            x = torch.randn(tokens, lin.k)
+            fp32 = None
+            for precision, (layer, dtype) in _layers(lin.k, lin.n).items():
+                xd = x.to(dtype)
+                seconds = _median_seconds(lambda: layer(xd), runs)
+                fp32 = fp32 or seconds
+                rows.append({
+                    "model": name, "role": lin.role, "k": lin.k, "n": lin.n, "tokens": lin.tokens,
+                    "precision": precision, "how": PRECISIONS[precision], "measured_tokens": tokens,
+                    "ms_measured": 1e3 * seconds, "ms_per_call": 1e3 * seconds * lin.tokens / tokens,
+                    "speedup": fp32 / seconds,
+                })
+                logger.info("%s %s %d→%d %s: %.2f ms", name, lin.role, lin.k, lin.n, precision, 1e3 * seconds)
+    return rows

@@ -1,0 +1,323 @@
+"""Every method ``sixbit bench`` can run, ours and the peers', in one registry.
+
+A method name is a registered base name, optionally followed by ``-VALUE`` to set the method's
+one knob (its :attr:`Method.param`): ``fbcache-0.2`` is FirstBlockCache at threshold 0.2,
+``pab-3`` PyramidAttentionBroadcast skipping 3 steps, ``tdc-0.25`` our delta cache at
+threshold 0.25. Our methods are the presets of :mod:`sixbit.presets` (``balanced``,
+``w8a8-static``, ``w4a6-dynamic``, …), converted with :func:`sixbit.convert_model` on
+calibration generations made with the benchmark's own steps and CFG.
+
+A peer whose library is missing or that fails here is reported with the reason, not dropped
+(:meth:`Method.unavailable`, and the harness catches errors while applying it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import re
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .counting import default_precision
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class BenchContext:
+    """What a method may use while it is applied: the benchmark's settings and a calibration run.
+
+    ``calibrate(pipe)`` generates the calibration prompts with ``pipe`` (the benchmark's steps,
+    CFG and their own seeds, never the evaluation seeds).
+    """
+
+    arch: str
+    steps: int
+    guidance: float
+    calibrate: Callable[[object], object]
+    calibration_prompts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One entry of the registry.
+
+    Attributes:
+        name: base name used in ``--methods``.
+        family: who provides it (``"sixbit"``, ``"diffusers"``, ``"torchao"``, ``"optimum-quanto"``, ``"reference"``).
+        description: one line for the tables.
+        apply: ``apply(pipe, context, value) -> note`` changes ``pipe`` in place; the note goes in the table.
+        param: what ``-VALUE`` sets (``None``: no knob).
+        default: the knob's value when no ``-VALUE`` is given (``None``: the library's default).
+        requires: modules that must import for the method to run.
+        precision_of: a linear's activation precision for a call (FLOP counting).
+        emulated: its low-bit arithmetic is emulated on this device (time is not hardware speed).
+    """
+
+    name: str
+    family: str
+    description: str
+    apply: Callable
+    param: str | None = None
+    default: float | None = None
+    requires: tuple[str, ...] = ()
+    precision_of: Callable[[nn.Module], str] = default_precision
+    emulated: bool = False
+
+    def unavailable(self) -> str | None:
+        """Why this method cannot run here, or ``None``."""
+        for module in self.requires:
+            try:
+                importlib.import_module(module)
+            except Exception as e:  # noqa: BLE001 - any import failure means "cannot run", with its reason
+                return f"`{module}` does not import ({type(e).__name__}: {str(e).splitlines()[0][:120]}); `pip install sixbit-diffusion[bench]`"
+        return None
+
+
+PEERS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    if method.name in PEERS:
+        raise ValueError(f"method {method.name!r} is registered twice")
+    PEERS[method.name] = method
+    return method
+
+
+# ------------------------------------------------------------------------ reference
+
+
+def _apply_fp(pipe, ctx, value):
+    return "float32, no change"
+
+
+register(Method("fp", "reference", "the shipped model in full precision (reference of PSNR/SSIM)", _apply_fp))
+
+
+# ------------------------------------------------------------------------ ours (sixbit presets)
+
+
+def _preset_names() -> tuple[str, ...]:
+    try:
+        from ..presets import PRESETS
+    except ImportError:  # the conversion API is not importable: no presets to offer
+        return ()
+    return tuple(PRESETS)
+
+
+def _apply_preset(name):
+    def apply(pipe, ctx, value):
+        import sixbit
+        from ..presets import preset
+
+        config = preset(name)
+        note = ""
+        if value is not None:
+            if config.cache is None:
+                raise ValueError(f"preset {name!r} has no delta cache: it takes no -threshold suffix")
+            # keep the preset's error budget in proportion to its threshold
+            ratio = config.cache.error_budget / config.cache.threshold if config.cache.threshold else 3.0
+            config.cache = dataclasses.replace(config.cache, threshold=value, error_budget=ratio * value)
+            note = f"threshold {value:g}; "
+        calibration = (lambda: ctx.calibrate(pipe)) if config.needs_calibration else None
+        sixbit.convert_model(pipe, calibration, config)
+        if calibration is not None:
+            note += f"calibrated on {ctx.calibration_prompts} prompts; "
+        return note + (config.description or name)
+
+    return apply
+
+
+def _preset_method(name: str) -> Method:
+    from ..presets import preset
+
+    config = preset(name)
+    emulated = config.activations in ("nvfp4", "dynamic")
+    return Method(
+        name, "sixbit", config.description or name, _apply_preset(name),
+        param="threshold" if config.cache is not None else None, emulated=emulated,
+    )
+
+
+# ------------------------------------------------------------------------ diffusers caches
+
+
+def _timestep_callback(pipe):
+    """PAB and FasterCache ask for the current timestep; sixbit's step tracker knows it."""
+    holder = {}
+
+    def current():
+        return holder["tracker"].info.timestep
+
+    return holder, current
+
+
+def _enable_with_tracker(pipe, make_config):
+    from ..runtime import track_steps
+
+    holder, current = _timestep_callback(pipe)
+    pipe.transformer.enable_cache(make_config(current))
+    # installed after the cache's hooks, the tracker runs first: callbacks see this call's timestep
+    holder["tracker"] = track_steps(pipe.transformer)
+
+
+def _apply_fbcache(pipe, ctx, value):
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    config = FirstBlockCacheConfig() if value is None else FirstBlockCacheConfig(threshold=value)
+    pipe.transformer.enable_cache(config)
+    return f"threshold {config.threshold:g}"
+
+
+def mag_ratios(pipe, ctx) -> list[float]:
+    """MagCache's own calibration mode on the calibration prompts; the ratios are read from its log."""
+    from diffusers.hooks import MagCacheConfig
+    from diffusers.utils import logging as dlog
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: records.append(rec.getMessage())
+    log = logging.getLogger("diffusers.hooks.mag_cache")
+    log.addHandler(handler)
+    old = dlog.get_verbosity()
+    dlog.set_verbosity_info()
+    try:
+        pipe.transformer.enable_cache(MagCacheConfig(calibrate=True, num_inference_steps=ctx.steps))
+        ctx.calibrate(pipe)
+    finally:
+        dlog.set_verbosity(old)
+        log.removeHandler(handler)
+        pipe.transformer.disable_cache()
+    found = [m for m in records if "Calibration Results" in m]
+    if not found:
+        raise RuntimeError("MagCache calibration logged no ratios")
+    return [float(v) for v in re.findall(r"[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?", found[0].split(":", 1)[1])]
+
+
+def _apply_magcache(pipe, ctx, value):
+    from diffusers.hooks import MagCacheConfig
+
+    ratios = mag_ratios(pipe, ctx)
+    kwargs = {} if value is None else {"threshold": value}
+    config = MagCacheConfig(num_inference_steps=ctx.steps, mag_ratios=ratios, **kwargs)
+    pipe.transformer.enable_cache(config)
+    return f"threshold {config.threshold:g}; ratios calibrated on {ctx.calibration_prompts} prompts"
+
+
+# diffusers' default identifiers ("^transformer_blocks.*attn", "^blocks.*attn") match no module of
+# these models under re.fullmatch (their attentions are named attn1/attn2): name them explicitly.
+TAYLORSEER_IDENTIFIERS = [r"(transformer_blocks|blocks)\.\d+\.attn\d"]
+
+
+def _apply_taylorseer(pipe, ctx, value):
+    from diffusers.hooks import TaylorSeerCacheConfig
+
+    interval = 5 if value is None else int(value)
+    pipe.transformer.enable_cache(TaylorSeerCacheConfig(
+        cache_interval=interval, disable_cache_before_step=2, taylor_factors_dtype=torch.float32,
+        cache_identifiers=TAYLORSEER_IDENTIFIERS,
+    ))
+    return f"cache_interval {interval}; identifiers {TAYLORSEER_IDENTIFIERS[0]} (the defaults match nothing here)"
+
+
+def _apply_pab(pipe, ctx, value):
+    from diffusers.hooks import PyramidAttentionBroadcastConfig
+
+    skip = 2 if value is None else int(value)
+    _enable_with_tracker(pipe, lambda current: PyramidAttentionBroadcastConfig(
+        spatial_attention_block_skip_range=skip, spatial_attention_timestep_skip_range=(100, 900),
+        current_timestep_callback=current,
+    ))
+    return f"spatial attention skip range {skip}, timesteps 100–900"
+
+
+def _apply_fastercache(pipe, ctx, value):
+    from diffusers.hooks import FasterCacheConfig
+
+    skip = 2 if value is None else int(value)
+    _enable_with_tracker(pipe, lambda current: FasterCacheConfig(
+        spatial_attention_block_skip_range=skip, spatial_attention_timestep_skip_range=(-1, 901),
+        current_timestep_callback=current, attention_weight_callback=lambda _: 0.5,
+        tensor_format="BFCHW" if ctx.arch == "cogvideox" else "BCFHW", is_guidance_distilled=ctx.arch == "wan",
+    ))
+    return f"spatial attention skip range {skip}; attention weight 0.5"
+
+
+register(Method("fbcache", "diffusers", "FirstBlockCache (diffusers)", _apply_fbcache, "threshold"))
+register(Method("magcache", "diffusers", "MagCache (diffusers), calibrated on this model", _apply_magcache, "threshold"))
+register(Method("taylorseer", "diffusers", "TaylorSeerCache (diffusers)", _apply_taylorseer, "cache_interval"))
+register(Method("pab", "diffusers", "PyramidAttentionBroadcast (diffusers)", _apply_pab, "skip range"))
+register(Method("fastercache", "diffusers", "FasterCache (diffusers)", _apply_fastercache, "skip range"))
+
+
+# ------------------------------------------------------------------------ quantization peers
+
+
+def _subclass_weight(layer: nn.Module) -> bool:
+    w = getattr(layer, "weight", None)
+    return w is not None and type(w) not in (torch.Tensor, nn.Parameter)
+
+
+def _apply_torchao(pipe, ctx, value):
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    quantize_(pipe.transformer, Int8DynamicActivationInt8WeightConfig())
+    n = sum(1 for m in pipe.transformer.modules() if isinstance(m, nn.Linear) and _subclass_weight(m))
+    return f"torchao quantize_ on {n} linears"
+
+
+def _apply_quanto(bits):
+    def apply(pipe, ctx, value):
+        from optimum import quanto
+
+        quanto.quantize(pipe.transformer, weights=getattr(quanto, f"qint{bits}"))
+        quanto.freeze(pipe.transformer)
+        return f"optimum-quanto qint{bits} weights, activations in full precision"
+
+    return apply
+
+
+register(Method(
+    "torchao-int8dq", "torchao", "torchao Int8DynamicActivationInt8WeightConfig", _apply_torchao,
+    requires=("torchao",), precision_of=lambda m: "int8" if _subclass_weight(m) else "fp",
+))
+register(Method("quanto-qint8", "optimum-quanto", "optimum-quanto qint8 weights", _apply_quanto(8), requires=("optimum.quanto",)))
+register(Method("quanto-qint4", "optimum-quanto", "optimum-quanto qint4 weights", _apply_quanto(4), requires=("optimum.quanto",)))
+
+
+# ------------------------------------------------------------------------ lookup
+
+
+def available_names() -> list[str]:
+    """Every base name ``--methods`` accepts (ours first)."""
+    return ["fp", *_preset_names(), *(n for n in PEERS if n != "fp")]
+
+
+def resolve(name: str) -> tuple[Method, float | None]:
+    """``(method, knob value or None)`` of a ``--methods`` entry such as ``fbcache-0.2``."""
+    name = name.strip()
+    presets = _preset_names()
+    base, value = name, None
+    if name not in PEERS and name not in presets and "-" in name:
+        head, _, tail = name.rpartition("-")
+        try:
+            base, value = head, float(tail)
+        except ValueError:
+            pass
+    if base in presets:
+        method = _preset_method(base)
+    elif base in PEERS:
+        method = PEERS[base]
+    else:
+        knobs = ", ".join(f"{n}-<{m.param}>" for n, m in PEERS.items() if m.param)
+        raise ValueError(
+            f"unknown method {name!r}; valid: {', '.join(available_names())} "
+            f"(append -VALUE to set a knob: {knobs}, or a cached preset's threshold, e.g. tdc-0.25)"
+        )
+    if value is not None and method.param is None:
+        raise ValueError(f"method {base!r} has no knob to set with {name!r}; use plain {base!r}")
+    return method, value
