@@ -1,0 +1,61 @@
+"""Method names: the registry, knobs, and the errors a user sees."""
+
+import pytest
+
+from sixbit.bench.harness import BenchSettings, resolve_model
+from sixbit.bench.methods import Method, available_names, resolve
+
+
+def test_unknown_method_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown method 'nope'") as err:
+        resolve("nope")
+    for name in ("fp", "balanced", "w8a8-static", "fbcache", "magcache", "torchao-int8dq", "quanto-qint4"):
+        assert name in str(err.value)
+
+
+def test_unknown_method_fails_before_anything_runs():
+    with pytest.raises(ValueError, match="unknown method 'fbcash-0.1'"):
+        from sixbit.bench.harness import run_bench
+
+        run_bench(BenchSettings("shapes-wan", ["fbcache-0.1", "fbcash-0.1"], prompts=1, steps=2), progress=False)
+
+
+def test_knobs():
+    method, value = resolve("fbcache-0.25")
+    assert method.name == "fbcache" and value == 0.25
+    method, value = resolve("w8a8-static")  # a hyphenated preset is not a knob
+    assert method.name == "w8a8-static" and value is None
+    method, value = resolve("tdc-0.3")
+    assert method.family == "sixbit" and value == 0.3
+    with pytest.raises(ValueError, match="no knob"):
+        resolve("quanto-qint8-2")
+    with pytest.raises(ValueError, match="no knob"):
+        resolve("w4a8-0.2")
+
+
+def test_registry_lists_ours_and_peers():
+    names = available_names()
+    assert names[0] == "fp"
+    assert {"balanced", "tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache"} <= set(names)
+
+
+def test_missing_library_is_a_reason_not_a_crash():
+    method = Method("x", "peer", "x", lambda *a: "", requires=("sixbit_no_such_module",))
+    assert "sixbit_no_such_module" in method.unavailable()
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="runs must be ≥ 3"):
+        BenchSettings("shapes-wan", ["fp"], runs=2)
+    with pytest.raises(ValueError, match="prompts must be in 1..48"):
+        BenchSettings("shapes-wan", ["fp"], prompts=0)
+    assert BenchSettings("shapes-wan", ["tdc", "fp", "tdc"]).methods == ["fp", "tdc"]
+
+
+def test_model_must_be_a_shapes_pipeline(tmp_path):
+    with pytest.raises(ValueError, match="neither shapes-cogvideox nor shapes-wan"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "model_index.json").write_text('{"_class_name": "CogVideoXPipeline"}')
+    with pytest.raises(ValueError, match="holds a CogVideoXPipeline"):
+        resolve_model(str(tmp_path))
+    assert resolve_model("shapes-cogvideox") == ("cogvideox", None)
