@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from . import __version__, formats
+from . import __version__, commands, formats
 from .bench import cli as bench_cli
 
 

@@ -1,0 +1,250 @@
+"""The ``sixbit convert | generate | eval | info`` commands (the CLI wiring is in :mod:`sixbit.cli`).
+
+Each ``cmd_*`` takes the parsed arguments, prints what a person needs, and returns the exit
+code; user mistakes raise ``ValueError`` (one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint
+from .api import summary
+from .convert import conversion_of, convert_model
+from .hub import load_pipeline, shapes_arch
+from .presets import PRESETS, resolve
+from .runtime.delta_cache import DeltaCacheConfig, enable_delta_cache
+
+DEFAULT_SEED = 0
+
+
+def _read_prompts(path: str) -> list[str]:
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"prompt file {path!r} does not exist")
+    prompts = [line.strip() for line in file.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    if not prompts:
+        raise ValueError(f"prompt file {path!r} holds no prompts (one per line)")
+    return prompts
+
+
+def _calibration(args, pipe):
+    """Prompts from a text file, a folder of videos, or the shipped model's own prompts."""
+    if args.calib is None:
+        if shapes_arch(pipe) is None:
+            raise ValueError("--calib is required for this model: a text file with one prompt per line, or a folder of videos")
+        from .zoo.shapes import all_prompts
+
+        return all_prompts()[::6]  # 8 prompts covering every color, shape and direction
+    return args.calib if Path(args.calib).is_dir() else _read_prompts(args.calib)
+
+
+def _call_kwargs(args) -> dict:
+    kw = {}
+    if getattr(args, "steps", None):
+        kw["num_inference_steps"] = args.steps
+    if getattr(args, "guidance", None) is not None:
+        kw["guidance_scale"] = args.guidance
+    return kw
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    config = resolve(args.config)
+    output = Path(args.output)
+    if output.suffix != ".safetensors":
+        raise ValueError(f"-o {args.output!r}: the output must be a .safetensors file")
+    pipe = load_pipeline(args.model, progress_bar=True)
+    calib = _calibration(args, pipe) if config.needs_calibration else None
+    t0 = time.perf_counter()
+    convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=_call_kwargs(args))
+    seconds = time.perf_counter() - t0
+    path = checkpoint.save(pipe.transformer, output)
+    s = summary(pipe.transformer)
+    print(f"converted {args.model} with {args.config!r} in {seconds:.1f} s: {config.description}")
+    print(f"transformer weights {s.bytes_before / 2**20:.2f} MiB -> {s.bytes_after / 2**20:.2f} MiB ({s.compression:.2f}x)")
+    conv = conversion_of(pipe)
+    if conv.predictor is not None:
+        print(f"DMPQ predictor: Pearson r {conv.predictor.pearson_r:.2f}, threshold {conv.predictor.threshold:.4g}")
+    print(f"wrote {path}")
+    return 0
+
+
+def _prepare(args):
+    """Load the pipeline, then the quantized checkpoint / cache / memory options the flags ask for."""
+    pipe = load_pipeline(args.model, progress_bar=True)
+    if args.quantized:
+        checkpoint.load(args.quantized, pipe)
+    if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
+        enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=args.cache_threshold))
+    if getattr(args, "use_cpu_offload", False) or getattr(args, "tile_size", None):
+        from .optimize import enable_memory_optimization
+
+        mode = "cpu_offload" if args.use_cpu_offload else "none"
+        print(enable_memory_optimization(pipe, tile_size=args.tile_size or 256, mode=mode))
+    return pipe
+
+
+def _frames(pipe, prompts, seed: int, kwargs: dict) -> np.ndarray:
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+    out = pipe(prompts, generator=gens, output_type="np", **kwargs).frames
+    return np.asarray(out)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .eval.media import write_video
+
+    pipe = _prepare(args)
+    t0 = time.perf_counter()
+    video = _frames(pipe, [args.prompt], args.seed, _call_kwargs(args))[0]
+    seconds = time.perf_counter() - t0
+    written = write_video(video, args.output, scale=args.scale)
+    line = f"generated {video.shape[0]} frames in {seconds:.1f} s -> {written}"
+    conv = conversion_of(pipe)
+    if conv is not None and conv.cache is not None:
+        line += f" (blocks skipped: {conv.cache.report().skip_share:.0%})"
+    print(line)
+    if shapes_arch(pipe):
+        from .eval.shapes import judge_video
+
+        print(f"judge: {judge_video(video)}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .eval.metrics import psnr, ssim
+
+    if (args.quantized is None) == (args.config is None):
+        raise ValueError("give exactly one of --quantized FILE (a converted checkpoint) or --config PRESET (convert now)")
+    prompts = _read_prompts(args.prompts_file) if args.prompts_file else None
+    reference = load_pipeline(args.model)
+    arch = shapes_arch(reference)
+    if prompts is None:
+        if arch is None:
+            raise ValueError("--prompts-file is required for this model (one prompt per line)")
+        from .zoo.shapes import HELDOUT_PAIRS
+
+        prompts = [p for p, _ in HELDOUT_PAIRS][:: max(1, len(HELDOUT_PAIRS) // args.prompts)][: args.prompts]
+    kwargs = _call_kwargs(args)
+    t0 = time.perf_counter()
+    ref = np.concatenate([_frames(reference, [p], args.seed + i, kwargs) for i, p in enumerate(prompts)])
+    t_ref = time.perf_counter() - t0
+    pipe = _prepare(args)
+    if args.config:
+        convert_model(pipe, _calibration(args, pipe) if resolve(args.config).needs_calibration else None,
+                      args.config, calibration_kwargs=kwargs)
+    t0 = time.perf_counter()
+    out = np.concatenate([_frames(pipe, [p], args.seed + i, kwargs) for i, p in enumerate(prompts)])
+    t_out = time.perf_counter() - t0
+    result = {
+        "videos": len(prompts),
+        "psnr_db": float(np.mean([psnr(a, b) for a, b in zip(out, ref)])),
+        "ssim": float(np.mean([ssim(a, b) for a, b in zip(out, ref)])),
+        "seconds_per_video": {"reference": t_ref / len(prompts), "converted": t_out / len(prompts)},
+    }
+    if arch:
+        from .eval.shapes import adherence
+
+        ref_adh, out_adh = adherence(list(ref), prompts), adherence(list(out), prompts)
+        result["adherence"] = {"reference": ref_adh.accuracy, "converted": out_adh.accuracy}
+        result["flicker"] = {"reference": ref_adh.flicker, "converted": out_adh.flicker}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{len(prompts)} videos, converted vs full precision (same seeds and steps):")
+    print(f"  PSNR {result['psnr_db']:.2f} dB   SSIM {result['ssim']:.4f}")
+    print(f"  time per video {t_ref / len(prompts):.2f} s -> {t_out / len(prompts):.2f} s")
+    if arch:
+        for name in ("reference", "converted"):
+            acc = result["adherence"][name]
+            print(f"  {name:<10} adherence: color {acc['color']:.0%} shape {acc['shape']:.0%} "
+                  f"direction {acc['direction']:.0%}; flicker {result['flicker'][name]:.4f}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    header = checkpoint.read_header(args.file)
+    size = Path(args.file).stat().st_size
+    if args.json:
+        print(json.dumps(header, indent=2))
+        return 0
+    layers = header["layers"]
+    by_format: dict[str, int] = {}
+    for cfg in layers.values():
+        by_format[cfg["weight_format"]] = by_format.get(cfg["weight_format"], 0) + 1
+    print(f"{args.file}: sixbit checkpoint v{header['format_version']} (written by sixbit {header['sixbit_version']}), "
+          f"{size / 2**20:.2f} MiB")
+    print(f"model: {header['model_class']}; {len(layers)} quantized linears: "
+          + ", ".join(f"{n} × {f}" for f, n in sorted(by_format.items())))
+    conv = header.get("extensions", {}).get("conversion")
+    if conv:
+        cfg = conv["config"]
+        print(f"conversion: activations {cfg['activations']}; cache {'on' if cfg['cache'] else 'off'}"
+              f"{'; frame stabilizer on' if conv.get('stabilize_frames') else ''}")
+        if cfg.get("description"):
+            print(f"  {cfg['description']}")
+        if conv.get("calibration"):
+            print(f"  calibrated on {json.dumps(conv['calibration'])}")
+        if conv.get("predictor"):
+            p = conv["predictor"]
+            print(f"  DMPQ predictor over {len(p['blocks'])} blocks, threshold {p['threshold']:.4g}")
+    for name in header.get("extensions", {}):
+        if name != "conversion":
+            print(f"runtime state: {name}")
+    print(f"sha256 {header['sha256'][:16]}… (verified on load)")
+    return 0
+
+
+def register(sub) -> None:
+    """Add convert, generate, eval and info to the ``sixbit`` sub-command parser."""
+    model_help = "shapes-cogvideox, shapes-wan, a save_pretrained folder or a Hugging Face Hub id"
+    p = sub.add_parser("convert", help="convert a model with a preset or JSON config and save it",
+                       description="Quantize and calibrate a diffusers video model, then save the converted transformer.")
+    p.add_argument("--model", required=True, help=model_help)
+    p.add_argument("--config", default="balanced", help=f"preset ({', '.join(PRESETS)}) or a .json file (default balanced)")
+    p.add_argument("--calib", help="calibration: a text file with one prompt per line or a folder of videos "
+                   "(default for the shapes models: 8 of their prompts)")
+    p.add_argument("--steps", type=int, help="sampling steps of the calibration runs (default: the pipeline's)")
+    p.add_argument("--stabilize-frames", action="store_true", help="quantize temporal mean and deviation apart (less flicker)")
+    p.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
+    p.set_defaults(func=cmd_convert)
+
+    def add_runtime(p):
+        p.add_argument("--model", required=True, help=model_help)
+        p.add_argument("--quantized", help="a checkpoint written by `sixbit convert` (default: full precision)")
+        p.add_argument("--steps", type=int, help="sampling steps (default: the pipeline's)")
+        p.add_argument("--guidance", type=float, help="CFG scale (default: the pipeline's)")
+        p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="noise seed (default 0)")
+        p.add_argument("--cache", choices=["none", "tdc"], default="none", help="skip stable blocks with the delta cache")
+        p.add_argument("--cache-threshold", type=float, default=0.15, help="delta-cache threshold (default 0.15)")
+        p.add_argument("--use-cpu-offload", action="store_true", help="keep the model on the CPU, move it to the accelerator per module")
+        p.add_argument("--tile-size", type=int, help="VAE tile size in pixels (pipelines with a VAE)")
+
+    p = sub.add_parser("generate", help="generate a video, optionally with a converted checkpoint",
+                       description="Generate one video and write it as MP4 (GIF without an encoder).")
+    add_runtime(p)
+    p.add_argument("--prompt", required=True, help="the text prompt")
+    p.add_argument("--scale", type=int, default=1, help="upscale factor of the written video (default 1)")
+    p.add_argument("-o", "--output", default="video.mp4", help="output file (default video.mp4)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("eval", help="quality of a converted model vs full precision on a prompt set",
+                       description="PSNR/SSIM vs the full-precision videos (same seeds), timing, and on the shapes models "
+                       "adherence and flicker judged by sixbit.eval.shapes.")
+    add_runtime(p)
+    p.add_argument("--config", help="convert now with this preset or .json instead of --quantized")
+    p.add_argument("--calib", help="calibration prompts file or video folder for --config")
+    p.add_argument("--prompts", type=int, default=8, help="held-out prompts of a shapes model (default 8)")
+    p.add_argument("--prompts-file", help="prompts to evaluate, one per line")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("info", help="describe a sixbit checkpoint", description="Print what a sixbit checkpoint holds.")
+    p.add_argument("file", help="a .safetensors file written by sixbit")
+    p.add_argument("--json", action="store_true", help="print the whole JSON header")
+    p.set_defaults(func=cmd_info)

@@ -1,0 +1,71 @@
+"""Load a pipeline from what a user types: a shipped model, a local folder or a hub id.
+
+``shapes-cogvideox`` and ``shapes-wan`` are the models inside the package; a folder written by
+``save_pretrained`` loads without network; anything else is taken as a Hugging Face Hub id and
+fails with a clear message when the hub cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SHIPPED = {"shapes-cogvideox": "cogvideox", "shapes-wan": "wan"}
+_SHAPES_CLASSES = {"ShapesCogVideoXPipeline": "cogvideox", "ShapesWanPipeline": "wan"}
+
+
+def shapes_arch(pipe) -> str | None:
+    """``"cogvideox"``/``"wan"`` for a shapes pipeline (the judge applies), else ``None``."""
+    return _SHAPES_CLASSES.get(type(pipe).__name__)
+
+
+def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: bool = False):
+    """A diffusers pipeline for ``model`` (a shipped name, a ``save_pretrained`` folder or a hub id).
+
+    Example:
+        >>> from sixbit.hub import load_pipeline
+        >>> pipe = load_pipeline("shapes-wan")
+        >>> type(pipe).__name__
+        'ShapesWanPipeline'
+    """
+    from .zoo import shapes
+
+    if model in SHIPPED:
+        return shapes.load_pipeline(SHIPPED[model], torch_dtype=dtype, progress_bar=progress_bar)
+    path = Path(model)
+    if path.exists():
+        index = path / "model_index.json"
+        if not index.is_file():
+            raise ValueError(f"{model!r} is not a diffusers pipeline folder (no model_index.json); save one with save_pretrained")
+        try:
+            cls = json.loads(index.read_text()).get("_class_name")
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{str(index)!r} is not valid JSON: {e}") from None
+        if cls in _SHAPES_CLASSES:
+            return shapes.load_pipeline(_SHAPES_CLASSES[cls], path=path, torch_dtype=dtype, progress_bar=progress_bar)
+        from diffusers import DiffusionPipeline
+
+        pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+        pipe.set_progress_bar_config(disable=not progress_bar)
+        return pipe
+    if model.count("/") != 1 or model.startswith(("/", ".")):
+        raise ValueError(
+            f"{model!r} is neither a shipped model ({', '.join(SHIPPED)}), an existing folder, nor a hub id (owner/name)"
+        )
+    from diffusers import DiffusionPipeline
+
+    try:
+        pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype)
+    except (OSError, ValueError) as e:  # huggingface_hub: OSError/ValueError subclasses, network or missing repo
+        raise ValueError(
+            f"could not load {model!r} from the Hugging Face Hub ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            "check the id and your network, or download it where the hub is reachable "
+            "(`huggingface-cli download` / save_pretrained) and pass the local folder"
+        ) from None
+    pipe.set_progress_bar_config(disable=not progress_bar)
+    return pipe

@@ -1,0 +1,79 @@
+"""sixbit convert / generate / eval / info on the shipped model, help texts, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sixbit import read_header
+from sixbit.cli import main
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    prompts = folder / "prompts.txt"
+    prompts.write_text("# calibration prompts\na red circle moving right\na blue square moving up\n")
+    out = folder / "model.safetensors"
+    assert main(["convert", "--model", "shapes-cogvideox", "--config", "balanced", "--calib", str(prompts),
+                 "--steps", "3", "-o", str(out)]) == 0
+    return out
+
+
+def test_convert_writes_a_checkpoint_with_its_conversion(converted, capsys):
+    header = read_header(converted)
+    conv = header["extensions"]["conversion"]
+    assert conv["calibration"] == {"source": "prompts", "count": 2}
+    assert conv["config"]["activations"] == "dynamic" and conv["predictor"]["blocks"]
+    assert main(["info", str(converted)]) == 0
+    out = capsys.readouterr().out
+    assert "CogVideoXTransformer3DModel" in out and "nvfp4" in out and "DMPQ predictor" in out
+    assert main(["info", str(converted), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model_class"] == "CogVideoXTransformer3DModel"
+
+
+def test_generate_with_quantized_checkpoint_and_cache(converted, tmp_path, capsys):
+    out = tmp_path / "video.mp4"
+    assert main(["generate", "--model", "shapes-cogvideox", "--quantized", str(converted), "--prompt",
+                 "a green triangle moving left", "--steps", "6", "--cache", "tdc", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    written = out if out.exists() else out.with_suffix(".gif")
+    assert written.stat().st_size > 0 and "judge:" in printed and "blocks skipped" in printed
+
+
+def test_eval_reports_quality_vs_full_precision(tmp_path, capsys):
+    assert main(["eval", "--model", "shapes-wan", "--config", "w4a8", "--prompts", "2", "--steps", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["videos"] == 2 and 5 < result["psnr_db"] < 99 and 0 < result["ssim"] <= 1
+    assert set(result["adherence"]) == {"reference", "converted"}
+
+
+def test_json_config_file_is_accepted(tmp_path, capsys):
+    cfg = tmp_path / "quant_config.json"
+    cfg.write_text(json.dumps({"attention": {"bits": 8, "symmetric": False}, "residual": {"bits": 4, "group_size": 64},
+                               "threshold": 0.01}))
+    out = tmp_path / "m.safetensors"
+    assert main(["convert", "--model", "shapes-wan", "--config", str(cfg), "--steps", "2", "-o", str(out)]) == 0
+    formats = {c["weight_format"] for c in read_header(out)["layers"].values()}
+    assert formats == {"int8-asym", "nvfp4"}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["convert", "--model", "shapes-wan", "--config", "nope", "-o", "x.safetensors"], "unknown preset 'nope'"),
+    (["convert", "--model", "no/such/dir", "-o", "x.safetensors"], "neither a shipped model"),
+    (["convert", "--model", "shapes-wan", "--config", "w4a8", "-o", "x.bin"], "must be a .safetensors file"),
+    (["info", "missing.safetensors"], "no checkpoint"),
+    (["eval", "--model", "shapes-wan"], "exactly one of --quantized"),
+])
+def test_bad_input_is_one_line_with_exit_code_2(argv, needle, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_every_command_has_help():
+    for cmd in ["convert", "generate", "eval", "info", "demo", "formats"]:
+        proc = subprocess.run([sys.executable, "-m", "sixbit.cli", cmd, "--help"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "usage: sixbit " + cmd in proc.stdout, cmd
