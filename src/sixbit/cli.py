@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", help="only this family (integer, fp8, nvfp4, mx)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_formats)
+    commands.register(sub)
     bench_cli.register(sub)
     return parser
 
