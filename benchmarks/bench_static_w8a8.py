@@ -85,9 +85,9 @@ def snapshot_weights(arch: str, into: Path) -> Path:
     return dest
 
 
-def run_arch(arch, pairs, batch, methods, log, folder):
+def run_arch(arch, pairs, batch, methods, log, folder, n_calib=10):
     rows = []
-    calib = calibration_prompts()
+    calib = calibration_prompts(n_calib)
     pipe = load_pipeline(arch, path=folder)
     t0 = time.perf_counter()
     data = sixbit.calibrate(pipe.transformer, lambda: generate(pipe, calib, len(calib)))
@@ -167,6 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", action="append", choices=["cogvideox", "wan"], help="default: both")
     parser.add_argument("--pairs", type=int, default=16, help="held-out (prompt, seed) pairs per model (max 48)")
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--calib", type=int, default=10, help="calibration prompts (default 10, the source recipe)")
     parser.add_argument("--method", action="append", help="only these presets (and 'dynamic')")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md"))
@@ -182,9 +183,9 @@ def main(argv=None) -> int:
     body = [
         "### Static timestep-aware W8A8 (hardware-friendly: no runtime min/max)",
         "",
-        f"Written by `python benchmarks/bench_static_w8a8.py` on {machine_description()}.",
+        f"Written by `python benchmarks/bench_static_w8a8.py --pairs {args.pairs} --calib {args.calib}` on {machine_description()}.",
         f"{len(pairs)} held-out (prompt, seed) pairs per model, {STEPS} steps, CFG {GUIDANCE}; calibration: "
-        f"{len(calibration_prompts())} zoo prompts with their own seeds. PSNR/SSIM against the FP video of the "
+        f"{args.calib} zoo prompts with their own seeds. PSNR/SSIM against the FP video of the "
         "same seed (SSIM: 7×7 Gaussian window, `sixbit.eval.metrics`). Every quantized row runs real int8 "
         "GEMMs (`torch._int_mm`, int32 accumulation); nothing is emulated. Weight MiB: linear-layer weights as "
         "stored, TSQ's per-range weight copies included.",
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for arch in args.arch or ["cogvideox", "wan"]:
             folder = snapshot_weights(arch, Path(tmp))
-            rows, ref = run_arch(arch, pairs, args.batch, args.method, log, folder)
+            rows, ref = run_arch(arch, pairs, args.batch, args.method, log, folder, args.calib)
             body += table(arch, rows, ref, folder) + [""]
     body.append(f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.")
     text = "\n".join(body)

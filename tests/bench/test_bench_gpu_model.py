@@ -49,3 +49,13 @@ def test_real_model_flops_by_hand():
     assert aw == pytest.approx(4 * lv * (lv + lt) * d)
     with pytest.raises(ValueError, match="unknown real model"):
         model_flops("Sora")
+
+
+def test_layer_table_labels_emulation_and_projection():
+    from sixbit.bench.layer_shapes import PRECISIONS
+    from sixbit.bench.outputs import layer_markdown
+
+    row = {"model": "CogVideoX-2B", "role": "FFN up", "k": 1920, "n": 7680, "tokens": 17776, "precision": "nvfp4",
+           "how": PRECISIONS["nvfp4"], "measured_rows": [128, 512], "ms_per_call": 12.5, "speedup": 0.25}
+    md = layer_markdown([row], "test machine")
+    assert "EMULATED" in md and "PROJECTION" in md and "| 1920 → 7680 | 17,776 |" in md

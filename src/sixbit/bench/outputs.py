@@ -279,3 +279,43 @@ def write_all(result, folder) -> dict[str, Path]:
                                            f"{result.settings.model} · {method}: {label}", kind)
     out["html"] = write_html(result, folder)
     return out
+
+
+def layer_markdown(rows: list[dict], machine: str, heading: str = "##") -> str:
+    """The real-shape linear timings (:func:`sixbit.bench.layer_shapes.time_layers`) and each real
+    model's FLOP split with the PROJECTED attention share of FP time per GPU."""
+    from .layer_shapes import REAL_MODELS, model_flops
+
+    measured = rows[0]["measured_rows"] if rows else []
+    lines = [
+        f"{heading} Real layer shapes at 49 frames: CogVideoX-2B/5B, Wan2.1-14B",
+        "",
+        f"Machine: {machine}. Random weights (the shape is what matters). Each (K, N, precision) timed at "
+        f"{' and '.join(str(m) for m in measured)} rows (median of 3 after a warm-up), fitted as fixed + per-row cost "
+        "and evaluated at the rows of one real call (*ms/call*; a real call is too slow to time directly here). "
+        "*Speedup* vs fp32 of the same shape. EMULATED rows do not run FP4 arithmetic (no FP4 GEMM on this device; "
+        "their time is per-call weight dequantization) and are timed on CogVideoX-2B's shapes only.",
+        "",
+        "| model | linear | K → N | rows/call | precision | how it runs | ms/call | speedup vs fp32 |",
+        "|---|---|---|---:|---|---|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['role']} | {r['k']} → {r['n']} | {r['tokens']:,} | {r['precision']} | {r['how']} | "
+            f"{r['ms_per_call']:,.1f} | {r['speedup']:.2f}× |"
+        )
+    gpus = list(gpu_model.GPUS)
+    lines += [
+        "",
+        f"FLOPs of one generation (50 steps, CFG: 2 samples per step) and the **{gpu_model.LABEL}** share of FP time "
+        "spent in attention (BF16 everywhere; the paper: \"attention is over half of run time\").",
+        "",
+        "| model | blocks | video + text tokens | GEMM TFLOPs | attention TFLOPs | " + " | ".join(f"PROJECTED attention share {g}" for g in gpus) + " |",
+        "|---|---:|---|---:|---:|" + "---:|" * len(gpus),
+    ]
+    for name, m in REAL_MODELS.items():
+        gemm, attention = model_flops(name)
+        shares = " | ".join(f"{100 * gpu_model.attention_share(gemm, attention, gpu_model.GPUS[g]):.0f}%" for g in gpus)
+        lines.append(f"| {name} | {m.layers} | {m.video_tokens:,} + {m.text_tokens} | {gemm / 1e12:,.0f} | "
+                     f"{attention / 1e12:,.0f} | {shares} |")
+    return "\n".join(lines)

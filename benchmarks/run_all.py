@@ -1,0 +1,172 @@
+"""Regenerate BENCHMARKS.md from scratch with one command; every number in it is measured here.
+
+    python benchmarks/run_all.py                  # both shipped models, ~25 min on 2 CPU cores
+    python benchmarks/run_all.py --quick          # tiny settings: checks the pipeline end to end
+
+Two lanes run side by side, one CPU thread each (the shipped models are too small for two
+threads to help a single generation):
+
+* lane 1: ``sixbit bench`` on shapes-cogvideox (every preset and peer, plus a threshold sweep
+  of the caches), then ``bench_memory.py`` (peak memory with and without offloading);
+* lane 2: ``sixbit bench`` on shapes-wan, then ``bench_static_w8a8.py`` (the static-W8A8
+  ablations), ``bench_dmpq.py`` (DMPQ vs W4A4/W4A8 and random assignment), then the real layer
+  shapes (CogVideoX-2B/5B, Wan2.1-14B at 49 frames).
+
+To stay under 30 minutes on 2 cores the defaults are 6 prompts × 20 steps per model, 4
+calibration prompts (the static-W8A8 recipe uses 10; its calibration alone takes minutes per
+model here), and a single DMPQ target (6 bits) with one random draw.
+
+The harness writes its full outputs (CSV, JSON, plots; ``index.html`` with the videos, not
+committed) into ``benchmarks/results/<model>/``. The older scripts write into scratch files;
+their sections are copied in. BENCHMARKS.md is then written anew, so no stale section survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+MAIN = ("fp,w8a8,high_quality,w8a8-static,w4a16,w4a8,w4a6-dynamic,balanced,aggressive,tdc,"
+        "fbcache-0.2,magcache,taylorseer-3,pab-2,fastercache-2,torchao-int8dq,quanto-qint8,quanto-qint4")
+SWEEP = "tdc-0.3,fbcache-0.3,magcache-0.24"
+ORDER = ["bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "memory"]
+
+
+def _layers_part(out: Path, tokens: int, runs: int) -> None:
+    """Child mode: time the real layer shapes and write their section into ``out``."""
+    import torch
+
+    from sixbit.bench.layer_shapes import time_layers
+    from sixbit.bench.outputs import layer_markdown
+    from sixbit.bench.report import machine_description, update_section
+
+    torch.set_num_threads(1)
+    rows = time_layers(rows=(tokens // 4, tokens), runs=runs, progress=False)
+    (out.with_suffix(".json")).write_text(json.dumps(rows, indent=1))
+    update_section(out, "layer-shapes", layer_markdown(rows, machine_description()))
+
+
+def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
+    py = sys.executable
+    bench = [py, "-m", "sixbit.cli", "bench", "--prompts", str(args.prompts), "--steps", str(args.steps),
+             "--calibration-prompts", str(args.calibration_prompts), "--threads", "1", "--quiet"]
+    methods = MAIN if args.quick is False else "fp,w4a8,tdc,fbcache-0.2,torchao-int8dq"
+    if not args.quick:
+        methods += "," + SWEEP
+    small = ["--pairs", "2"] if args.quick else ["--pairs", str(args.pairs)]
+    calib = str(args.calibration_prompts)
+    lane1 = [
+        ("bench shapes-cogvideox", bench + ["--model", "shapes-cogvideox", "--methods", methods, "-o", str(RESULTS / "shapes-cogvideox")]),
+        ("bench_memory.py", [py, str(ROOT / "benchmarks" / "bench_memory.py"), "--output", str(parts / "memory.md")]),
+    ]
+    lane2 = [
+        ("bench shapes-wan", bench + ["--model", "shapes-wan", "--methods", methods, "-o", str(RESULTS / "shapes-wan")]),
+        ("bench_static_w8a8.py", [py, str(ROOT / "benchmarks" / "bench_static_w8a8.py"), *small, "--calib", calib,
+                                  "--threads", "1", "--output", str(parts / "static.md")]),
+        ("bench_dmpq.py", [py, str(ROOT / "benchmarks" / "bench_dmpq.py"), *small, "--calib", calib,
+                           "--steps", str(args.steps), "--target-bits", "6.0", "--draws", "1", "--out", str(parts / "dmpq.md")]),
+        ("layer shapes", [py, __file__, "--layers-part", str(parts / "layers.md"), "--layer-tokens", "64" if args.quick else "512"]),
+    ]
+    return [lane1, lane2]
+
+
+def _run_lane(lane, logs: Path, status: dict) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    for label, cmd in lane:
+        log = logs / (re.sub(r"[^a-z0-9]+", "_", label.lower()) + ".log")
+        t0 = time.perf_counter()
+        with open(log, "w") as f:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        status[label] = (rc, time.perf_counter() - t0, log)
+        print(f"{label}: {'ok' if rc == 0 else f'FAILED (exit {rc}, see {log})'} in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def _section(path: Path, name: str) -> str | None:
+    if not path.is_file():
+        return None
+    m = re.search(rf"<!-- sixbit:begin {re.escape(name)} -->\n(.*?)\n<!-- sixbit:end {re.escape(name)} -->", path.read_text(), re.S)
+    return m.group(1) if m else None
+
+
+def _bench_section(model: str) -> str | None:
+    path = RESULTS / model / "results.md"
+    if not path.is_file():
+        return None
+    prefix = f"benchmarks/results/{model}/"
+    body = re.sub(r"\]\((?!https?:|benchmarks/)([^)]+\.png)\)", lambda m: f"]({prefix}{m.group(1)})", path.read_text())
+    return body.replace("### ", "## ", 1).strip() + (
+        f"\n\nFull outputs: `{prefix}results.csv`, `results.json`; `index.html` shows the videos side by side "
+        "(written by the run, not committed)."
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    parser.add_argument("--prompts", type=int, default=6, help="held-out prompts per model in the harness (default 6)")
+    parser.add_argument("--steps", type=int, default=20, help="denoising steps everywhere (default 20)")
+    parser.add_argument("--calibration-prompts", type=int, default=4, help="calibration prompts everywhere (default 4)")
+    parser.add_argument("--pairs", type=int, default=6, help="held-out pairs of the DMPQ and static-W8A8 scripts (default 6)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings, to check the whole pipeline")
+    parser.add_argument("--layers-part", help=argparse.SUPPRESS)
+    parser.add_argument("--layer-tokens", type=int, default=512, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.layers_part:
+        _layers_part(Path(args.layers_part), args.layer_tokens, 3)
+        return 0
+    if args.quick:
+        args.prompts, args.steps, args.calibration_prompts = 1, 3, 1
+    start = time.perf_counter()
+    parts = RESULTS / "_parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    for stale in parts.glob("*.md"):
+        stale.unlink()
+    status: dict = {}
+    threads = [threading.Thread(target=_run_lane, args=(lane, parts, status)) for lane in _lanes(args, parts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = time.perf_counter() - start
+
+    from sixbit.bench.report import update_section
+
+    bodies = {
+        "bench-shapes-cogvideox": _bench_section("shapes-cogvideox"),
+        "bench-shapes-wan": _bench_section("shapes-wan"),
+        "layer-shapes": _section(parts / "layers.md", "layer-shapes"),
+        "static-w8a8": _section(parts / "static.md", "static-w8a8"),
+        "dmpq": _section(parts / "dmpq.md", "dmpq"),
+        "memory": _section(parts / "memory.md", "memory"),
+    }
+    out = Path(args.out)
+    steps = "; ".join(f"{label} {sec:.0f} s" + ("" if rc == 0 else " (FAILED)") for label, (rc, sec, _) in status.items())
+    settings = "--quick " if args.quick else ""
+    out.write_text(
+        "# sixbit benchmarks\n\n"
+        f"Every number below was written by `python benchmarks/run_all.py {settings}`(harness `sixbit bench` "
+        f"with {args.prompts} prompts × {args.steps} steps per model, plus the DMPQ, static-W8A8 and memory scripts "
+        f"it calls); nothing is typed by hand. Total run time: **{total / 60:.1f} min** on 2 CPU cores ({steps}). "
+        "Numbers marked PROJECTION come from a peak-throughput model of the counted work, not from a GPU.\n"
+    )
+    for name in ORDER:
+        body = bodies[name]
+        if body is None:
+            body = f"*Section `{name}` was not written: its step failed in this run (see the logs in `benchmarks/results/_parts/`).*"
+        update_section(out, name, body)
+    print(f"wrote {out} in {total / 60:.1f} min")
+    return 0 if all(rc == 0 for rc, _, _ in status.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
