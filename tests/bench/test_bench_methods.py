@@ -59,3 +59,11 @@ def test_model_must_be_a_shapes_pipeline(tmp_path):
     with pytest.raises(ValueError, match="holds a CogVideoXPipeline"):
         resolve_model(str(tmp_path))
     assert resolve_model("shapes-cogvideox") == ("cogvideox", None)
+
+
+def test_cli_reports_a_bad_method_in_one_line(capsys, tmp_path):
+    from sixbit.cli import main
+
+    assert main(["bench", "--model", "shapes-wan", "--methods", "fp,bogus", "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sixbit: error: unknown method 'bogus'; valid:") and "\n" not in err

@@ -51,8 +51,7 @@ class Method:
         family: who provides it (``"sixbit"``, ``"diffusers"``, ``"torchao"``, ``"optimum-quanto"``, ``"reference"``).
         description: one line for the tables.
         apply: ``apply(pipe, context, value) -> note`` changes ``pipe`` in place; the note goes in the table.
-        param: what ``-VALUE`` sets (``None``: no knob).
-        default: the knob's value when no ``-VALUE`` is given (``None``: the library's default).
+        param: what ``-VALUE`` sets (``None``: no knob); without ``-VALUE`` the library's default applies.
         requires: modules that must import for the method to run.
         precision_of: a linear's activation precision for a call (FLOP counting).
         emulated: its low-bit arithmetic is emulated on this device (time is not hardware speed).
@@ -63,7 +62,6 @@ class Method:
     description: str
     apply: Callable
     param: str | None = None
-    default: float | None = None
     requires: tuple[str, ...] = ()
     precision_of: Callable[[nn.Module], str] = default_precision
     emulated: bool = False
@@ -146,21 +144,12 @@ def _preset_method(name: str) -> Method:
 # ------------------------------------------------------------------------ diffusers caches
 
 
-def _timestep_callback(pipe):
-    """PAB and FasterCache ask for the current timestep; sixbit's step tracker knows it."""
-    holder = {}
-
-    def current():
-        return holder["tracker"].info.timestep
-
-    return holder, current
-
-
 def _enable_with_tracker(pipe, make_config):
+    """PAB and FasterCache ask for the current timestep through a callback; sixbit's step tracker knows it."""
     from ..runtime import track_steps
 
-    holder, current = _timestep_callback(pipe)
-    pipe.transformer.enable_cache(make_config(current))
+    holder = {}
+    pipe.transformer.enable_cache(make_config(lambda: holder["tracker"].info.timestep))
     # installed after the cache's hooks, the tracker runs first: callbacks see this call's timestep
     holder["tracker"] = track_steps(pipe.transformer)
 
