@@ -185,6 +185,7 @@ def test_vae_tiling_uses_tile_size_and_is_restored():
         (dict(onload_device="cpu", offload_device="cpu"), "offload to disk"),
         (dict(onload_device="warp-drive", offload_device="/tmp/x"), "onload_device"),
         (dict(offload_device=3), "offload_device"),
+        (dict(offload_device="cuda"), "offload_device"),
     ],
 )
 def test_bad_input_raises_and_changes_nothing(kwargs, message):

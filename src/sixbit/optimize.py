@@ -21,22 +21,21 @@ video transformer:
        **What ``prefetch_depth`` does.** When group ``g`` is entered, groups ``g+1 … g+depth``
        (wrapping round to the first groups, which the next transformer call needs) are queued
        for loading on one background thread, in order, and every group outside
-       ``{g, …, g+depth}`` is offloaded. So at most ``depth + 1`` groups are resident at any
-       time, and a load overlaps the compute of up to ``depth`` groups before it is needed.
-       diffusers' own ``use_stream`` prefetch looks exactly one group ahead, needs CUDA streams
-       and one block per group; this works on any device. On CUDA the copies are issued on the
-       default stream (correct without extra synchronisation), so the prefetch hides host-side
-       work — disk reads, pageable staging — but the PCIe copy itself still queues with the
-       compute kernels.
+       ``{g, …, g+depth}`` is offloaded: at most ``depth + 1`` groups are resident, and a load
+       overlaps the compute of up to ``depth`` groups before it is needed. (diffusers' own
+       ``use_stream`` prefetch looks one group ahead, with CUDA streams and one block per group.)
+       From disk to the CPU a load really reads the file on that thread (safetensors would
+       otherwise map it lazily and fault it in during compute). To CUDA the copies run on the
+       default stream — ordered with the kernels, so the copy itself is not overlapped; only
+       host-side work is. The accelerator paths are not exercised on the CPU test machine.
 
        A skipped block (delta cache) never needs its weights: whichever block *computes* makes
-       its own group resident first, so correctness does not depend on the order the hooks were
-       installed in — unlike diffusers' group offloading with ``num_blocks_per_group > 1``,
-       where a cache that skips a group's first block leaves the group unloaded for the rest.
+       its group resident first, so correctness does not depend on hook order — unlike
+       diffusers' group offloading with ``num_blocks_per_group > 1``, where a cache skipping a
+       group's first block leaves the group on placeholder weights for its other blocks.
 
-       On a CPU-only machine, offloading to ``"cpu"`` would move nothing; use a folder
-       (``offload_device="/tmp/offload"``): weights are written once to a fresh subfolder and
-       read back per group, and the resident memory of the blocks drops to ``depth + 1`` groups.
+       On a CPU-only machine offloading to ``"cpu"`` would move nothing; pass a folder
+       (``offload_device="/tmp/offload"``): weights are written once to a fresh subfolder.
 
    ``"cpu_offload"`` / ``"sequential_cpu_offload"``
        diffusers' ``pipe.enable_model_cpu_offload()`` / ``enable_sequential_cpu_offload()``
@@ -46,8 +45,11 @@ video transformer:
    ``"none"``
        Tiling only.
 
-Install order: quantize (or load) first, then this, then DMPQ and the delta cache — in any
-order among those two. Outputs are bit-identical to the same model without offloading: the
+``QuantLinear`` weights travel packed (they are buffers, which diffusers' ``ModuleGroup`` moves
+with the parameters); copies kept by ``cache_converted=True`` are not buffers and stay resident.
+
+Quantize (or load) before enabling this; DMPQ and the delta cache may come before or after.
+Outputs are bit-identical to the same model without offloading: the
 weights make an exact round trip (memory copy or safetensors file) and every block computes on
 the same device and dtype.
 """
@@ -75,6 +77,9 @@ logger = logging.getLogger(__name__)
 
 HOOK_NAME = "sixbit_offload"
 
+# ModuleGroup is diffusers' internal unit of group offloading; older releases lack some arguments.
+_GROUP_ARGS = inspect.signature(ModuleGroup.__init__).parameters
+
 _HANDLES: "weakref.WeakKeyDictionary[nn.Module, MemoryOptimization]" = weakref.WeakKeyDictionary()
 
 
@@ -99,6 +104,34 @@ class OffloadStats:
     max_resident_groups: int = 0
 
 
+def _load(group: ModuleGroup) -> None:
+    """Onload ``group`` and make its bytes really resident.
+
+    safetensors maps files lazily: a group "loaded" from disk to the CPU would only be read by
+    page faults when its block computes, on the compute thread, and a prefetch would read
+    nothing. Copying into ordinary memory here does the read now, on the prefetch thread.
+    """
+    group.onload_()
+    if group.offload_to_disk_path is not None and group.onload_device.type == "cpu":
+        for module in group.modules:
+            for tensor in (*module.parameters(), *module.buffers()):
+                tensor.data = tensor.data.clone()
+
+
+def _release(group: ModuleGroup) -> None:
+    """Offload ``group``; disk-backed tensors keep their shape on a 1-element zero placeholder.
+
+    diffusers leaves ``torch.empty_like`` placeholders, which the allocator may serve from the
+    pages just freed, so the resident memory would not drop (nor could a stray read be told
+    from real weights); an expanded zero holds no memory and reads as zeros.
+    """
+    group.offload_()
+    if group.offload_to_disk_path is not None:
+        for module in group.modules:
+            for tensor in (*module.parameters(), *module.buffers()):
+                tensor.data = torch.zeros((), dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)
+
+
 class _Scheduler:
     """Keeps the window ``{current, next depth groups}`` resident; everything else offloaded."""
 
@@ -119,7 +152,7 @@ class _Scheduler:
     def _offload(self, g: int) -> None:
         self._settle(g)
         if self.state[g] == "resident":
-            self.groups[g].offload_()
+            _release(self.groups[g])
             self.state[g] = "offloaded"
             self.stats.offloads += 1
 
@@ -128,7 +161,7 @@ class _Scheduler:
             return
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sixbit-prefetch")
-        self.futures[g] = self._pool.submit(self.groups[g].onload_)
+        self.futures[g] = self._pool.submit(_load, self.groups[g])
         self.state[g] = "queued"
         self.stats.prefetched += 1
 
@@ -144,7 +177,7 @@ class _Scheduler:
             if h not in window and self.state[h] != "offloaded":
                 self._offload(h)
         if self.state[g] == "offloaded":
-            self.groups[g].onload_()
+            _load(self.groups[g])
             self.state[g] = "resident"
             self.stats.sync_loads += 1
         else:
@@ -161,9 +194,9 @@ class _Scheduler:
             self._settle(g)
         for g, group in enumerate(self.groups):
             if load_all and self.state[g] == "offloaded":
-                group.onload_()
+                _load(group)
             elif not load_all and self.state[g] == "resident":
-                group.offload_()
+                _release(group)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -325,8 +358,8 @@ def _block_groups(model: nn.Module, blocks_per_group: int, onload: torch.device,
         ModuleGroup(
             modules=[b for _, b in chunk], offload_device=offload, onload_device=onload,
             offload_leader=chunk[-1][1], onload_leader=chunk[0][1], onload_self=True,
-            offload_to_disk_path=None if folder is None else str(folder),
-            group_id=f"{chunk[0][0]}..{chunk[-1][0]}",
+            **({} if folder is None else {"offload_to_disk_path": str(folder)}),
+            **({"group_id": f"{chunk[0][0]}..{chunk[-1][0]}"} if "group_id" in _GROUP_ARGS else {}),
         )
         for chunk in chunks
     ]
@@ -402,6 +435,12 @@ def enable_memory_optimization(
     pipe, model, vae = _split(model_or_pipe)
     offload = _device_or_folder(offload_device)
     folder = offload if isinstance(offload, Path) else None
+    if folder is not None and "offload_to_disk_path" not in _GROUP_ARGS:
+        raise ValueError("disk offload needs a diffusers release whose group offloading writes to disk "
+                         "(offload_to_disk_path); upgrade diffusers (`pip install -U diffusers`) or offload to \"cpu\"")
+    if folder is None and offload.type != "cpu":
+        raise ValueError(f"offload_device must be \"cpu\" or a folder path (disk), got {str(offload)!r}: weights wait "
+                         "there and an accelerator is where they compute (onload_device)")
     accelerator = _accelerator()
     try:
         onload = torch.device(onload_device) if onload_device is not None else (accelerator or torch.device("cpu"))
@@ -468,7 +507,7 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
     scheduler.state = ["resident"] * len(groups)  # true until each group's first offload (disable relies on it)
     handle._scheduler = scheduler
     for index, group in enumerate(groups):
-        group.offload_()
+        _release(group)
         scheduler.state[index] = "offloaded"
         for block in members[index]:
             HookRegistry.check_if_exists_or_initialize(block).register_hook(_OffloadHook(scheduler, index), HOOK_NAME)
