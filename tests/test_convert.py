@@ -106,6 +106,9 @@ def test_bad_inputs_change_nothing(tmp_path, fp_video):
         sixbit.convert_model(pipe, broken, "balanced")
     assert sixbit.conversion_of(pipe) is None and not sixbit.runtime.measure.quant_linears(pipe.transformer)
     assert np.array_equal(generate(pipe), fp_video)
+    with pytest.raises(ValueError, match="stabilize_frames acts on dynamically quantized"):
+        sixbit.convert_model(pipe, None, "tdc", stabilize_frames=True)
+    assert sixbit.conversion_of(pipe) is None
     sixbit.convert_model(pipe, None, "w4a8")
     with pytest.raises(ValueError, match="already quantized or converted"):
         sixbit.convert_model(pipe, None, "w4a8")
@@ -156,10 +159,10 @@ def test_stabilizer_acts_on_both_layouts(arch):
     assert stab.plain_calls > 0 if arch == "wan" else stab.stabilized_calls >= stab.plain_calls
 
 
-def _stabilized_layer(layer, frames, per_frame):
+def _stabilized_layer(layer, frames, per_frame, deadzone=0.0):
     from diffusers.hooks import HookRegistry
 
-    state = FrameStabilizer(text_tokens="first")
+    state = FrameStabilizer(text_tokens="first", deadzone=deadzone)
     state.grid = (frames, per_frame)
     HookRegistry.check_if_exists_or_initialize(layer).register_hook(_StabilizeHook(state), "stab")
     return state
@@ -190,3 +193,27 @@ def test_stabilizer_arithmetic_and_flicker_property():
         return (err - err.mean(0)).abs().mean().item()
 
     assert frame_jitter(y) < 0.5 * frame_jitter(plain(x))
+
+
+def test_stabilizer_dead_zone_holds_near_still_tokens():
+    torch.manual_seed(1)
+    frames, per_frame, c = 4, 8, 32
+    layer = sixbit.QuantLinear.from_linear(torch.nn.Linear(c, 16), weight_format="int8", act_mode="int8")
+    _stabilized_layer(layer, frames, per_frame, deadzone=0.1)
+    base = torch.randn(1, 1, per_frame, c)
+    shift = torch.zeros(1, frames, per_frame, c)
+    shift[:, :, :4] = 0.01 * torch.randn(1, frames, 4, c)  # tokens 0-3 barely change: held still
+    shift[:, :, 4:] = 1.0 * torch.randn(1, frames, 4, c)   # tokens 4-7 move
+    y = layer((base + shift).reshape(1, frames * per_frame, c)).reshape(frames, per_frame, -1)
+    assert all(torch.equal(y[f, :4], y[0, :4]) for f in range(frames))
+    assert not torch.equal(y[1, 4:], y[0, 4:])
+
+
+def test_stabilize_frames_values(tmp_path):
+    pipe = load_pipeline("wan")
+    with pytest.raises(ValueError, match="stabilize_frames must be"):
+        sixbit.convert_model(pipe, None, "w4a8", stabilize_frames=-1)
+    sixbit.convert_model(pipe, None, "w4a8", stabilize_frames=0.2)
+    assert sixbit.conversion_of(pipe).stabilizer.deadzone == 0.2
+    path = pipe.save(tmp_path / "m.safetensors")
+    assert sixbit.read_header(path)["extensions"]["conversion"]["stabilize_frames"] == 0.2

@@ -185,7 +185,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if conv:
         cfg = conv["config"]
         print(f"conversion: activations {cfg['activations']}; cache {'on' if cfg['cache'] else 'off'}"
-              f"{'; frame stabilizer on' if conv.get('stabilize_frames') else ''}")
+              + (f"; frame stabilizer (dead zone {conv['stabilize_frames']})" if conv.get("stabilize_frames") is not None else ""))
         if cfg.get("description"):
             print(f"  {cfg['description']}")
         if conv.get("calibration"):
@@ -210,7 +210,8 @@ def register(sub) -> None:
     p.add_argument("--calib", help="calibration: a text file with one prompt per line or a folder of videos "
                    "(default for the shapes models: 8 of their prompts)")
     p.add_argument("--steps", type=int, help="sampling steps of the calibration runs (default: the pipeline's)")
-    p.add_argument("--stabilize-frames", action="store_true", help="quantize temporal mean and deviation apart (less flicker)")
+    p.add_argument("--stabilize-frames", nargs="?", type=float, const=True, default=False, metavar="DEADZONE",
+                   help="steadier frames: temporal mean and deviation apart, near-still tokens held (default dead zone 0.3)")
     p.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
     p.set_defaults(func=cmd_convert)
 

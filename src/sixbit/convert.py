@@ -29,7 +29,7 @@ from .presets import ConvertConfig, resolve
 from .runtime.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
 from .runtime.dmpq import ACT_BITS, DMPQ, DMPQPredictor, apply_dmpq, remove_dmpq
 from .runtime.measure import quant_linears
-from .runtime.stabilize import FrameStabilizer, apply_stabilizer, remove_stabilizer
+from .runtime.stabilize import DEFAULT_DEADZONE, FrameStabilizer, apply_stabilizer, remove_stabilizer
 from .runtime.static_w8a8 import apply_static_w8a8
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,18 @@ def _attach_save(obj) -> None:
     setattr(obj, "save", types.MethodType(save, obj))
 
 
-def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor | None, stabilize: bool,
+def _deadzone(stabilize_frames) -> float | None:
+    """The stabilizer's dead zone for ``stabilize_frames`` (``None``: no stabilizer)."""
+    if stabilize_frames is False or stabilize_frames is None:
+        return None
+    if stabilize_frames is True:
+        return DEFAULT_DEADZONE
+    if isinstance(stabilize_frames, (int, float)) and stabilize_frames >= 0:
+        return float(stabilize_frames)
+    raise ValueError(f"stabilize_frames must be True, False or a dead zone ≥ 0, got {stabilize_frames!r}")
+
+
+def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor | None, deadzone: float | None,
              calibration: dict | None) -> Conversion:
     """Install the runtime methods of an already quantized model and remember the conversion."""
     if config.activations in ("int8", "nvfp4", "fp"):
@@ -137,8 +148,8 @@ def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor |
     conversion = Conversion(config, calibration, predictor)
     if predictor is not None:
         conversion.dmpq = apply_dmpq(model, predictor)
-    if stabilize:
-        conversion.stabilizer = apply_stabilizer(model)
+    if deadzone is not None:
+        conversion.stabilizer = apply_stabilizer(model, deadzone)
     if config.cache is not None:
         conversion.cache = enable_delta_cache(model, config.cache)
     _CONVERSIONS[model] = conversion
@@ -163,7 +174,7 @@ def convert_model(
     model,
     calibration_data=None,
     quant_config="balanced",
-    stabilize_frames: bool = False,
+    stabilize_frames: bool | float = False,
     *,
     pipeline=None,
     calibration_kwargs: dict | None = None,
@@ -184,10 +195,11 @@ def convert_model(
             ``"w4a8"``, ``"w4a4"``, ``"w4a16"``, ``"w8a8"``, ``"tdc"``; measured trade-offs in
             BENCHMARKS.md), a path to a JSON file (full schema or the short seed shape, see
             :mod:`sixbit.presets`), a ``ConvertConfig`` or a ``QuantConfig``.
-        stabilize_frames: quantize each video token's temporal mean and its per-frame deviation
-            separately (:mod:`sixbit.runtime.stabilize`), so activation rounding error is shared
-            by all frames instead of flickering between them. Costs one extra GEMM on 1/F of the
-            rows of each quantized layer. Default ``False``.
+        stabilize_frames: ``True`` (or a dead-zone value ≥ 0) to steady the frames
+            (:mod:`sixbit.runtime.stabilize`): each quantized linear multiplies a video token's
+            temporal mean and its per-frame deviation separately, and treats tokens that barely
+            change as still. Less flicker, lower PSNR vs the full-precision video (measured in
+            BENCHMARKS.md); one extra GEMM on 1/F of the rows. Default ``False``.
         pipeline: the pipeline, when ``model`` is a bare transformer and calibration uses
             prompts or videos.
         calibration_kwargs: extra pipeline arguments for calibration runs (e.g.
@@ -207,7 +219,15 @@ def convert_model(
     config = resolve(quant_config)
     transformer, pipe = _transformer_of(model)
     pipe = pipe if pipe is not None else pipeline
-    spec_for(transformer)  # unsupported architectures fail here, before any change
+    spec = spec_for(transformer)  # unsupported architectures fail here, before any change
+    deadzone = _deadzone(stabilize_frames)
+    if deadzone is not None and config.activations not in ("int8", "nvfp4", "dynamic"):
+        raise ValueError(
+            f"stabilize_frames acts on dynamically quantized activations, which activations={config.activations!r} "
+            "does not have: choose a preset with int8, nvfp4 or dynamic activations (e.g. 'balanced')"
+        )
+    if deadzone is not None and spec.video_grid is None:
+        raise ValueError(f"stabilize_frames is not available for {type(transformer).__name__}: its token grid is unknown")
     if _CONVERSIONS.get(transformer) is not None or quant_linears(transformer):
         raise ValueError("this model is already quantized or converted: convert a freshly loaded model")
     run, calibration = None, None
@@ -232,7 +252,7 @@ def convert_model(
             if config.activations == "dynamic":
                 logger.info("fitting the DMPQ predictor")
                 predictor = fit_dmpq(transformer, run, config.dmpq)
-        _install(transformer, config, predictor, stabilize_frames, calibration)
+        _install(transformer, config, predictor, deadzone, calibration)
     except BaseException:
         _undo(transformer, originals)
         raise
@@ -251,7 +271,7 @@ def _export(model: nn.Module):
         "config": conversion.config.to_dict(),
         "calibration": conversion.calibration,
         "predictor": None if conversion.predictor is None else conversion.predictor.to_dict(),
-        "stabilize_frames": conversion.stabilizer is not None,
+        "stabilize_frames": None if conversion.stabilizer is None else conversion.stabilizer.deadzone,
     }
     return meta, {}
 
@@ -264,7 +284,10 @@ def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> 
         predictor = DMPQPredictor.from_dict(meta["predictor"]) if meta.get("predictor") else None
     except (KeyError, TypeError) as e:
         raise ValueError(f"the conversion state is incomplete or malformed: {e}") from None
-    _install(model, config, predictor, bool(meta.get("stabilize_frames")), meta.get("calibration"))
+    deadzone = meta.get("stabilize_frames")
+    if deadzone is not None and not isinstance(deadzone, (int, float)):
+        raise ValueError(f"the conversion state has an invalid stabilize_frames value {deadzone!r}")
+    _install(model, config, predictor, deadzone, meta.get("calibration"))
     _attach_save(model)
 
 

@@ -15,6 +15,18 @@ layer's own activation precision (INT8 stays a real integer GEMM); the extra cos
 on ``1/F`` of the video rows. Text tokens sharing a linear with the video (CogVideoX's joint
 attention) are multiplied as usual.
 
+**Temporal dead zone.** Decomposing alone leaves the model's function unchanged, and on the
+shipped models it leaves flicker unchanged too: there, the frame-to-frame jitter of a converted
+model is mostly the model's own, not per-frame rounding. So a token whose deviation from its
+temporal mean is small — ``|r[f, s]| < deadzone · |m[s]|`` (L2 norms over channels) — is treated
+as still: its deviation is set to zero before the GEMM, and that linear sees exactly the same
+input in every frame. ``deadzone=0`` disables it (pure decomposition); the default of
+``stabilize_frames=True`` is :data:`DEFAULT_DEADZONE`. This *changes* the computation (a
+temporal smoothing of near-still tokens, like hysteresis on tiny changes): it trades fidelity to
+the full-precision video for steadier backgrounds — measured in BENCHMARKS.md
+(``stabilize-frames``), where PSNR vs a flickering full-precision reference also counts removed
+jitter as error.
+
 It acts only where activations are quantized dynamically (``act_mode`` int8/nvfp4, no static
 quantizer: static scales are calibrated on ``x``, not on ``m`` and ``r``), and only on models
 whose :class:`~sixbit.models.ModelSpec` gives the token grid (``video_grid``). Layout config →
@@ -36,14 +48,16 @@ from .measure import quant_linears
 logger = logging.getLogger(__name__)
 
 HOOK_NAME = "sixbit_stabilize"
+DEFAULT_DEADZONE = 0.3  # relative deviation below which a token counts as still (see the module docstring)
 GRID_HOOK_NAME = "sixbit_stabilize_grid"
 
 
 class FrameStabilizer:
     """State of one model's stabilizer: the current call's token grid and usage counts."""
 
-    def __init__(self, text_tokens: str | None):
+    def __init__(self, text_tokens: str | None, deadzone: float = 0.0):
         self.text_tokens = text_tokens
+        self.deadzone = deadzone
         self.grid: tuple[int, int] | None = None
         self.stabilized_calls = 0
         self.plain_calls = 0
@@ -99,7 +113,11 @@ class _StabilizeHook(ModelHook):
         v = video.reshape(b, frames, per_frame, c)
         mean = v.mean(dim=1)
         y_mean = forward(mean)  # (B, S, O), bias included once
-        y_dev = forward((v - mean.unsqueeze(1)).reshape(b, frames * per_frame, c))
+        dev = v - mean.unsqueeze(1)
+        if self.state.deadzone > 0:
+            rel = dev.norm(dim=-1, keepdim=True) / mean.norm(dim=-1, keepdim=True).unsqueeze(1).clamp_min(1e-12)
+            dev = torch.where(rel < self.state.deadzone, torch.zeros_like(dev), dev)
+        y_dev = forward(dev.reshape(b, frames * per_frame, c))
         if module.bias is not None:
             y_dev = y_dev - module.bias.to(y_dev.dtype)
         y = (y_dev.reshape(b, frames, per_frame, -1) + y_mean.unsqueeze(1)).reshape(b, frames * per_frame, -1)
@@ -111,13 +129,18 @@ class _StabilizeHook(ModelHook):
         return torch.cat(pieces, dim=1) if len(pieces) > 1 else y
 
 
-def apply_stabilizer(model: nn.Module) -> FrameStabilizer:
+def apply_stabilizer(model: nn.Module, deadzone: float = DEFAULT_DEADZONE) -> FrameStabilizer:
     """Stabilize every quantized linear of ``model`` across frames; returns the state.
+
+    ``deadzone`` (float ≥ 0, default :data:`DEFAULT_DEADZONE`): relative deviation below which a
+    token is treated as still. Higher: steadier, further from the full-precision video.
 
     Example:
         >>> stab = apply_stabilizer(pipe.transformer)   # doctest: +SKIP
         >>> pipe("a red circle moving right"); stab.stabilized_calls > 0   # doctest: +SKIP
     """
+    if isinstance(deadzone, bool) or not isinstance(deadzone, (int, float)) or not deadzone >= 0:
+        raise ValueError(f"deadzone must be a number ≥ 0, got {deadzone!r}")
     spec = spec_for(model)
     if spec.video_grid is None:
         raise ValueError(
@@ -128,7 +151,7 @@ def apply_stabilizer(model: nn.Module) -> FrameStabilizer:
     if not layers:
         raise ValueError("frame stabilization acts on quantized linears: quantize the model first")
     remove_stabilizer(model)
-    state = FrameStabilizer(spec.text_tokens)
+    state = FrameStabilizer(spec.text_tokens, float(deadzone))
     registry = HookRegistry.check_if_exists_or_initialize(model)
     registry.register_hook(_GridHook(state, spec.video_grid), GRID_HOOK_NAME)
     for layer in layers:
