@@ -56,7 +56,6 @@ the same device and dtype.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import enum
 import inspect
@@ -67,18 +66,16 @@ import weakref
 from pathlib import Path
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import HookRegistry
 from diffusers.hooks.group_offloading import GroupOffloadingHook, ModuleGroup
 from torch import nn
 
-from .models import iter_blocks, spec_for
+from ..models import iter_blocks, spec_for
+from .offload import GROUP_ARGS, OffloadStats, block_groups, OffloadHook, release, Scheduler
 
 logger = logging.getLogger(__name__)
 
 HOOK_NAME = "sixbit_offload"
-
-# ModuleGroup is diffusers' internal unit of group offloading; older releases lack some arguments.
-_GROUP_ARGS = inspect.signature(ModuleGroup.__init__).parameters
 
 _HANDLES: "weakref.WeakKeyDictionary[nn.Module, MemoryOptimization]" = weakref.WeakKeyDictionary()
 
@@ -90,126 +87,6 @@ class MemoryMode(str, enum.Enum):
     CPU_OFFLOAD = "cpu_offload"
     SEQUENTIAL_CPU_OFFLOAD = "sequential_cpu_offload"
     NONE = "none"
-
-
-@dataclasses.dataclass
-class OffloadStats:
-    """What the block scheduler did since it was installed."""
-
-    groups: int
-    prefetched: int = 0  # loads queued ahead of need on the background thread
-    prefetch_hits: int = 0  # entered groups that were already resident or queued
-    sync_loads: int = 0  # entered groups loaded on the spot (no prefetch covered them)
-    offloads: int = 0
-    max_resident_groups: int = 0
-
-
-def _load(group: ModuleGroup) -> None:
-    """Onload ``group`` and make its bytes really resident.
-
-    safetensors maps files lazily: a group "loaded" from disk to the CPU would only be read by
-    page faults when its block computes, on the compute thread, and a prefetch would read
-    nothing. Copying into ordinary memory here does the read now, on the prefetch thread.
-    """
-    group.onload_()
-    if group.offload_to_disk_path is not None and group.onload_device.type == "cpu":
-        for module in group.modules:
-            for tensor in (*module.parameters(), *module.buffers()):
-                tensor.data = tensor.data.clone()
-
-
-def _release(group: ModuleGroup) -> None:
-    """Offload ``group``; disk-backed tensors keep their shape on a 1-element zero placeholder.
-
-    diffusers leaves ``torch.empty_like`` placeholders, which the allocator may serve from the
-    pages just freed, so the resident memory would not drop (nor could a stray read be told
-    from real weights); an expanded zero holds no memory and reads as zeros.
-    """
-    group.offload_()
-    if group.offload_to_disk_path is not None:
-        for module in group.modules:
-            for tensor in (*module.parameters(), *module.buffers()):
-                tensor.data = torch.zeros((), dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)
-
-
-class _Scheduler:
-    """Keeps the window ``{current, next depth groups}`` resident; everything else offloaded."""
-
-    def __init__(self, groups: list[ModuleGroup], depth: int):
-        self.groups, self.depth = groups, min(depth, len(groups) - 1)
-        self.state = ["offloaded"] * len(groups)  # "offloaded" | "queued" | "resident"
-        self.futures: dict[int, concurrent.futures.Future] = {}
-        self.current: int | None = None
-        self.stats = OffloadStats(groups=len(groups))
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def _settle(self, g: int) -> None:
-        future = self.futures.pop(g, None)
-        if future is not None:
-            future.result()  # re-raises a failed load here, in the caller's thread
-            self.state[g] = "resident"
-
-    def _offload(self, g: int) -> None:
-        self._settle(g)
-        if self.state[g] == "resident":
-            _release(self.groups[g])
-            self.state[g] = "offloaded"
-            self.stats.offloads += 1
-
-    def _queue(self, g: int) -> None:
-        if self.state[g] != "offloaded":
-            return
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sixbit-prefetch")
-        self.futures[g] = self._pool.submit(_load, self.groups[g])
-        self.state[g] = "queued"
-        self.stats.prefetched += 1
-
-    @torch.compiler.disable
-    def enter(self, g: int) -> None:
-        """Called before any block of group ``g`` computes."""
-        if g == self.current:
-            return
-        self.current = g
-        ahead = [(g + k) % len(self.groups) for k in range(1, self.depth + 1)]
-        window = {g, *ahead}
-        for h in range(len(self.groups)):
-            if h not in window and self.state[h] != "offloaded":
-                self._offload(h)
-        if self.state[g] == "offloaded":
-            _load(self.groups[g])
-            self.state[g] = "resident"
-            self.stats.sync_loads += 1
-        else:
-            self.stats.prefetch_hits += 1
-        for h in ahead:
-            self._queue(h)
-        self._settle(g)
-        resident = sum(s != "offloaded" for s in self.state)
-        self.stats.max_resident_groups = max(self.stats.max_resident_groups, resident)
-
-    def close(self, load_all: bool) -> None:
-        """Finish pending loads; then load every group (weights back in place) or offload every group."""
-        for g in list(self.futures):
-            self._settle(g)
-        for g, group in enumerate(self.groups):
-            if load_all and self.state[g] == "offloaded":
-                _load(group)
-            elif not load_all and self.state[g] == "resident":
-                _release(group)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-
-class _OffloadHook(ModelHook):
-    def __init__(self, scheduler: _Scheduler, group: int):
-        super().__init__()
-        self.scheduler, self.group = scheduler, group
-
-    def pre_forward(self, module, *args, **kwargs):
-        self.scheduler.enter(self.group)
-        return args, kwargs
 
 
 @dataclasses.dataclass
@@ -228,7 +105,7 @@ class MemoryOptimization:
     prefetch_depth: int = 0  # effective: at most groups − 1
     _model: nn.Module | None = dataclasses.field(default=None, repr=False)
     _pipe: object = dataclasses.field(default=None, repr=False)
-    _scheduler: _Scheduler | None = dataclasses.field(default=None, repr=False)
+    _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
     _rest: ModuleGroup | None = dataclasses.field(default=None, repr=False)
     _vae: nn.Module | None = dataclasses.field(default=None, repr=False)
     _saved_tiling: dict | None = dataclasses.field(default=None, repr=False)
@@ -350,28 +227,6 @@ def _tile(vae, tile_size: int) -> tuple[str, dict | None]:
     return f"VAE tiling on {type(vae).__name__}: {sizes}", saved
 
 
-def _block_groups(model: nn.Module, blocks_per_group: int, onload: torch.device, offload: torch.device,
-                  folder: Path | None) -> tuple[list[list[nn.Module]], list[ModuleGroup], ModuleGroup]:
-    named = [(name, block) for _, name, block, _ in iter_blocks(model, spec_for(model))]
-    chunks = [named[i:i + blocks_per_group] for i in range(0, len(named), blocks_per_group)]
-    groups = [
-        ModuleGroup(
-            modules=[b for _, b in chunk], offload_device=offload, onload_device=onload,
-            offload_leader=chunk[-1][1], onload_leader=chunk[0][1], onload_self=True,
-            **({} if folder is None else {"offload_to_disk_path": str(folder)}),
-            **({"group_id": f"{chunk[0][0]}..{chunk[-1][0]}"} if "group_id" in _GROUP_ARGS else {}),
-        )
-        for chunk in chunks
-    ]
-    in_blocks = {id(t) for _, b in named for t in (*b.parameters(), *b.buffers())}
-    rest = ModuleGroup(
-        modules=[], offload_device=offload, onload_device=onload, offload_leader=model, onload_leader=model,
-        parameters=[p for p in model.parameters() if id(p) not in in_blocks],
-        buffers=[b for b in model.buffers() if id(b) not in in_blocks],
-    )
-    return [[b for _, b in chunk] for chunk in chunks], groups, rest
-
-
 def enable_memory_optimization(
     model_or_pipe,
     tile_size: int = 256,
@@ -435,7 +290,7 @@ def enable_memory_optimization(
     pipe, model, vae = _split(model_or_pipe)
     offload = _device_or_folder(offload_device)
     folder = offload if isinstance(offload, Path) else None
-    if folder is not None and "offload_to_disk_path" not in _GROUP_ARGS:
+    if folder is not None and "offload_to_disk_path" not in GROUP_ARGS:
         raise ValueError("disk offload needs a diffusers release whose group offloading writes to disk "
                          "(offload_to_disk_path); upgrade diffusers (`pip install -U diffusers`) or offload to \"cpu\"")
     if folder is None and offload.type != "cpu":
@@ -500,17 +355,17 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
         # A fresh subfolder: diffusers reuses an existing group file without checking what it holds.
         handle._folder = Path(tempfile.mkdtemp(prefix="sixbit-offload-", dir=folder))
         offload = torch.device("cpu")
-    members, groups, rest = _block_groups(model, blocks_per_group, onload, offload, handle._folder)
+    members, groups, rest = block_groups(model, blocks_per_group, onload, offload, handle._folder)
     handle._rest = rest
     rest.onload_()  # weights outside the blocks stay on the compute device
-    scheduler = _Scheduler(groups, prefetch_depth)
+    scheduler = Scheduler(groups, prefetch_depth)
     scheduler.state = ["resident"] * len(groups)  # true until each group's first offload (disable relies on it)
     handle._scheduler = scheduler
     for index, group in enumerate(groups):
-        _release(group)
+        release(group)
         scheduler.state[index] = "offloaded"
         for block in members[index]:
-            HookRegistry.check_if_exists_or_initialize(block).register_hook(_OffloadHook(scheduler, index), HOOK_NAME)
+            HookRegistry.check_if_exists_or_initialize(block).register_hook(OffloadHook(scheduler, index), HOOK_NAME)
     where = f"disk ({handle._folder})" if folder is not None else f"{offload} memory"
     handle.groups, handle.blocks_per_group, handle.prefetch_depth = len(groups), blocks_per_group, scheduler.depth
     handle.offload = (
