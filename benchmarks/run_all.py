@@ -1,20 +1,22 @@
 """Regenerate BENCHMARKS.md from scratch with one command; every number in it is measured here.
 
-    python benchmarks/run_all.py                  # both shipped models, ~25 min on 2 CPU cores
+    python benchmarks/run_all.py                  # both shipped models, < 30 min on 2 CPU cores
     python benchmarks/run_all.py --quick          # tiny settings: checks the pipeline end to end
 
 Two lanes run side by side, one CPU thread each (the shipped models are too small for two
 threads to help a single generation):
 
 * lane 1: ``sixbit bench`` on shapes-cogvideox (every preset and peer, plus a threshold sweep
-  of the caches), then ``bench_memory.py`` (peak memory with and without offloading);
+  of the caches), then ``bench_memory.py`` (peak memory with and without offloading), then the
+  real layer shapes (CogVideoX-2B/5B, Wan2.1-14B at 49 frames);
 * lane 2: ``sixbit bench`` on shapes-wan, then ``bench_static_w8a8.py`` (the static-W8A8
-  ablations), ``bench_dmpq.py`` (DMPQ vs W4A4/W4A8 and random assignment), then the real layer
-  shapes (CogVideoX-2B/5B, Wan2.1-14B at 49 frames).
+  ablations), ``bench_dmpq.py`` (DMPQ vs W4A4/W4A8 and random assignment), then
+  ``bench_stabilize.py`` (flicker with and without the frame stabilizer) where it exists.
 
-To stay under 30 minutes on 2 cores the defaults are 6 prompts × 20 steps per model, 4
-calibration prompts (the static-W8A8 recipe uses 10; its calibration alone takes minutes per
-model here), and a single DMPQ target (6 bits) with one random draw.
+To stay under 30 minutes on 2 shared cores the defaults are 4 prompts × 20 steps per model
+(4 pairs for the scripts), 4 calibration prompts (the static-W8A8 recipe uses 10; its
+calibration alone takes minutes per model here), a single DMPQ target (6 bits) with one
+random draw. ``--prompts``, ``--pairs`` and ``--calibration-prompts`` raise them.
 
 The harness writes its full outputs (CSV, JSON, plots; ``index.html`` with the videos, not
 committed) into ``benchmarks/results/<model>/``. The older scripts write into scratch files;
@@ -36,10 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
-MAIN = ("fp,w8a8,high_quality,w8a8-static,w4a16,w4a8,w4a6-dynamic,balanced,aggressive,tdc,"
+MAIN = ("fp,w8a8,high_quality,w8a8-static,w4a8,w4a6-dynamic,balanced,aggressive,tdc,"
         "fbcache-0.2,magcache,taylorseer-3,pab-2,fastercache-2,torchao-int8dq,quanto-qint8,quanto-qint4")
 SWEEP = "tdc-0.3,fbcache-0.3,magcache-0.24"
-ORDER = ["bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "memory"]
+ORDER = ["bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "stabilize-frames", "memory"]
 
 
 def _layers_part(out: Path, tokens: int, runs: int) -> None:
@@ -68,6 +70,7 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
     lane1 = [
         ("bench shapes-cogvideox", bench + ["--model", "shapes-cogvideox", "--methods", methods, "-o", str(RESULTS / "shapes-cogvideox")]),
         ("bench_memory.py", [py, str(ROOT / "benchmarks" / "bench_memory.py"), "--output", str(parts / "memory.md")]),
+        ("layer shapes", [py, __file__, "--layers-part", str(parts / "layers.md"), "--layer-tokens", "64" if args.quick else "512"]),
     ]
     lane2 = [
         ("bench shapes-wan", bench + ["--model", "shapes-wan", "--methods", methods, "-o", str(RESULTS / "shapes-wan")]),
@@ -75,8 +78,10 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
                                   "--threads", "1", "--output", str(parts / "static.md")]),
         ("bench_dmpq.py", [py, str(ROOT / "benchmarks" / "bench_dmpq.py"), *small, "--calib", calib,
                            "--steps", str(args.steps), "--target-bits", "6.0", "--draws", "1", "--out", str(parts / "dmpq.md")]),
-        ("layer shapes", [py, __file__, "--layers-part", str(parts / "layers.md"), "--layer-tokens", "64" if args.quick else "512"]),
     ]
+    if (ROOT / "benchmarks" / "bench_stabilize.py").is_file():
+        lane2.append(("bench_stabilize.py", [py, str(ROOT / "benchmarks" / "bench_stabilize.py"), *small,
+                                             "--steps", str(args.steps), "--output", str(parts / "stabilize.md")]))
     return [lane1, lane2]
 
 
@@ -113,10 +118,10 @@ def _bench_section(model: str) -> str | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
-    parser.add_argument("--prompts", type=int, default=6, help="held-out prompts per model in the harness (default 6)")
+    parser.add_argument("--prompts", type=int, default=4, help="held-out prompts per model in the harness (default 4)")
     parser.add_argument("--steps", type=int, default=20, help="denoising steps everywhere (default 20)")
     parser.add_argument("--calibration-prompts", type=int, default=4, help="calibration prompts everywhere (default 4)")
-    parser.add_argument("--pairs", type=int, default=6, help="held-out pairs of the DMPQ and static-W8A8 scripts (default 6)")
+    parser.add_argument("--pairs", type=int, default=4, help="held-out pairs of the DMPQ, static-W8A8 and stabilizer scripts (default 4)")
     parser.add_argument("--quick", action="store_true", help="tiny settings, to check the whole pipeline")
     parser.add_argument("--layers-part", help=argparse.SUPPRESS)
     parser.add_argument("--layer-tokens", type=int, default=512, help=argparse.SUPPRESS)
@@ -148,6 +153,7 @@ def main(argv=None) -> int:
         "static-w8a8": _section(parts / "static.md", "static-w8a8"),
         "dmpq": _section(parts / "dmpq.md", "dmpq"),
         "memory": _section(parts / "memory.md", "memory"),
+        "stabilize-frames": _section(parts / "stabilize.md", "stabilize-frames"),
     }
     out = Path(args.out)
     steps = "; ".join(f"{label} {sec:.0f} s" + ("" if rc == 0 else " (FAILED)") for label, (rc, sec, _) in status.items())

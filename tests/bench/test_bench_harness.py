@@ -26,6 +26,8 @@ def test_rows_measure_every_method(result):
         assert set(r["projection"]) == {"as run", "Wan2.1-14B"}
     fp, w4a8 = by["fp"], by["w4a8"]
     assert len(fp["run_seconds"]) == 6  # timed before and after the others
+    assert fp["speedup"] == 1.0
+    assert all(r["fp_probe_before"] > 0 and r["speedup"] > 0 for r in result.rows[1:])  # FP probed next to each
     assert fp["psnr"] == float("inf") and fp["act_bits"] == 16.0 and fp["skip_share"] == 0.0
     assert fp["projection"]["as run"]["B200"] == pytest.approx(1.0)
     # NVFP4 weights: far fewer bytes; INT8 activations on the quantized linears

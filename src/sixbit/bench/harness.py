@@ -6,6 +6,9 @@ Per method (:func:`run_bench`):
 2. one warm-up generation of all prompts, with the work counters installed
    (:mod:`sixbit.bench.counting`) and peak memory tracked: its videos are the ones judged;
 3. ``runs`` timed generations without counters: ``s_per_video`` is the median / prompts.
+   Just before them, one FP generation is timed as well: ``speedup`` is the mean of the FP
+   runs timed right before and right after the method's runs over its median, so a shared
+   machine's drifting load cancels out (FP itself is timed at the start and again at the end).
 
 Quality is measured against the FP method's videos of the same seeds (PSNR, SSIM), flicker
 and adherence by the shapes judge (:mod:`sixbit.eval.shapes`). The GPU projection
@@ -249,9 +252,11 @@ class _Runner:
             return row, None, None
         finally:
             counter.remove()
-        times = self.time_runs(pipe)
         if name == "fp":
-            self.fp_pipe = pipe  # timed again after the other methods
+            self.fp_pipe = pipe  # the reference: probed around every other method's timed runs
+        else:
+            row["fp_probe_before"] = self.time_runs(self.fp_pipe, 1)[0]
+        times = self.time_runs(pipe)
         work = counter.totals()
         weights = model_bytes(pipe.transformer)
         row.update(
@@ -266,10 +271,10 @@ class _Runner:
         row.update(self.quality(videos, reference))
         return row, videos, counter.grid()
 
-    def time_runs(self, pipe) -> list[float]:
+    def time_runs(self, pipe, runs: int | None = None) -> list[float]:
         times = []
         with torch.no_grad():
-            for _ in range(self.settings.runs):
+            for _ in range(runs or self.settings.runs):
                 t0 = time.perf_counter()
                 self.generate(pipe)
                 times.append(time.perf_counter() - t0)
@@ -299,14 +304,20 @@ class _Runner:
         return adherence(videos, [p for p, _ in self.pairs]).accuracy["all"]
 
 
-def _projections(rows: list[dict], arch: str) -> None:
+def _speedups_and_projections(rows: list[dict], arch: str, n_prompts: int) -> None:
     fp = next(r for r in rows if r["method"] == "fp")
     fp_work = {"gemm": fp["work"]["gemm_flops"], "attention": fp["work"]["attention_flops"]}
     real = {name: layer_shapes.model_flops(name) for name in layer_shapes.SCALE_OF.get(arch, ())}
-    for r in rows:
-        if r["status"] != "ok":
-            continue
-        r["speedup"] = fp["s_per_video"] / r["s_per_video"]
+    timed = [r for r in rows if r["status"] == "ok"]
+    for r, after in zip(timed, timed[1:] + [None]):
+        # this machine is shared and its load drifts: compare with FP runs timed right before and after
+        if r is fp:
+            r["speedup"] = 1.0
+        else:
+            probe_after = after["fp_probe_before"] if after is not None else fp["run_seconds"][len(fp["run_seconds"]) // 2]
+            r["fp_s_per_video_nearby"] = (r["fp_probe_before"] + probe_after) / 2 / n_prompts
+            r["speedup"] = r["fp_s_per_video_nearby"] / r["s_per_video"]
+    for r in timed:
         work = {"gemm": r["work"]["gemm_flops"], "attention": r["work"]["attention_flops"]}
         r["projection"] = gpu_model.project(fp_work, work, real)
 
@@ -338,7 +349,7 @@ def run_bench(settings: BenchSettings, progress: bool = True) -> BenchResult:
     if len(rows) > 1:  # FP again after the others: the reference time spans the whole session
         fp["run_seconds"] += runner.time_runs(runner.fp_pipe)
         fp["s_per_video"] = statistics.median(fp["run_seconds"]) / len(runner.pairs)
-    _projections(rows, runner.arch)
+    _speedups_and_projections(rows, runner.arch, len(runner.pairs))
     return BenchResult(
         settings, runner.arch, machine_description(), rows, [p for p, _ in runner.pairs], videos, grids,
         runner.judge_check(), time.perf_counter() - start,
