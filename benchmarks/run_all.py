@@ -157,12 +157,13 @@ def main(argv=None) -> int:
     }
     out = Path(args.out)
     steps = "; ".join(f"{label} {sec:.0f} s" + ("" if rc == 0 else " (FAILED)") for label, (rc, sec, _) in status.items())
-    settings = "--quick " if args.quick else ""
+    command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "")
+    scripts = ", ".join(f"`{label}`" for label in status if label.endswith(".py"))
     out.write_text(
         "# sixbit benchmarks\n\n"
-        f"Every number below was written by `python benchmarks/run_all.py {settings}`(harness `sixbit bench` "
-        f"with {args.prompts} prompts × {args.steps} steps per model, plus the DMPQ, static-W8A8 and memory scripts "
-        f"it calls); nothing is typed by hand. Total run time: **{total / 60:.1f} min** on 2 CPU cores ({steps}). "
+        f"Every number below was written by `{command}`: the harness `sixbit bench` on both shipped models "
+        f"({args.prompts} prompts × {args.steps} steps each), the real layer shapes, and the scripts it calls "
+        f"({scripts}); nothing is typed by hand. Total run time: **{total / 60:.1f} min** on 2 CPU cores ({steps}). "
         "Numbers marked PROJECTION come from a peak-throughput model of the counted work, not from a GPU.\n"
     )
     for name in ORDER:

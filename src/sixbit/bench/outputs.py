@@ -69,11 +69,13 @@ def markdown(result, plot_prefix: str = "", heading: str = "###") -> str:
             lines.append(f"| {r['method']} | — | — | — | — | — | — | — | — | — | — | **{r['status']}**: {r['note']} |")
             continue
         tag = " (EMULATED)" if r["emulated"] else ""
+        note = r["note"] + (" — output identical to FP: nothing was skipped or rounded"
+                            if r["method"] != "fp" and r["psnr"] == float("inf") else "")
         lines.append(
             f"| {r['method']}{tag} | {r['s_per_video']:.3f} | {r['speedup']:.2f}× | {r['weight_bytes'] / 2**20:.2f} | "
             f"{_fmt(None if r['peak_bytes'] is None else r['peak_bytes'] / 2**20, '.1f')} | {r['act_bits']:.2f} | "
             f"{100 * r['skip_share']:.0f}% | {_fmt(r['psnr'], '.2f')} | {r['ssim']:.4f} | {r['flicker']:.4f} | "
-            f"{100 * r['adherence']:.0f}% | {r['note']} |"
+            f"{100 * r['adherence']:.0f}% | {note} |"
         )
     scale = _scale_name(result)
     gpus = list(gpu_model.GPUS)
