@@ -73,7 +73,14 @@ def test_bad_input_is_one_line_with_exit_code_2(argv, needle, tmp_path, monkeypa
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
 
 
-def test_every_command_has_help():
-    for cmd in ["convert", "generate", "eval", "info", "demo", "formats"]:
-        proc = subprocess.run([sys.executable, "-m", "sixbit.cli", cmd, "--help"], capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0 and "usage: sixbit " + cmd in proc.stdout, cmd
+@pytest.mark.parametrize("cmd", ["convert", "generate", "eval", "info", "demo", "formats", "bench"])
+def test_every_command_has_help(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0 and "usage: sixbit " + cmd in capsys.readouterr().out
+
+
+def test_errors_exit_2_without_traceback_from_the_shell():
+    proc = subprocess.run([sys.executable, "-m", "sixbit.cli", "info", "missing.safetensors"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no checkpoint" in proc.stderr

@@ -16,7 +16,7 @@ from sixbit.zoo.shapes import all_prompts, load_pipeline
 from sixbit.zoo.shapes.world import render, sample_specs
 
 STEPS = 4
-CALIB = {"num_inference_steps": STEPS}
+CALIB = {"num_inference_steps": 3}
 
 
 def generate(pipe, prompt="a red circle moving right", seed=7):
@@ -28,11 +28,22 @@ def fp_video():
     return generate(load_pipeline("cogvideox"))
 
 
-@pytest.mark.parametrize("preset", ["balanced", "w8a8-static", "w4a8", "aggressive", "tdc"])
-def test_presets_convert_in_place_and_stay_usable(preset, fp_video):
+@pytest.fixture(scope="module")
+def balanced():
+    """The shipped CogVideoX converted with the full method and the frame stabilizer, and its video."""
     pipe = load_pipeline("cogvideox")
-    out = sixbit.convert_model(pipe, all_prompts()[:2], preset, calibration_kwargs=CALIB)
-    assert out is pipe
+    assert sixbit.convert_model(pipe, all_prompts()[:2], "balanced", stabilize_frames=True, calibration_kwargs=CALIB) is pipe
+    return pipe, generate(pipe)
+
+
+@pytest.mark.parametrize("preset", ["balanced", "w8a8-static", "w4a8", "aggressive", "tdc"])
+def test_presets_convert_in_place_and_stay_usable(preset, fp_video, balanced):
+    if preset == "balanced":
+        pipe = balanced[0]
+    else:
+        pipe = load_pipeline("cogvideox")
+        steps = {"num_inference_steps": 4} if preset == "w8a8-static" else CALIB  # its preset has 4 time ranges
+        assert sixbit.convert_model(pipe, all_prompts()[:2], preset, calibration_kwargs=steps) is pipe
     conv = sixbit.conversion_of(pipe)
     assert conv.config == sixbit.presets.resolve(preset)
     video = generate(pipe)
@@ -60,7 +71,7 @@ def test_transformer_alone_with_pipeline_argument_and_callable_calibration():
         sixbit.convert_model(load_pipeline("wan").transformer, all_prompts()[:2], "balanced")
 
 
-def _write_videos(folder, n=3):
+def _write_videos(folder, n=2):
     folder.mkdir()
     for i, spec in enumerate(sample_specs(n, seed=5)):
         frames = (render(spec).permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)  # (F, H, W, 3)
@@ -78,12 +89,12 @@ def _write_videos(folder, n=3):
 def test_calibration_from_a_video_folder(tmp_path):
     _write_videos(tmp_path / "videos")
     videos = sixbit.calibration.videos.read_videos(tmp_path / "videos")
-    assert [v.name for v in videos] == ["clip1", "clip2", "clip0"] or len(videos) == 3
-    assert any(v.caption for v in videos)
+    assert sorted(v.name for v in videos) == ["clip0", "clip1"]
+    assert [bool(v.caption) for v in sorted(videos, key=lambda v: v.name)] == [True, False]
     pipe = load_pipeline("cogvideox")
     sixbit.convert_model(pipe, str(tmp_path / "videos"), "w4a6-dynamic", calibration_kwargs=CALIB)
     conv = sixbit.conversion_of(pipe)
-    assert conv.calibration["source"] == "videos" and conv.calibration["count"] == 3
+    assert conv.calibration["source"] == "videos" and conv.calibration["count"] == 2
     # the predictor was fitted on calls the video runs made: one record per block per calibration step
     assert conv.predictor.pairs and np.isfinite(generate(pipe)).all()
 
@@ -134,10 +145,8 @@ FRESH = textwrap.dedent(
 
 
 @pytest.mark.parametrize("meta", ["fresh", "meta"])
-def test_save_and_load_in_a_fresh_process_bit_exact(tmp_path, meta):
-    pipe = load_pipeline("cogvideox")
-    sixbit.convert_model(pipe, all_prompts()[:2], "balanced", stabilize_frames=True, calibration_kwargs=CALIB)
-    expected = generate(pipe)
+def test_save_and_load_in_a_fresh_process_bit_exact(tmp_path, meta, balanced):
+    pipe, expected = balanced
     path = pipe.save(tmp_path / "6bit_model.safetensors")
     header = sixbit.read_header(path)
     assert header["extensions"]["conversion"]["predictor"]["blocks"]
