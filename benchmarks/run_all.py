@@ -7,11 +7,12 @@ Two lanes run side by side, one CPU thread each (the shipped models are too smal
 threads to help a single generation):
 
 * lane 1: ``sixbit bench`` on shapes-cogvideox (every preset and peer, plus a threshold sweep
-  of the caches), then ``bench_memory.py`` (peak memory with and without offloading), then the
-  real layer shapes (CogVideoX-2B/5B, Wan2.1-14B at 49 frames);
+  of the caches), then ``bench_memory.py`` (peak memory with and without offloading),
+  ``bench_adherence.py`` (full-precision adherence on all 48 held-out pairs), then the real
+  layer shapes (CogVideoX-2B/5B, Wan2.1-14B at 49 frames);
 * lane 2: ``sixbit bench`` on shapes-wan, then ``bench_static_w8a8.py`` (the static-W8A8
   ablations), ``bench_dmpq.py`` (DMPQ vs W4A4/W4A8 and random assignment), then
-  ``bench_stabilize.py`` (flicker with and without the frame stabilizer) where it exists.
+  ``bench_stabilize.py`` (flicker with and without the frame stabilizer).
 
 To stay under 30 minutes on 2 shared cores the defaults are 4 prompts × 20 steps per model
 (4 pairs for the scripts), 4 calibration prompts (the static-W8A8 recipe uses 10; its
@@ -38,10 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
-MAIN = ("fp,w8a8,high_quality,w8a8-static,w4a8,w4a6-dynamic,balanced,aggressive,tdc,"
+MAIN = ("fp,w8a8,high_quality,w8a8-static,w4a8,w4a6-dynamic,balanced,balanced-nopdr,aggressive,tdc,"
         "fbcache-0.2,magcache,taylorseer-3,pab-2,fastercache-2,torchao-int8dq,quanto-qint8,quanto-qint4")
 SWEEP = "tdc-0.3,fbcache-0.3,magcache-0.24"
-ORDER = ["bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "stabilize-frames", "memory"]
+ORDER = ["shapes-adherence", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "stabilize-frames", "memory"]
 
 
 def _layers_part(out: Path, tokens: int, runs: int) -> None:
@@ -70,6 +71,8 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
     lane1 = [
         ("bench shapes-cogvideox", bench + ["--model", "shapes-cogvideox", "--methods", methods, "-o", str(RESULTS / "shapes-cogvideox")]),
         ("bench_memory.py", [py, str(ROOT / "benchmarks" / "bench_memory.py"), "--output", str(parts / "memory.md")]),
+        ("bench_adherence.py", [py, str(ROOT / "benchmarks" / "bench_adherence.py"), "--steps", str(args.steps),
+                                "--output", str(parts / "adherence.md")]),
         ("layer shapes", [py, __file__, "--layers-part", str(parts / "layers.md"), "--layer-tokens", "64" if args.quick else "512"]),
     ]
     lane2 = [
@@ -78,10 +81,9 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
                                   "--threads", "1", "--output", str(parts / "static.md")]),
         ("bench_dmpq.py", [py, str(ROOT / "benchmarks" / "bench_dmpq.py"), *small, "--calib", calib,
                            "--steps", str(args.steps), "--target-bits", "6.0", "--draws", "1", "--out", str(parts / "dmpq.md")]),
+        ("bench_stabilize.py", [py, str(ROOT / "benchmarks" / "bench_stabilize.py"), *small,
+                                "--steps", str(args.steps), "--output", str(parts / "stabilize.md")]),
     ]
-    if (ROOT / "benchmarks" / "bench_stabilize.py").is_file():
-        lane2.append(("bench_stabilize.py", [py, str(ROOT / "benchmarks" / "bench_stabilize.py"), *small,
-                                             "--steps", str(args.steps), "--output", str(parts / "stabilize.md")]))
     return [lane1, lane2]
 
 
@@ -147,6 +149,7 @@ def main(argv=None) -> int:
     from sixbit.bench.report import update_section
 
     bodies = {
+        "shapes-adherence": _section(parts / "adherence.md", "shapes-adherence"),
         "bench-shapes-cogvideox": _bench_section("shapes-cogvideox"),
         "bench-shapes-wan": _bench_section("shapes-wan"),
         "layer-shapes": _section(parts / "layers.md", "layer-shapes"),

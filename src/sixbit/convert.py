@@ -13,6 +13,7 @@ import logging
 import os
 import types
 import weakref
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,10 +58,17 @@ class Conversion:
     cache: DeltaCache | None = None
     stabilizer: FrameStabilizer | None = None
 
-    def average_act_bits(self) -> float | None:
-        """FLOP-weighted activation bits of the last run under DMPQ, else the fixed width (None: unknown)."""
+    def average_act_bits(self) -> float:
+        """GEMM-FLOP-weighted activation bits of the last run under DMPQ (PDR's full-precision
+        refreshes counted at 16 bits), else the configured width."""
         if self.dmpq is not None:
-            return self.dmpq.report().average_bits
+            flops = defaultdict(float, self.dmpq.report().flops)
+            if self.cache is not None:
+                for mode, f in self.cache.report().pdr_flops.items():
+                    flops[mode] -= f
+                    flops[ActMode.FP.value] += f
+            total = sum(flops.values())
+            return sum(ACT_BITS[ActMode(m)] * f for m, f in flops.items()) / total if total else float("nan")
         if self.config.activations == "static":
             bits = self.config.static.act_bits
             return float(sum(bits) / len(bits)) if isinstance(bits, (list, tuple)) else float(bits)

@@ -146,8 +146,11 @@ def test_pdr_refreshes_outlier_layers_in_full_precision(monkeypatch):
     _run(model, x)
     r = cache.report()
     computes = list(r.decisions.values()).count("compute")
-    assert seen.count("fp") == computes == r.pdr_full_precision_calls  # every refresh was purified
-    assert seen.count("nvfp4") == 0
+    # the first two computes of each block have no stability yet (nothing to replay): NVFP4;
+    # every later compute refreshes a residual the skips reuse: purified
+    assert seen.count("fp") == computes - 2 * 2 == r.pdr_full_precision_calls > 0
+    assert seen.count("nvfp4") == 2 * 2
+    assert set(r.pdr_flops) == {"nvfp4"} and r.pdr_flops["nvfp4"] > 0
     assert model.blocks[0].proj.act_mode.value == "nvfp4"  # restored after each refresh
     seen.clear()
     off = enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, pdr=False))

@@ -107,13 +107,15 @@ def _preset_names() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
-def _apply_preset(name):
+def _apply_preset(name, pdr: bool = True):
     def apply(pipe, ctx, value):
         import sixbit
         from ..presets import preset
 
         config = preset(name)
-        note = ""
+        if not pdr:
+            config.cache = dataclasses.replace(config.cache, pdr=False)
+        note = "" if pdr else "PDR off; "
         if value is not None:
             if config.cache is None:
                 raise ValueError(f"preset {name!r} has no delta cache: it takes no -threshold suffix")
@@ -139,6 +141,11 @@ def _preset_method(name: str) -> Method:
         name, "sixbit", config.description or name, _apply_preset(name),
         param="threshold" if config.cache is not None else None, emulated=emulated,
     )
+
+
+if "balanced" in _preset_names():  # issue 7's ablation: the full method without PDR
+    register(Method("balanced-nopdr", "sixbit", "balanced without PDR (DMPQ + delta cache only)",
+                    _apply_preset("balanced", pdr=False), param="threshold", emulated=True))
 
 
 # ------------------------------------------------------------------------ diffusers caches

@@ -16,10 +16,14 @@ At the next call the block is skipped — ``out = in + Δ_cached`` — when
 Relative L1 is the stability measure because the skip error is an L1-type drift of the
 residual and the measure is scale-free across blocks (the same choice as TeaCache/MagCache).
 
-**PDR**, for quantized models: while a block computes (and so refreshes its cache), each of its
+**PDR**, for quantized models: when a block computes a residual that skips are expected to
+replay — its last stability was within ``threshold``, so the next steps may skip — each of its
 ``QuantLinear`` s whose input outlier ratio ``max|X| / mean|X|`` exceeds ``pdr_outlier_ratio``
 runs in full precision for that call, so the cache stores a clean residual instead of
-quantization noise that every skip would replay. The first computed step after skips has no
+quantization noise that every skip would replay. Computes of unstable blocks (warm-up, or a
+residual still changing) are not purified: no skip will reuse them before they are replaced,
+and purifying every compute sent a fifth of the GEMM work to full precision on the shipped
+models. The report counts the calls and the GEMM FLOPs moved to full precision. The first computed step after skips has no
 ``Γ_{t−1}``, so DMPQ runs it INT8.
 
 Cached residuals can be stored compressed: ``cache_format="int8"`` (per token) or ``"int4-g64"``
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import defaultdict
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
@@ -163,6 +168,8 @@ class DeltaCacheReport:
     decisions: dict[tuple[str, int, int], str] = dataclasses.field(default_factory=dict)
     cache_bytes: int = 0  # peak bytes of cached residuals
     pdr_full_precision_calls: int = 0
+    # GEMM FLOPs PDR ran in full precision, by the activation mode they would have used
+    pdr_flops: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
 
     @property
     def skip_share(self) -> float:
@@ -252,7 +259,9 @@ class _BlockHook(ModelHook):
                 cached = entry.encoder.get()
                 outs["encoder"] = None if enc is None or cached is None else enc + cached
             return outs["hidden"] if io.returns == ("hidden",) else tuple(outs[r] for r in io.returns)
-        cache.refreshing = cache.config.pdr and bool(self.layers)
+        # purify only residuals that skips will replay: the block was stable at its last compute
+        reusable = entry is not None and entry.stability is not None and float(entry.stability.max()) <= cache.config.threshold
+        cache.refreshing = cache.config.pdr and bool(self.layers) and reusable
         try:
             output = self.fn_ref.original_forward(*args, **kwargs)
         finally:
@@ -282,8 +291,11 @@ class _PDRHook(ModelHook):
         if self.cache.refreshing and module.act_mode is not ActMode.FP:
             a = args[0].detach().abs()
             if float(a.amax()) > self.cache.config.pdr_outlier_ratio * float(a.mean()):
+                report = self.cache.reports.current
+                report.pdr_full_precision_calls += 1
+                rows = a.numel() // module.in_features
+                report.pdr_flops[module.act_mode.value] += 2.0 * rows * module.in_features * module.out_features
                 self._saved, module.act_mode = module.act_mode, ActMode.FP
-                self.cache.reports.current.pdr_full_precision_calls += 1
         return args, kwargs
 
     def post_forward(self, module, output):
