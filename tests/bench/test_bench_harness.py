@@ -1,4 +1,4 @@
-"""The bench harness end to end on the shipped shapes-wan pipeline: 1 prompt, 3 steps."""
+"""The bench harness end to end on the shipped shapes-wan pipeline: 1 prompt, 2 steps."""
 
 import csv
 import json
@@ -11,7 +11,7 @@ from sixbit.bench.outputs import write_all
 
 @pytest.fixture(scope="module")
 def result():
-    settings = BenchSettings("shapes-wan", ["tdc-0.5", "w4a8", "fbcache-0.5"], prompts=1, steps=3,
+    settings = BenchSettings("shapes-wan", ["tdc-0.5", "w4a8", "fbcache-0.5"], prompts=1, steps=2,
                              calibration_prompts=1, video_prompts=1)
     return run_bench(settings, progress=False)
 
