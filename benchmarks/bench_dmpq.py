@@ -39,7 +39,7 @@ from sixbit.eval.shapes import adherence, generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.transforms.smoothquant import smoothing_factors, weight_channel_amax
 from sixbit.runtime.dmpq import DMPQConfig, RandomAssignment, apply_dmpq
-from sixbit.zoo.shapes import HELDOUT_PAIRS, all_prompts, load_pipeline
+from sixbit.zoo.shapes import all_prompts, heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDANCE = 4.0
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    pairs = list(HELDOUT_PAIRS[:: max(1, len(HELDOUT_PAIRS) // args.pairs)])[: args.pairs]
+    pairs = heldout_pairs(args.pairs)
     prompts = all_prompts()
     calib_pairs = [(prompts[(7 * i + 3) % len(prompts)], 20_000 + i) for i in range(args.calib)]
     plots = ROOT / "benchmarks" / "plots"

@@ -26,7 +26,7 @@ from sixbit.bench.report import machine_description, update_section
 from sixbit.eval.metrics import psnr
 from sixbit.eval.shapes import adherence, generate_heldout
 from sixbit.runtime.stabilize import DEFAULT_DEADZONE
-from sixbit.zoo.shapes import HELDOUT_PAIRS, load_pipeline
+from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 
 SECTION = "stabilize-frames"
 GUIDANCE = 4.0
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pairs = HELDOUT_PAIRS[:: max(1, len(HELDOUT_PAIRS) // args.pairs)][: args.pairs]
+    pairs = heldout_pairs(args.pairs)
     lines = [
         "| model | preset | stabilizer | flicker | added flicker | PSNR vs FP (dB) | adherence (all three) | flicker, on vs off |",
         "|---|---|---|---|---|---|---|---|",

@@ -127,9 +127,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if prompts is None:
         if arch is None:
             raise ValueError("--prompts-file is required for this model (one prompt per line)")
-        from .zoo.shapes import HELDOUT_PAIRS
+        from .zoo.shapes import heldout_pairs
 
-        prompts = [p for p, _ in HELDOUT_PAIRS][:: max(1, len(HELDOUT_PAIRS) // args.prompts)][: args.prompts]
+        prompts = [p for p, _ in heldout_pairs(args.prompts)]
     kwargs = _call_kwargs(args)
     t0 = time.perf_counter()
     ref = np.concatenate([_frames(reference, [p], args.seed + i, kwargs) for i, p in enumerate(prompts)])

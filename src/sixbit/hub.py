@@ -16,12 +16,12 @@ import torch
 logger = logging.getLogger(__name__)
 
 SHIPPED = {"shapes-cogvideox": "cogvideox", "shapes-wan": "wan"}
-_SHAPES_CLASSES = {"ShapesCogVideoXPipeline": "cogvideox", "ShapesWanPipeline": "wan"}
+SHAPES_CLASSES = {"ShapesCogVideoXPipeline": "cogvideox", "ShapesWanPipeline": "wan"}
 
 
 def shapes_arch(pipe) -> str | None:
     """``"cogvideox"``/``"wan"`` for a shapes pipeline (the judge applies), else ``None``."""
-    return _SHAPES_CLASSES.get(type(pipe).__name__)
+    return SHAPES_CLASSES.get(type(pipe).__name__)
 
 
 def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: bool = False):
@@ -46,8 +46,8 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
             cls = json.loads(index.read_text()).get("_class_name")
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{str(index)!r} is not valid JSON: {e}") from None
-        if cls in _SHAPES_CLASSES:
-            return shapes.load_pipeline(_SHAPES_CLASSES[cls], path=path, torch_dtype=dtype, progress_bar=progress_bar)
+        if cls in SHAPES_CLASSES:
+            return shapes.load_pipeline(SHAPES_CLASSES[cls], path=path, torch_dtype=dtype, progress_bar=progress_bar)
         from diffusers import DiffusionPipeline
 
         pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True)

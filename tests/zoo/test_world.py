@@ -88,3 +88,14 @@ def test_parse_prompt_and_its_errors():
         parse_prompt("a red moving right")
     with pytest.raises(ValueError, match="color"):
         VideoSpec("purple", "circle", "left")
+
+
+def test_heldout_pairs_spread_over_all_prompts():
+    from sixbit.zoo.shapes import HELDOUT_PAIRS, heldout_pairs
+
+    assert heldout_pairs(48) == list(HELDOUT_PAIRS)
+    four = heldout_pairs(4)
+    assert four == [HELDOUT_PAIRS[i] for i in (0, 12, 24, 36)]
+    assert len({p.split()[1] for p, _ in four}) == 4  # one pair per color
+    with pytest.raises(ValueError, match="1…48"):
+        heldout_pairs(49)

@@ -37,12 +37,11 @@ import torch
 
 from . import gpu_model, layer_shapes
 from .counting import WorkCounter
+from ..hub import SHAPES_CLASSES, SHIPPED
+from ..zoo.shapes import heldout_pairs
 from .methods import BenchContext, resolve
 
 logger = logging.getLogger(__name__)
-
-SHAPES_MODELS = {"shapes-cogvideox": "cogvideox", "shapes-wan": "wan"}
-_SHAPES_PIPELINES = {"ShapesCogVideoXPipeline": "cogvideox", "ShapesWanPipeline": "wan"}
 
 
 @dataclasses.dataclass
@@ -119,28 +118,21 @@ def _plain(value):
 
 def resolve_model(model: str) -> tuple[str, Path | None]:
     """(arch, weights folder or None for the shipped weights) of ``--model``."""
-    if model in SHAPES_MODELS:
-        return SHAPES_MODELS[model], None
+    if model in SHIPPED:
+        return SHIPPED[model], None
     folder = Path(model)
     index = folder / "model_index.json"
     if not index.is_file():
         raise ValueError(
-            f"--model {model!r} is neither {' nor '.join(SHAPES_MODELS)} nor a pipeline folder with model_index.json"
+            f"--model {model!r} is neither {' nor '.join(SHIPPED)} nor a pipeline folder with model_index.json"
         )
     cls = json.loads(index.read_text()).get("_class_name")
-    if cls not in _SHAPES_PIPELINES:
+    if cls not in SHAPES_CLASSES:
         raise ValueError(
             f"{folder} holds a {cls}; the harness runs shapes pipelines (saved by the shapes training script), "
-            f"i.e. one of {sorted(_SHAPES_PIPELINES)}"
+            f"i.e. one of {sorted(SHAPES_CLASSES)}"
         )
-    return _SHAPES_PIPELINES[cls], folder
-
-
-def eval_pairs(n: int) -> list[tuple[str, int]]:
-    """``n`` held-out (prompt, seed) pairs spread over all 48."""
-    from ..zoo.shapes import HELDOUT_PAIRS
-
-    return list(HELDOUT_PAIRS[:: max(1, len(HELDOUT_PAIRS) // n)])[:n]
+    return SHAPES_CLASSES[cls], folder
 
 
 def calibration_pairs(n: int) -> list[tuple[str, int]]:
@@ -208,7 +200,7 @@ class _Runner:
         self.settings = settings
         self.arch, self.folder = resolve_model(settings.model)
         self._load = lambda: load_pipeline(self.arch, path=self.folder)
-        self.pairs = eval_pairs(settings.prompts)
+        self.pairs = heldout_pairs(settings.prompts)
         self.calib = calibration_pairs(settings.calibration_prompts)
         self.context = BenchContext(self.arch, settings.steps, settings.guidance, self.calibrate, len(self.calib))
 

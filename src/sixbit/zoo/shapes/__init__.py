@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .world import COLORS, DIRECTIONS, HELDOUT_PAIRS, SHAPES, VOCABULARY, all_prompts, parse_prompt
+from .world import COLORS, DIRECTIONS, HELDOUT_PAIRS, SHAPES, VOCABULARY, all_prompts, heldout_pairs, parse_prompt
 
 #: Folder holding the shipped weights, one ``save_pretrained`` pipeline folder per architecture.
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -31,6 +31,7 @@ __all__ = [
     "VOCABULARY",
     "WEIGHTS_DIR",
     "all_prompts",
+    "heldout_pairs",
     "load_pipeline",
     "make_pipeline",
     "parse_prompt",

@@ -115,6 +115,13 @@ def all_prompts() -> list[str]:
 HELDOUT_PAIRS: tuple[tuple[str, int], ...] = tuple((p, 10_000 + i) for i, p in enumerate(all_prompts()))
 
 
+def heldout_pairs(n: int) -> list[tuple[str, int]]:
+    """``n`` held-out (prompt, seed) pairs spread evenly over all 48 (every ``48 // n``-th)."""
+    if not isinstance(n, int) or not 1 <= n <= len(HELDOUT_PAIRS):
+        raise ValueError(f"the number of held-out pairs must be 1…{len(HELDOUT_PAIRS)}, got {n!r}")
+    return list(HELDOUT_PAIRS[:: len(HELDOUT_PAIRS) // n])[:n]
+
+
 def parse_prompt(prompt: str) -> dict[str, str]:
     """Extract ``color``, ``shape``, ``direction`` (and ``background`` if named) from a prompt.
 
