@@ -40,6 +40,7 @@ def test_generate_with_quantized_checkpoint_and_cache(converted, tmp_path, capsy
     printed = capsys.readouterr().out
     written = out if out.exists() else out.with_suffix(".gif")
     assert written.stat().st_size > 0 and "judge:" in printed and "blocks skipped" in printed
+    assert "EMULATED" in printed  # balanced runs NVFP4 activations by dequantizing on this CPU
 
 
 def test_eval_reports_quality_vs_full_precision(tmp_path, capsys):
@@ -47,6 +48,7 @@ def test_eval_reports_quality_vs_full_precision(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["videos"] == 2 and 5 < result["psnr_db"] < 99 and 0 < result["ssim"] <= 1
     assert set(result["adherence"]) == {"reference", "converted"}
+    assert result["emulated"] is False  # w4a8: real integer GEMMs
 
 
 def test_json_config_file_is_accepted(tmp_path, capsys):

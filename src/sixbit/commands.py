@@ -90,6 +90,14 @@ def _prepare(args):
     return pipe
 
 
+def _emulation_note(pipe) -> str:
+    """A label for timings of a conversion whose NVFP4 activations are emulated (dequantize + fp32 matmul)."""
+    conv = conversion_of(pipe)
+    if conv is not None and conv.config.activations in ("nvfp4", "dynamic"):
+        return " (NVFP4 activations EMULATED here: not FP4 hardware speed)"
+    return ""
+
+
 def _frames(pipe, prompts, seed: int, kwargs: dict) -> np.ndarray:
     gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
     out = pipe(prompts, generator=gens, output_type="np", **kwargs).frames
@@ -104,7 +112,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     video = _frames(pipe, [args.prompt], args.seed, _call_kwargs(args))[0]
     seconds = time.perf_counter() - t0
     written = write_video(video, args.output, scale=args.scale)
-    line = f"generated {video.shape[0]} frames in {seconds:.1f} s -> {written}"
+    line = f"generated {video.shape[0]} frames in {seconds:.1f} s{_emulation_note(pipe)} -> {written}"
     conv = conversion_of(pipe)
     if conv is not None and conv.cache is not None:
         line += f" (blocks skipped: {conv.cache.report().skip_share:.0%})"
@@ -146,6 +154,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "psnr_db": float(np.mean([psnr(a, b) for a, b in zip(out, ref)])),
         "ssim": float(np.mean([ssim(a, b) for a, b in zip(out, ref)])),
         "seconds_per_video": {"reference": t_ref / len(prompts), "converted": t_out / len(prompts)},
+        "emulated": bool(_emulation_note(pipe)),
     }
     if arch:
         from .eval.shapes import adherence
@@ -158,7 +167,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     print(f"{len(prompts)} videos, converted vs full precision (same seeds and steps):")
     print(f"  PSNR {result['psnr_db']:.2f} dB   SSIM {result['ssim']:.4f}")
-    print(f"  time per video {t_ref / len(prompts):.2f} s -> {t_out / len(prompts):.2f} s")
+    print(f"  time per video {t_ref / len(prompts):.2f} s -> {t_out / len(prompts):.2f} s{_emulation_note(pipe)}")
     if arch:
         for name in ("reference", "converted"):
             acc = result["adherence"][name]
