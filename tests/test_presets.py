@@ -23,7 +23,7 @@ def test_presets_are_independent_copies():
     a.weights.role_formats["attention"] = "int8"
     a.cache.threshold = 0.9
     b = preset("balanced")
-    assert b.weights.role_formats == {} and b.cache.threshold == 0.15
+    assert b.weights.role_formats == {} and b.cache.threshold == 0.2
 
 
 def test_preset_contents():

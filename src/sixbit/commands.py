@@ -81,7 +81,8 @@ def _prepare(args):
     if args.quantized:
         checkpoint.load(args.quantized, pipe)
     if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
-        enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=args.cache_threshold))
+        t = args.cache_threshold
+        enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
     if getattr(args, "use_cpu_offload", False) or getattr(args, "tile_size", None):
         from .optimize import enable_memory_optimization
 
@@ -231,7 +232,7 @@ def register(sub) -> None:
         p.add_argument("--guidance", type=float, help="CFG scale (default: the pipeline's)")
         p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="noise seed (default 0)")
         p.add_argument("--cache", choices=["none", "tdc"], default="none", help="skip stable blocks with the delta cache")
-        p.add_argument("--cache-threshold", type=float, default=0.15, help="delta-cache threshold (default 0.15)")
+        p.add_argument("--cache-threshold", type=float, help="delta-cache threshold (default 0.2; the error budget follows at 3×)")
         p.add_argument("--use-cpu-offload", action="store_true", help="keep the model on the CPU, move it to the accelerator per module")
         p.add_argument("--tile-size", type=int, help="VAE tile size in pixels (pipelines with a VAE)")
 

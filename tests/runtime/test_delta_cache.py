@@ -25,6 +25,17 @@ class ConstBlock(nn.Module):
         return hidden_states + self.proj(torch.ones_like(hidden_states))
 
 
+class LineBlock(nn.Module):
+    """A block whose residual grows linearly with the step (``slope`` per 100 timestep units)."""
+
+    def __init__(self, dim=32, slope=1.0):
+        super().__init__()
+        self.proj, self.slope = nn.Linear(dim, dim), slope
+
+    def forward(self, hidden_states, temb):
+        return hidden_states + self.proj(torch.ones_like(hidden_states)) * (1 + self.slope * (1 - temb) * 10)
+
+
 def _const_model(depth=2):
     model = ToyTransformer(depth=depth)
     model.blocks = nn.ModuleList(ConstBlock() for _ in range(depth))
@@ -175,6 +186,63 @@ def test_with_dmpq_the_first_step_after_skips_is_int8_and_order_is_kept():
     assert modes == {0: "int8", 1: "nvfp4", 4: "int8", 7: "int8"}  # no Γ(t−1) after skips
 
 
+def test_blocks_decide_together_by_default_or_alone():
+    torch.manual_seed(0)
+    model = ToyTransformer(depth=2)
+    model.blocks = nn.ModuleList([ConstBlock(), LineBlock(slope=3.0)])  # stable, and changing > 10 % per step
+    x = torch.randn(1, 4, 32)
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.05, error_budget=9.0, final_steps=0, drift=0.0))
+    _run(model, x)
+    grid = cache.report().skip_map()
+    assert all(row[0] == row[1] for row in grid)  # one decision per step for every block
+    assert all(row == ["compute", "compute"] for row in grid)  # their mean stability is too high
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.05, error_budget=9.0, final_steps=0, drift=0.0,
+                                                       decide_per_block=True))
+    _run(model, x)
+    grid = cache.report().skip_map()
+    assert {row[0] for row in grid[2:]} == {"compute", "skip"} and {row[1] for row in grid} == {"compute"}
+
+
+@pytest.mark.parametrize("fmt", ["fp", "int8"])
+def test_drift_extrapolates_a_steadily_changing_residual(fmt):
+    torch.manual_seed(0)
+    model = ToyTransformer(depth=1)
+    model.blocks = nn.ModuleList([LineBlock(slope=0.1)])  # residual changes 10 % per step, steadily
+    x = torch.randn(1, 4, 32)
+    ref = _run(model, x)
+
+    def error(drift):
+        cache = enable_delta_cache(model, DeltaCacheConfig(threshold=1.0, error_budget=9.0, final_steps=0,
+                                                           drift=drift, cache_format=fmt))
+        outs = _run(model, x)
+        assert cache.report().skip_share > 0.5
+        return max(float((o - r).abs().max()) for o, r in zip(outs, ref))
+
+    tolerance = 1e-5 if fmt == "fp" else 0.05
+    assert error(1.0) < tolerance < error(0.5) < error(0.0)  # a straight line is forecast exactly
+
+
+def test_branches_decide_together_and_warmup_fraction():
+    torch.manual_seed(0)
+    model = ToyTransformer(depth=1)  # residual ∝ t/1000: changes 10–50 % per step
+    config = DeltaCacheConfig(threshold=0.6, error_budget=10.0, final_steps=0)
+    calm = torch.randn(1, 4, 32)
+    cache = enable_delta_cache(model, config)
+    _run(model, calm)  # one branch alone skips
+    assert cache.report().skip_share > 0.3
+    cache = enable_delta_cache(model, config)
+    with torch.no_grad():
+        for t in STEPS:
+            model(calm, timestep=torch.tensor([t]))  # "cond": the same input
+            model(torch.randn(1, 4, 32), timestep=torch.tensor([t]))  # "uncond": a new input every step
+    assert cache.report().skip_share == 0.0  # the unstable branch keeps the stable one computing too
+    model = _const_model(depth=1)
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01, final_steps=0, warmup_fraction=0.5))
+    _run(model, torch.randn(1, 4, 32), ctx=True)  # the pipeline says 10 steps: 5 of warm-up
+    row = [r[0] for r in cache.report().skip_map("cond")]
+    assert row[:5] == ["compute"] * 5 and row[5] == "skip"
+
+
 def test_report_plot_and_config_errors(tmp_path):
     model = _const_model()
     cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01))
@@ -183,8 +251,10 @@ def test_report_plot_and_config_errors(tmp_path):
     assert cache.report().skip_share > 0
     assert cache.report().plot(tmp_path / "skips.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError) as err:
-        DeltaCacheConfig(threshold=-1, max_skips=-1, warmup_steps=1, cache_format="int3")
-    assert all(k in str(err.value) for k in ("threshold", "max_skips", "warmup_steps", "cache_format"))
+        DeltaCacheConfig(threshold=-1, max_skips=-1, warmup_steps=1, cache_format="int3", warmup_fraction=1.0,
+                         drift=2.0, decide_per_block="yes")
+    assert all(k in str(err.value) for k in ("threshold", "max_skips", "warmup_steps", "cache_format",
+                                             "warmup_fraction", "drift", "decide_per_block"))
 
 
 def test_shapes_pipeline_with_cache_and_quantization():

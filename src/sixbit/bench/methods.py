@@ -107,22 +107,24 @@ def _preset_names() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
-def _apply_preset(name, pdr: bool = True):
+def _apply_preset(name, ablation: str = "", **cache_changes):
+    """Apply preset ``name``; ``cache_changes`` alter its delta cache (an ablation, named in the note)."""
+
     def apply(pipe, ctx, value):
         import sixbit
         from ..presets import preset
 
         config = preset(name)
-        if not pdr:
-            config.cache = dataclasses.replace(config.cache, pdr=False)
-        note = "" if pdr else "PDR off; "
+        if cache_changes:
+            config.cache = dataclasses.replace(config.cache, **cache_changes)
+        note = f"{ablation}; " if ablation else ""
         if value is not None:
             if config.cache is None:
                 raise ValueError(f"preset {name!r} has no delta cache: it takes no -threshold suffix")
             # keep the preset's error budget in proportion to its threshold
             ratio = config.cache.error_budget / config.cache.threshold if config.cache.threshold else 3.0
             config.cache = dataclasses.replace(config.cache, threshold=value, error_budget=ratio * value)
-            note = f"threshold {value:g}; "
+            note += f"threshold {value:g}; "
         calibration = (lambda: ctx.calibrate(pipe)) if config.needs_calibration else None
         sixbit.convert_model(pipe, calibration, config)
         if calibration is not None:
@@ -143,9 +145,15 @@ def _preset_method(name: str) -> Method:
     )
 
 
-if "balanced" in _preset_names():  # issue 7's ablation: the full method without PDR
+if "balanced" in _preset_names():  # issue 7's ablations
     register(Method("balanced-nopdr", "sixbit", "balanced without PDR (DMPQ + delta cache only)",
-                    _apply_preset("balanced", pdr=False), param="threshold", emulated=True))
+                    _apply_preset("balanced", "PDR off", pdr=False), param="threshold", emulated=True))
+    register(Method("aggressive-nopdr", "sixbit", "aggressive without PDR (its refreshes stay NVFP4)",
+                    _apply_preset("aggressive", "PDR off", pdr=False), param="threshold", emulated=True))
+    register(Method("tdc-perblock", "sixbit", "the delta cache with each block deciding alone",
+                    _apply_preset("tdc", "blocks decide alone", decide_per_block=True), param="threshold"))
+    register(Method("tdc-nodrift", "sixbit", "the delta cache replaying residuals unchanged (no drift term)",
+                    _apply_preset("tdc", "no drift term", drift=0.0), param="threshold"))
 
 
 # ------------------------------------------------------------------------ diffusers caches

@@ -151,6 +151,17 @@ class StepTracker:
             self._states[key] = factory()
         return self._states[key]
 
+    def branch_states(self, owner: object) -> list[Any]:
+        """Every branch's per-run state of ``owner`` created so far in the current run."""
+        return [state for (key, branch), state in self._states.items() if key == id(owner) and branch is not None]
+
+    def shared_state(self, owner: object, factory: Callable[[], Any]) -> Any:
+        """Per-run state of ``owner`` shared by all branches."""
+        key = (id(owner), None)
+        if key not in self._states:
+            self._states[key] = factory()
+        return self._states[key]
+
     @contextlib.contextmanager
     def branch(self, name: str) -> Iterator[None]:
         """Name the branch of the calls made inside, for plain loops without a cache context."""

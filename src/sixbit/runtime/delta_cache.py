@@ -1,17 +1,30 @@
 """Temporal Delta Cache (TDC) with Purified Delta Refresh (PDR): skip blocks whose residual is stable.
 
 Every computed call of a block stores its residual ``Δ_t = out − in`` (for two-stream blocks,
-one per stream) and its *stability*: the relative L1 change from the previous computed
-residual, ``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` divided by the number of steps between them.
-At the next call the block is skipped — ``out = in + Δ_cached`` — when
+one per stream), its *drift* ``(Δ_t − Δ_prev) / gap`` and its *stability*: the relative L1
+change from the previous computed residual, ``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` per step
+between them. A skipped call returns ``out = in + Δ_cached + drift · age · slope`` (``age``:
+steps since the residual was computed; ``drift=0`` replays the cached residual as is).
 
-- it is past the ``warmup_steps`` and before the last ``final_steps`` (those always compute),
+**Blocks decide together** (default): at each step the mean stability of all blocks — the
+last two computed residuals of each — decides whether the step's blocks skip. A step is skipped when
+
+- it is past the warm-up (``max(warmup_steps, warmup_fraction × steps)``) and before the last
+  ``final_steps`` (those always compute),
 - ``s ≤ threshold`` for every sample of the call (batch-wide rule: one prompt never makes
   another skip; a batched-CFG call skips only if both halves are stable),
 - fewer than ``max_skips`` consecutive skips have happened, and
 - the accumulated error estimate stays within ``error_budget``: each skip adds ``s·k``, ``k``
   the age of the cached residual in steps (a stale residual drifts linearly), and a compute
   resets it — error-guided switching.
+
+Why together: on the shipped models, the same skip schedule applied to alternate blocks at
+alternate steps (so every step mixes fresh and replayed residuals) loses 6–10 dB of PSNR against
+skipping all blocks at the same steps, at the same skip share (BENCHMARKS.md): a replayed residual stays
+consistent with its neighbours only if they are replayed from the same step.
+``decide_per_block=True`` lets each block decide alone from its own stability (the same rules per block).
+The drift term halves the error of a replay on both models (a damped first-order forecast:
+measured best between 0.4 and 0.6; 1.0 overshoots).
 
 Relative L1 is the stability measure because the skip error is an L1-type drift of the
 residual and the measure is scale-free across blocks (the same choice as TeaCache/MagCache).
@@ -26,8 +39,9 @@ and purifying every compute sent a fifth of the GEMM work to full precision on t
 models. The report counts the calls and the GEMM FLOPs moved to full precision. The first computed step after skips has no
 ``Γ_{t−1}``, so DMPQ runs it INT8.
 
-Cached residuals can be stored compressed: ``cache_format="int8"`` (per token) or ``"int4-g64"``
-(groups of 64 along the hidden size; 32 or 16 where 64 does not divide it, else per token).
+Cached residuals (and their drifts) can be stored compressed: ``cache_format="int8"`` (per
+token) or ``"int4-g64"`` (groups of 64 along the hidden size; 32 or 16 where 64 does not divide
+it, else per token); stability and drift are then measured against the stored residual.
 """
 
 from __future__ import annotations
@@ -58,12 +72,19 @@ class DeltaCacheConfig:
     """Settings of the delta cache.
 
     Args:
-        threshold: largest per-step relative change of a block's residual that still counts as
-            stable (default 0.1). Higher: more skips, faster, less exact.
-        max_skips: consecutive skips allowed per block (default 2).
-        error_budget: largest accumulated error estimate before a forced recompute (τ, default 0.3).
+        threshold: largest per-step relative change of the residuals that still counts as
+            stable (default 0.2). Higher: more skips, faster, less exact.
+        max_skips: consecutive skips allowed (default 2).
+        error_budget: largest accumulated error estimate before a forced recompute (τ, default 0.6).
         warmup_steps: first steps always computed (default 2; two are needed to measure stability).
+        warmup_fraction: when the pipeline says how many steps it runs, at least this share of
+            them is warm-up too (default 0.2, as MagCache's ``retention_ratio``): a skip in the
+            first steps costs 10–100× one in the middle of the run on the shipped models.
         final_steps: last steps always computed when the number of steps is known (default 1).
+        drift: share of the residual's measured per-step change added to a replay, times its
+            age (default 0.5; 0 replays the cached residual unchanged).
+        decide_per_block: each block decides alone from its own stability instead of all
+            blocks skipping the same steps (default False; measured worse, see the module doc).
         cache_format: ``"fp"`` (default), ``"int8"`` (per-token, ~¼ of fp32 memory) or
             ``"int4-g64"`` (the seed's 4-bit residuals, ~⅛).
         pdr: purify refreshes of quantized blocks (default True; no effect on FP models).
@@ -71,11 +92,14 @@ class DeltaCacheConfig:
             precision (default 25).
     """
 
-    threshold: float = 0.1
+    threshold: float = 0.2
     max_skips: int = 2
-    error_budget: float = 0.3
+    error_budget: float = 0.6
     warmup_steps: int = 2
+    warmup_fraction: float = 0.2
     final_steps: int = 1
+    drift: float = 0.5
+    decide_per_block: bool = False
     cache_format: str = "fp"
     pdr: bool = True
     pdr_outlier_ratio: float = 25.0
@@ -90,8 +114,14 @@ class DeltaCacheConfig:
             problems.append(f"error_budget must be ≥ 0, got {self.error_budget!r}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 2:
             problems.append(f"warmup_steps must be an integer ≥ 2 (stability needs two residuals), got {self.warmup_steps!r}")
+        if not 0 <= self.warmup_fraction < 1:
+            problems.append(f"warmup_fraction must be within [0, 1), got {self.warmup_fraction!r}")
         if not isinstance(self.final_steps, int) or self.final_steps < 0:
             problems.append(f"final_steps must be an integer ≥ 0, got {self.final_steps!r}")
+        if not 0 <= self.drift <= 1:
+            problems.append(f"drift must be within [0, 1], got {self.drift!r}")
+        if not isinstance(self.decide_per_block, bool):
+            problems.append(f"decide_per_block must be True or False, got {self.decide_per_block!r}")
         if self.cache_format not in CACHE_FORMATS:
             problems.append(f"cache_format must be one of {CACHE_FORMATS}, got {self.cache_format!r}")
         if not self.pdr_outlier_ratio > 0:
@@ -112,6 +142,7 @@ class _Stored:
 
     def __init__(self, delta: torch.Tensor | None, fmt: str):
         self.dtype = None if delta is None else delta.dtype
+        self.shape = None if delta is None else tuple(delta.shape)
         if delta is None or fmt == "fp":
             self.value, self.packed = (None if delta is None else delta.detach()), None
         else:
@@ -132,11 +163,34 @@ class _Stored:
 
 @dataclasses.dataclass
 class _Entry:
+    """One block's last computed residuals (per stream), their drift and its stability."""
+
     hidden: _Stored
     encoder: _Stored
-    raw: torch.Tensor  # the last computed hidden residual, kept to measure the next change
+    hidden_slope: _Stored  # per-step change of the hidden residual (None inside when unknown)
+    encoder_slope: _Stored
     step: int
     stability: torch.Tensor | None = None  # per sample; None until two residuals were seen
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_slope, self.encoder_slope))
+
+    def replay(self, stream: str, drift: float, age: int) -> torch.Tensor | None:
+        delta = getattr(self, stream).get()
+        slope = getattr(self, f"{stream}_slope").get()
+        if delta is None or slope is None or drift == 0:
+            return delta
+        return delta + (drift * age) * slope
+
+
+@dataclasses.dataclass
+class _Streak:
+    """Skip bookkeeping of one decision unit (all blocks, or one block with ``decide_per_block``)."""
+
+    computed_step: int = -1  # the step of the unit's last compute
+    decided_step: int = -1
+    skip: bool = False  # the decision taken at ``decided_step``
     skips: int = 0
     error: float = 0.0
 
@@ -146,14 +200,14 @@ class DeltaCacheState:
 
     def __init__(self):
         self.entries: dict[int, _Entry] = {}
-        self.held_bytes = 0  # bytes of all cached residuals, kept up to date on every store
+        self.held_bytes = 0  # bytes of all cached residuals and drifts, kept up to date on every store
 
     def store(self, index: int, entry: _Entry) -> None:
         old = self.entries.get(index)
         if old is not None:
-            self.held_bytes -= old.hidden.nbytes + old.encoder.nbytes
+            self.held_bytes -= old.nbytes
         self.entries[index] = entry
-        self.held_bytes += entry.hidden.nbytes + entry.encoder.nbytes
+        self.held_bytes += entry.nbytes
 
     def reset(self) -> None:
         self.entries.clear()
@@ -217,17 +271,71 @@ class DeltaCache:
     def state(self) -> DeltaCacheState:
         return self.tracker.state(self, DeltaCacheState)
 
-    def may_skip(self, entry: _Entry | None, x: torch.Tensor) -> bool:
+    def _warmup(self) -> int:
+        cfg, num_steps = self.config, self.tracker.info.num_steps
+        if num_steps is None:
+            return cfg.warmup_steps
+        return max(cfg.warmup_steps, round(cfg.warmup_fraction * num_steps))
+
+    def _stability(self, unit: int | None) -> torch.Tensor | None:
+        """Per-sample stability of a unit (its block's, or the mean over all blocks), worst over branches."""
+        found = []
+        for state in self.tracker.branch_states(self):
+            if unit is not None:
+                entry = state.entries.get(unit)
+                values = [None if entry is None else entry.stability]
+            else:
+                values = [e.stability for e in state.entries.values()]
+                if len(values) < len(self.blocks):
+                    return None
+            if any(v is None for v in values) or len({v.shape for v in values}) > 1:
+                return None
+            found.append(torch.stack(values).mean(0))
+        if not found or len({f.shape for f in found}) > 1:
+            return None
+        return torch.stack(found).amax(0)
+
+    def _streak(self, index: int) -> _Streak:
+        streaks = self.tracker.shared_state(self, dict)
+        unit = index if self.config.decide_per_block else None
+        return streaks.setdefault(unit, _Streak())
+
+    def _decide(self, unit: int | None, streak: _Streak) -> bool:
         info, cfg = self.tracker.info, self.config
-        if entry is None or entry.stability is None or entry.raw.shape != x.shape:
-            return False
-        if info.step < cfg.warmup_steps or entry.skips >= cfg.max_skips:
+        if info.step < self._warmup() or streak.skips >= cfg.max_skips:
             return False
         if info.num_steps is not None and info.step >= info.num_steps - cfg.final_steps:
             return False
-        worst = float(entry.stability.max())
-        age = info.step - entry.step
-        return worst <= cfg.threshold and entry.error + worst * age <= cfg.error_budget
+        stability = self._stability(unit)
+        if stability is None:
+            return False
+        worst = float(stability.max())
+        age = info.step - streak.computed_step
+        if worst > cfg.threshold or streak.error + worst * age > cfg.error_budget:
+            return False
+        streak.error += worst * age
+        streak.skips += 1
+        return True
+
+    def should_skip(self, state: DeltaCacheState, index: int, x: torch.Tensor) -> bool:
+        """This step's decision for block ``index``: taken once per step and unit, for every branch."""
+        entry = state.entries.get(index)
+        if entry is None or entry.stability is None or entry.hidden.shape != tuple(x.shape):
+            return False
+        streak, step = self._streak(index), self.tracker.info.step
+        if streak.decided_step != step:
+            unit = index if self.config.decide_per_block else None
+            streak.decided_step, streak.skip = step, self._decide(unit, streak)
+        return streak.skip
+
+    def reusable(self, index: int) -> bool:
+        """Whether a compute of block ``index`` now is expected to be replayed: it was stable."""
+        stability = self._stability(index if self.config.decide_per_block else None)
+        return stability is not None and float(stability.max()) <= self.config.threshold
+
+    def computed(self, index: int) -> None:
+        streak = self._streak(index)
+        streak.computed_step, streak.skips, streak.error = self.tracker.info.step, 0, 0.0
 
     def record(self, index: int, decision: str) -> None:
         info = self.tracker.info
@@ -243,38 +351,47 @@ class _BlockHook(ModelHook):
         self.cache, self.index, self.io, self.layers = cache, index, io, layers
 
     def new_forward(self, module, *args, **kwargs):
-        cache, io = self.cache, self.io
+        cache, io, cfg = self.cache, self.io, self.cache.config
         x = io.stream_input(module, args, kwargs)
         enc = io.stream_input(module, args, kwargs, "encoder") if io.encoder is not None else None
         state = cache.state()
         entry = state.entries.get(self.index)
         step = cache.tracker.info.step
-        if cache.may_skip(entry, x):
-            worst = float(entry.stability.max())
-            entry.error += worst * (step - entry.step)
-            entry.skips += 1
+        if cache.should_skip(state, self.index, x):
             cache.record(self.index, "skip")
-            outs = {"hidden": x + entry.hidden.get()}
+            age = step - entry.step
+            outs = {"hidden": x + entry.replay("hidden", cfg.drift, age)}
             if "encoder" in io.returns:
-                cached = entry.encoder.get()
+                cached = entry.replay("encoder", cfg.drift, age)
                 outs["encoder"] = None if enc is None or cached is None else enc + cached
             return outs["hidden"] if io.returns == ("hidden",) else tuple(outs[r] for r in io.returns)
         # purify only residuals that skips will replay: the block was stable at its last compute
-        reusable = entry is not None and entry.stability is not None and float(entry.stability.max()) <= cache.config.threshold
-        cache.refreshing = cache.config.pdr and bool(self.layers) and reusable
+        cache.refreshing = cfg.pdr and bool(self.layers) and cache.reusable(self.index)
         try:
             output = self.fn_ref.original_forward(*args, **kwargs)
         finally:
             cache.refreshing = False
         y = io.stream_output(output)
-        delta = (y - x).detach()
-        stability = None
-        if entry is not None and entry.raw.shape == delta.shape:
-            stability = relative_l1(delta - entry.raw, entry.raw) / max(step - entry.step, 1)
         y_enc = io.stream_output(output, "encoder")
+        delta = (y - x).detach()
         enc_delta = None if enc is None or y_enc is None or y_enc.shape != enc.shape else (y_enc - enc).detach()
-        fmt = cache.config.cache_format
-        state.store(self.index, _Entry(_Stored(delta, fmt), _Stored(enc_delta, fmt), delta, step, stability))
+        gap = max(step - entry.step, 1) if entry is not None else 1
+        stability, slopes = None, {}
+        for stream, new in (("hidden", delta), ("encoder", enc_delta)):
+            old = None if entry is None else getattr(entry, stream).get()
+            if new is None or old is None or old.shape != new.shape:
+                continue
+            change = new - old
+            if stream == "hidden":
+                stability = relative_l1(change, old) / gap
+            if cfg.drift:
+                slopes[stream] = change / gap
+        fmt = cfg.cache_format
+        state.store(self.index, _Entry(
+            _Stored(delta, fmt), _Stored(enc_delta, fmt),
+            _Stored(slopes.get("hidden"), fmt), _Stored(slopes.get("encoder"), fmt), step, stability,
+        ))
+        cache.computed(self.index)
         cache.record(self.index, "compute")
         return output
 
@@ -312,7 +429,7 @@ def enable_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None)
     either way) so a skipped block leaves DMPQ's Γ history untouched.
 
     Example:
-        >>> cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=0.1))  # doctest: +SKIP
+        >>> cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=0.2))  # doctest: +SKIP
         >>> video = pipe("a red circle moving right").frames                                # doctest: +SKIP
         >>> cache.report().skip_share                                                        # doctest: +SKIP
     """
