@@ -18,13 +18,14 @@ last two computed residuals of each — decides whether the step's blocks skip. 
   the age of the cached residual in steps (a stale residual drifts linearly), and a compute
   resets it — error-guided switching.
 
-Why together: on the shipped models, the same skip schedule applied to alternate blocks at
-alternate steps (so every step mixes fresh and replayed residuals) loses 6–10 dB of PSNR against
-skipping all blocks at the same steps, at the same skip share (BENCHMARKS.md): a replayed residual stays
-consistent with its neighbours only if they are replayed from the same step.
-``decide_per_block=True`` lets each block decide alone from its own stability (the same rules per block).
-The drift term halves the error of a replay on both models (a damped first-order forecast:
-measured best between 0.4 and 0.6; 1.0 overshoots).
+Why together: on the shipped models, skipping alternate blocks at alternate steps (so every
+step mixes fresh and replayed residuals) lost several dB of PSNR against skipping all blocks at
+the same steps, at the same skip share: a replayed residual stays consistent with its
+neighbours only if they are replayed from the same step. ``decide_per_block=True`` lets each
+block decide alone from its own stability (the same rules per block). The drift term is a
+damped first-order forecast of the residual; 0.5 measured best on both shipped models (1.0
+overshoots). The ``tdc-perblock`` and ``tdc-nodrift`` rows of BENCHMARKS.md measure both
+choices against ``tdc``.
 
 Relative L1 is the stability measure because the skip error is an L1-type drift of the
 residual and the measure is scale-free across blocks (the same choice as TeaCache/MagCache).
