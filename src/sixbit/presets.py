@@ -168,7 +168,7 @@ def _w4(act: str, **quant) -> dict[str, Any]:
 _PRESETS: dict[str, dict[str, Any]] = {
     "balanced": dict(
         **_w4("dynamic"), dmpq=DMPQConfig(target_bits=6.0), cache=DeltaCacheConfig(),
-        description="the full method: NVFP4 weights, DMPQ activations (NVFP4/INT8 per block and step, ~6 bits), delta cache with PDR",
+        description="the full method: NVFP4 weights, DMPQ activations (NVFP4/INT8 per block and step, target 6 bits; INT8 right after skips), delta cache with PDR",
     ),
     "high_quality": dict(
         weights=QuantConfig(weight_format="int8", boundary_blocks=1, boundary_format=None), activations="int8",
