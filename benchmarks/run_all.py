@@ -7,10 +7,11 @@ Two lanes run side by side, one CPU thread each (the shipped models are too smal
 threads to help a single generation):
 
 * lane 1: ``sixbit bench`` on shapes-cogvideox (every preset and peer, plus a threshold sweep
-  of the caches), then ``bench_memory.py`` (peak memory with and without offloading),
-  ``bench_adherence.py`` (full-precision adherence on all 48 held-out pairs), the real
-  layer shapes (CogVideoX-2B/5B, Wan2.1-14B at 49 frames), ``bench_static_w8a8.py`` (the
-  static-W8A8 ablations) and ``bench_stabilize.py`` (flicker with and without the frame stabilizer);
+  of the caches), then ``bench_adherence.py`` (full-precision adherence on all 48 held-out
+  pairs), the real layer shapes (CogVideoX-2B/5B, Wan2.1-14B at 49 frames),
+  ``bench_static_w8a8.py`` (the static-W8A8 ablations), ``bench_stabilize.py`` (flicker with
+  and without the frame stabilizer) and last ``bench_memory.py`` (peak memory with and without
+  offloading; it runs two threads, so it waits until shapes-wan's timings are done);
 * lane 2: ``sixbit bench`` on shapes-wan, then ``bench_dmpq.py`` (DMPQ vs W4A4/W4A8 and
   random assignment).
 
@@ -73,7 +74,6 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
     calib = str(args.calibration_prompts)
     lane1 = [
         ("bench shapes-cogvideox", bench + ["--model", "shapes-cogvideox", "--methods", methods, "-o", str(RESULTS / "shapes-cogvideox")]),
-        ("bench_memory.py", [py, str(ROOT / "benchmarks" / "bench_memory.py"), "--output", str(parts / "memory.md")]),
         ("bench_adherence.py", [py, str(ROOT / "benchmarks" / "bench_adherence.py"), "--steps", str(args.steps),
                                 "--output", str(parts / "adherence.md")]),
         ("layer shapes", [py, __file__, "--layers-part", str(parts / "layers.md"), "--layer-tokens", "64" if args.quick else "512"]),
@@ -81,6 +81,7 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
                                   "--threads", "1", "--output", str(parts / "static.md")]),
         ("bench_stabilize.py", [py, str(ROOT / "benchmarks" / "bench_stabilize.py"), *small,
                                 "--steps", str(args.steps), "--output", str(parts / "stabilize.md")]),
+        ("bench_memory.py", [py, str(ROOT / "benchmarks" / "bench_memory.py"), "--output", str(parts / "memory.md")]),
     ]
     lane2 = [
         ("bench shapes-wan", bench + ["--model", "shapes-wan", "--methods", methods, "-o", str(RESULTS / "shapes-wan")]),

@@ -20,9 +20,9 @@ from sixbit.zoo.shapes import load_pipeline
 
 PROMPT = "a red circle moving right"
 # With this threshold and blocks deciding alone, the 8-block models below skip, within 6 steps,
-# the first block of a 2-block group while its second block computes: the case where diffusers' own group
-# offloading runs the second block on unloaded placeholder weights once a cache sits outside
-# its hook (see test_diffusers_group_offloading_alone_breaks_under_block_skips).
+# the first block of a 2-block group while its second block computes: the case where diffusers'
+# own group offloading runs the second block on unloaded placeholder weights once a cache sits
+# outside its hook (see test_diffusers_group_offloading_alone_breaks_under_block_skips).
 THRESHOLD = 0.4
 STEPS = 6
 
@@ -40,7 +40,8 @@ def _setup(arch: str, deep: bool = False):
 def _runtime(pipe):
     """DMPQ (a seeded random policy: half NVFP4, half INT8) under the delta cache."""
     apply_dmpq(pipe.transformer, RandomAssignment(0.5, seed=0))
-    config = sixbit.DeltaCacheConfig(threshold=THRESHOLD, final_steps=0, error_budget=5.0, max_skips=3, decide_per_block=True)
+    config = sixbit.DeltaCacheConfig(threshold=THRESHOLD, final_steps=0, error_budget=5.0, max_skips=3,
+                                     decide_per_block=True)
     return sixbit.enable_delta_cache(pipe.transformer, config)
 
 
