@@ -296,10 +296,12 @@ class DeltaCache:
             return None
         return torch.stack(found).amax(0)
 
+    def _unit(self, index: int) -> int | None:
+        """What decides for block ``index``: the block itself, or all blocks together (``None``)."""
+        return index if self.config.decide_per_block else None
+
     def _streak(self, index: int) -> _Streak:
-        streaks = self.tracker.shared_state(self, dict)
-        unit = index if self.config.decide_per_block else None
-        return streaks.setdefault(unit, _Streak())
+        return self.tracker.shared_state(self, dict).setdefault(self._unit(index), _Streak())
 
     def _decide(self, unit: int | None, streak: _Streak) -> bool:
         info, cfg = self.tracker.info, self.config
@@ -325,13 +327,12 @@ class DeltaCache:
             return False
         streak, step = self._streak(index), self.tracker.info.step
         if streak.decided_step != step:
-            unit = index if self.config.decide_per_block else None
-            streak.decided_step, streak.skip = step, self._decide(unit, streak)
+            streak.decided_step, streak.skip = step, self._decide(self._unit(index), streak)
         return streak.skip
 
     def reusable(self, index: int) -> bool:
         """Whether a compute of block ``index`` now is expected to be replayed: it was stable."""
-        stability = self._stability(index if self.config.decide_per_block else None)
+        stability = self._stability(self._unit(index))
         return stability is not None and float(stability.max()) <= self.config.threshold
 
     def computed(self, index: int) -> None:
