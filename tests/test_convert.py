@@ -63,10 +63,16 @@ def test_transformer_alone_with_pipeline_argument_and_callable_calibration():
 
     def run():
         calls.append(1)
-        pipe(all_prompts()[:2], num_inference_steps=STEPS)
+        return pipe(all_prompts()[:2], num_inference_steps=STEPS, generator=torch.Generator().manual_seed(0))
 
     assert sixbit.convert_model(pipe.transformer, run, "w4a6-dynamic") is pipe.transformer
     assert calls and sixbit.conversion_of(pipe.transformer).predictor is not None
+    # DMPQ learns what NVFP4 costs the videos: a callable that returns nothing is refused, and nothing changes
+    fresh = load_pipeline("wan")
+    with pytest.raises(ValueError, match="return the generated videos"):
+        sixbit.convert_model(fresh.transformer, lambda: fresh(all_prompts()[:1], num_inference_steps=STEPS) and None,
+                             "w4a6-dynamic")
+    assert sixbit.conversion_of(fresh.transformer) is None and not sixbit.runtime.measure.quant_linears(fresh.transformer)
     with pytest.raises(ValueError, match="need a pipeline"):
         sixbit.convert_model(load_pipeline("wan").transformer, all_prompts()[:2], "balanced")
 

@@ -109,9 +109,10 @@ def _calibration_runner(data, pipe, calibration_kwargs: dict) -> tuple[Callable[
         batch = int(calibration_kwargs.pop("batch_size", 4))
 
         def run():
-            for i in range(0, len(prompts), batch):
-                gen = torch.Generator().manual_seed(i)
-                pipe(prompts[i:i + batch], generator=gen, **calibration_kwargs)
+            return [
+                pipe(prompts[i:i + batch], generator=torch.Generator().manual_seed(i), **calibration_kwargs).frames
+                for i in range(0, len(prompts), batch)
+            ]
 
         return run, {"source": "prompts", "count": len(prompts)}
     if isinstance(data, (str, os.PathLike)):
@@ -259,7 +260,14 @@ def convert_model(
             quantize(transformer, config.weights)
             if config.activations == "dynamic":
                 logger.info("fitting the DMPQ predictor")
-                predictor = fit_dmpq(transformer, run, config.dmpq)
+                dmpq = config.dmpq
+                if calibration["source"] == "videos" and dmpq.error_at == "video":
+                    logger.warning(
+                        "calibration videos are replayed along their noising path, so no error reaches a final "
+                        "video: DMPQ is fitted to the blocks' output error (error_at='block')"
+                    )
+                    dmpq = dataclasses.replace(dmpq, error_at="block")
+                predictor = fit_dmpq(transformer, run, dmpq)
         _install(transformer, config, predictor, deadzone, calibration)
     except BaseException:
         _undo(transformer, originals)

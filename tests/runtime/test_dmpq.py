@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -114,13 +116,78 @@ def test_fit_line_threshold_and_target_bits():
             for t in TIMESTEPS:
                 model(torch.randn(1, 8, 32), timestep=torch.tensor([t]))
 
-    lo = fit_dmpq(model, run, DMPQConfig(target_bits=8.0))
-    hi = fit_dmpq(model, run, DMPQConfig(target_bits=4.5))
-    mid = fit_dmpq(model, run, DMPQConfig(target_bits=6.5))
-    assert len(lo.alpha) == 3 and -1 <= lo.pearson_r <= 1
+    lo = fit_dmpq(model, run, DMPQConfig(target_bits=8.0, error_at="block"))
+    hi = fit_dmpq(model, run, DMPQConfig(target_bits=4.5, error_at="block"))
+    mid = fit_dmpq(model, run, DMPQConfig(target_bits=6.5, error_at="block"))
+    assert len(lo.alpha) == 3 and lo.step_starts == [0] and -1 <= lo.pearson_r <= 1
     assert hi.threshold == float("inf")  # step 0 is always INT8: 4.5 bits is out of reach
     assert lo.threshold < mid.threshold < hi.threshold
-    assert fit_dmpq(model, run, DMPQConfig(threshold=0.3)).threshold == 0.3
+    assert fit_dmpq(model, run, DMPQConfig(threshold=0.3, error_at="block")).threshold == 0.3
+
+
+def test_video_target_learns_which_steps_reach_the_output():
+    """Only the last call's output is returned, so NVFP4 at steps 1-2 costs the "video" nothing."""
+    model = _toy(depth=2)
+    x = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0))
+
+    def run():
+        with torch.no_grad():
+            return [model(x, timestep=torch.tensor([t])) for t in TIMESTEPS][-1]
+
+    # target: NVFP4 on half the FLOPs = two of the four steps in both blocks
+    config = DMPQConfig(target_bits=6.25, step_groups=3, block_groups=2)
+    pred = fit_dmpq(model, run, config)
+    assert pred.step_starts == [0, 2, 3] and len(pred.alpha[0]) == 3
+    assert pred.beta[0][:2] == pred.alpha[0][:2] == [0.0, 0.0]  # steps 1 and 2 cost nothing, exactly
+    for layer in (b.proj for b in model.blocks):
+        layer.act_mode = "int8"
+    int8_output = run()
+    dmpq = apply_dmpq(model, pred)
+    output = run()
+    assert dmpq.report().precision_map() == [["int8"] * 2, ["nvfp4"] * 2, ["nvfp4"] * 2, ["int8"] * 2]
+    assert torch.equal(output, int8_output)
+    # fitted to the block outputs instead, the line cannot tell steps that reach the output
+    block_fit = fit_dmpq(model, run, dataclasses.replace(config, error_at="block"))
+    assert block_fit.step_starts == [0]
+
+
+def test_video_target_needs_videos_from_the_run():
+    model = _toy(depth=2)
+    for layer in (b.proj for b in model.blocks):
+        layer.act_mode = "int8"
+
+    def run():
+        for t in TIMESTEPS:
+            model(torch.randn(1, 8, 32), timestep=torch.tensor([t]))
+
+    with pytest.raises(ValueError, match="return the generated videos"):
+        fit_dmpq(model, run)
+    assert all(b.proj.act_mode.value == "int8" for b in model.blocks)
+    sizes = iter(range(1, 100))
+
+    def changing():
+        return [model(torch.zeros(1, next(sizes), 32), timestep=torch.tensor([t])) for t in TIMESTEPS][-1]
+
+    with pytest.raises(ValueError, match="same videos"):
+        fit_dmpq(model, changing)
+
+
+def test_predictor_step_ranges_round_trip_and_validate():
+    pred = DMPQPredictor(["a", "b"], [[1.0, 0.0], [0.5, 2.0]], [[0.0, 1.0], [0.0, 0.0]], 0.5, step_starts=[0, 3])
+    assert DMPQPredictor.from_dict(pred.to_dict()) == pred
+    g = torch.tensor([0.2])
+    assert [float(pred.predict(0, g, s)) for s in (1, 2, 3, 9)] == pytest.approx([0.2, 0.2, 1.0, 1.0])
+    g = torch.tensor([0.3])
+    assert pred.choose(1, g, 1).value == "nvfp4" and pred.choose(1, g, 5).value == "int8"
+    assert DMPQPredictor(["a"], [2.0], [1.0], 0.1).alpha == [[2.0]]  # one number: one range
+    with pytest.raises(ValueError, match="one value per block and step range"):
+        DMPQPredictor(["a"], [[1.0]], [[0.0]], 0.5, step_starts=[0, 3])
+    with pytest.raises(ValueError, match="must start at 0"):
+        DMPQPredictor(["a"], [[1.0, 1.0]], [[0.0, 0.0]], 0.5, step_starts=[2, 3])
+    with pytest.raises(ValueError, match="error_at"):
+        DMPQConfig(error_at="final")
+    with pytest.raises(ValueError, match="step_groups"):
+        DMPQConfig(step_groups=0)
 
 
 def test_fit_restores_modes_and_validates():
@@ -145,9 +212,7 @@ def test_tiny_architectures_end_to_end(name):
     sixbit.quantize(tm.model, sixbit.QuantConfig(hadamard_block=128))
 
     def run():
-        for t in (900, 600, 300):
-            for _ in range(2):
-                tm.model(**tm.inputs(2, torch.tensor(t)))
+        return [tm.model(**tm.inputs(2, torch.tensor(t))).sample for t in (900, 600, 300) for _ in range(2)]
 
     pred = fit_dmpq(tm.model, run)
     dmpq = apply_dmpq(tm.model, pred)
@@ -184,9 +249,7 @@ def test_refined_threshold_meets_target_bits_on_calibration_runs():
     xs = [torch.randn(1, 8, 32) * s for s in (0.3, 1.0, 3.0)]
 
     def run():
-        for x in xs:
-            for t in range(1000, 0, -50):
-                model(x, timestep=torch.tensor([t]))
+        return [model(x, timestep=torch.tensor([t])) for x in xs for t in range(1000, 0, -50)]
 
     pred = fit_dmpq(model, run, DMPQConfig(target_bits=6.0))
     tracker = sixbit.runtime.tracker_of(model)

@@ -2,21 +2,37 @@
 
 For every block call of the calibration runs, the block is first run as usual with
 full-precision activations (the reference ``y``), then once more with NVFP4 activations
-(``y_low``). The quantization error is ``E = ‖y_low − y‖₁ / ‖y‖₁``: the error NVFP4
-activations add to the residual stream, relative to it. ``Γ`` is ``‖y − x‖₁ / ‖x‖₁``. Pairs ``(Γ_{t−1}, E_t)`` of consecutive steps of one sample feed a
-least-squares line per block. The threshold is then the predicted error below which blocks
-go NVFP4 so that the FLOP-weighted average activation width of the calibration runs equals
-``target_bits`` (steps without ``Γ_{t−1}`` count as INT8). With ``refine`` (default), the
-calibration runs are repeated once with DMPQ switching for real and the threshold is picked
-again from the errors predicted then: at run time Γ is measured on mixed-precision blocks, not
-on full-precision ones, and this second pass makes the achieved bits match the target.
+(``y_low``). ``Γ`` is ``‖y − x‖₁ / ‖x‖₁``; the block-output error is
+``e = ‖y_low − y‖₁ / ‖y‖₁``. Their correlation over consecutive steps, ``(Γ_{t−1}, e_t)``, is
+the paper's observation (``pearson_r``).
+
+What the predictor learns depends on ``DMPQConfig.error_at``:
+
+- ``"video"`` (default): the cost in the final video. The calibration runs are repeated with
+  INT8 activations everywhere (the base videos), then once per cell of a step-range ×
+  block-range grid with NVFP4 activations in that cell only. A cell's cost is the relative
+  squared change of the videos, ``‖V_cell − V_base‖² / ‖V_base‖²``; each call in the cell gets
+  an equal share of it, scaled by its block-output error relative to the cell's mean. On the
+  shipped models the first steps cost the video most although their block-output error is
+  smallest: an early error moves the whole trajectory.
+- ``"block"``: ``e`` itself (one run, no video needed).
+
+Pairs ``(Γ_{t−1}, E_t)`` of consecutive steps of one sample feed a least-squares line per
+block and step range of the grid (``"video"``) or per block (``"block"``). The threshold is then the predicted error below which blocks go NVFP4 so that the
+FLOP-weighted average activation width of the calibration runs equals ``target_bits`` (steps
+without ``Γ_{t−1}`` count as INT8). With ``refine`` (default), the calibration runs are
+repeated once with DMPQ switching for real and the threshold is picked again from the errors
+predicted then: at run time Γ is measured on mixed-precision blocks, not on full-precision
+ones, and this second pass makes the achieved bits match the target.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -48,6 +64,10 @@ def fit_dmpq(
     model: nn.Module, run: Callable[[], object], config: DMPQConfig | None = None, refine: bool = True
 ) -> DMPQPredictor:
     """Run ``run()`` (calibration generations) on the quantized ``model`` and fit the predictor.
+
+    With ``error_at="video"`` (the default) ``run()`` must return the generated videos — a
+    pipeline output with ``.frames``, a tensor or an array, or a list of those — and is called
+    ``2 + step_groups × block_groups`` times (plus one with ``refine``).
 
     Example:
         >>> predictor = fit_dmpq(pipe.transformer, lambda: pipe(prompts, num_inference_steps=20))  # doctest: +SKIP
@@ -115,26 +135,128 @@ def fit_dmpq(
         if prev is not None and prev["gamma"].shape == c["gamma"].shape:
             pairs.append((c, prev["gamma"]))
     n_blocks = len(blocks)
-    alpha, beta = [0.0] * n_blocks, [0.0] * n_blocks
+    step_starts = [0]
+    if config.error_at == "video" and pairs:
+        try:
+            cell_of, cost, step_starts = _video_costs(
+                run, tracker, blocks, layers, 1 + max(c["step"] for c in calls), config
+            )
+        finally:
+            for m in (m for ls in layers.values() for m in ls):
+                m.act_mode = saved[id(m)]
+        targets = _shares(pairs, cell_of, cost)
+    else:
+        targets = [c["error"] for c, _ in pairs]
+    ranges = [range(a, b) for a, b in zip(step_starts, step_starts[1:] + [1 << 30])]
+    alpha = [[0.0] * len(ranges) for _ in range(n_blocks)]
+    beta = [[0.0] * len(ranges) for _ in range(n_blocks)]
     for b in range(n_blocks):
-        g = torch.cat([gp for c, gp in pairs if c["block"] == b]) if pairs else torch.empty(0)
-        e = torch.cat([c["error"] for c, _ in pairs if c["block"] == b]) if pairs else torch.empty(0)
-        alpha[b], beta[b] = _line(g, e)
+        for r, steps in enumerate(ranges):
+            chosen = [(gp, t) for (c, gp), t in zip(pairs, targets) if c["block"] == b and c["step"] in steps]
+            if chosen:
+                alpha[b][r], beta[b][r] = _line(torch.cat([g for g, _ in chosen]), torch.cat([t for _, t in chosen]))
     all_g = torch.cat([gp for _, gp in pairs]) if pairs else torch.empty(0)
     all_e = torch.cat([c["error"] for c, _ in pairs]) if pairs else torch.empty(0)
     predictor = DMPQPredictor(
-        [name for _, name, _, _ in blocks], alpha, beta, float("inf"), _pearson(all_g, all_e), (all_g, all_e)
+        [name for _, name, _, _ in blocks], alpha, beta, float("inf"), _pearson(all_g, all_e), step_starts,
+        (all_g, all_e),
     )
     if config.threshold is not None:
         predictor.threshold = config.threshold
     else:
         total = sum(c["flops"] for c in calls)
-        candidates = [(float(predictor.predict(c["block"], gp).max()), c["flops"]) for c, gp in pairs]
+        candidates = [(float(predictor.predict(c["block"], gp, c["step"]).max()), c["flops"]) for c, gp in pairs]
         predictor.threshold = _threshold(candidates, total, config.target_bits)
         if refine:
             predictor.threshold = _refine(model, run, predictor, config.target_bits)
     logger.info("DMPQ predictor: r = %.3f, threshold = %.4g", predictor.pearson_r, predictor.threshold)
     return predictor
+
+
+def _video_costs(run, tracker, blocks: list, layers: dict[int, list], n_steps: int, config: DMPQConfig):
+    """Cost of NVFP4 activations per grid cell: the calibration videos' relative squared change.
+
+    Returns ``cell_of[(block, step)] = cell`` for every block and every step after the first,
+    ``cost[cell]``, and the first step of each step range (the first range also holds step 0).
+    """
+    step_sets = [r.tolist() for r in torch.arange(1, n_steps).tensor_split(min(config.step_groups, max(n_steps - 1, 1)))]
+    block_sets = [r.tolist() for r in torch.arange(len(layers)).tensor_split(min(config.block_groups, len(layers)))]
+    base = _forced_run(run, tracker, blocks, layers, set())
+    cell_of, cost = {}, []
+    for block_set in block_sets:
+        for step_set in step_sets:
+            cell = {(b, t) for b in block_set for t in step_set}
+            if not cell:
+                continue
+            videos = _forced_run(run, tracker, blocks, layers, cell)
+            if videos.shape != base.shape:
+                raise ValueError(
+                    f"the calibration runs returned videos of shape {tuple(videos.shape)} and {tuple(base.shape)}: "
+                    "run() must generate the same videos (prompts, seeds) every time"
+                )
+            cost.append(float((videos - base).pow(2).sum() / base.pow(2).sum().clamp_min(1e-30)))
+            cell_of.update(dict.fromkeys(cell, len(cost) - 1))
+            logger.info("DMPQ video cost: blocks %s, steps %s: %.3g", block_set, step_set, cost[-1])
+    return cell_of, cost, [0] + [steps[0] for steps in step_sets[1:] if steps]
+
+
+def _shares(pairs: list, cell_of: dict, cost: list[float]) -> list[torch.Tensor]:
+    """Each call's target: an equal share of its cell's cost, scaled by its block-output error
+    relative to the cell's mean."""
+    members: dict[int, list[torch.Tensor]] = {}
+    positions: dict[int, set] = {}
+    for c, _ in pairs:
+        cell = cell_of[(c["block"], c["step"])]
+        members.setdefault(cell, []).append(c["error"])
+        positions.setdefault(cell, set()).add((c["block"], c["step"]))
+    mean = {k: float(torch.cat(v).mean()) for k, v in members.items()}
+    targets = []
+    for c, _ in pairs:
+        cell = cell_of[(c["block"], c["step"])]
+        scale = c["error"] / mean[cell] if mean[cell] > 0 else torch.ones_like(c["error"])
+        targets.append(cost[cell] / len(positions[cell]) * scale)
+    return targets
+
+
+def _forced_run(run, tracker, blocks: list, layers: dict[int, list], low: set) -> torch.Tensor:
+    """``run()`` with NVFP4 activations at the (block, step) pairs in ``low``, INT8 elsewhere; its videos."""
+    def pre(index):
+        def hook(module, args):
+            mode = ActMode.NVFP4 if (index, tracker.info.step) in low else ActMode.INT8
+            for layer in layers[index]:
+                layer.act_mode = mode
+        return hook
+
+    handles = [block.register_forward_pre_hook(pre(index)) for index, _, block, _ in blocks]
+    tracker.new_generation()
+    try:
+        with torch.no_grad():
+            return _videos(run())
+    finally:
+        for h in handles:
+            h.remove()
+        tracker.new_generation()
+
+
+def _videos(result) -> torch.Tensor:
+    """The videos a calibration ``run()`` returned, as one float tensor."""
+    if isinstance(result, (list, tuple)) and result and not isinstance(result[0], str):
+        parts = [_videos(r) for r in result]
+        return torch.cat([p.reshape(-1) for p in parts])
+    frames = getattr(result, "frames", result)
+    if isinstance(frames, torch.Tensor):
+        return frames.detach().float().cpu()
+    try:
+        array = None if frames is None else np.asarray(frames, dtype=np.float32)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.ndim == 0 or array.size == 0:
+        raise ValueError(
+            f"DMPQConfig(error_at='video') measures what NVFP4 costs the final video, but run() returned "
+            f"{type(result).__name__}: return the generated videos (a pipeline output with .frames, a tensor "
+            "or an array, or a list of them), or fit to the block outputs with DMPQConfig(error_at='block')"
+        )
+    return torch.from_numpy(array)
 
 
 def _threshold(candidates: list[tuple[float, float]], total_flops: float, target_bits: float) -> float:
@@ -148,7 +270,7 @@ def _threshold(candidates: list[tuple[float, float]], total_flops: float, target
     done = 0.0
     for predicted, flops in sorted(candidates):
         if done >= needed:
-            return predicted - 1e-12 if predicted > 0 else 0.0
+            return math.nextafter(predicted, -math.inf)
         done += flops
     if done < needed:
         logger.warning(

@@ -2,8 +2,10 @@
 
 Each block's relative L1 change from input to output at its previous computed step,
 ``Γ_{t−1} = ‖out − in‖₁ / ‖in‖₁``, predicts how much error NVFP4 activations would add at
-step ``t`` through a linear model ``E = α·Γ_{t−1} + β`` fitted per block on calibration runs
-(:func:`sixbit.calibration.fit_dmpq`). A block whose predicted error is at most the threshold
+step ``t`` through a linear model ``E = α·Γ_{t−1} + β`` fitted on calibration runs
+(:func:`sixbit.calibration.fit_dmpq`): one line per block and step range, so a step range can
+be cheap or costly for the video whatever its Γ (step ranges are the calibration runs' steps:
+calibrate with the step count you generate with). A block whose predicted error is at most the threshold
 runs every linear with NVFP4 activations (``low``); otherwise, and whenever ``Γ_{t−1}`` is
 unknown (first step, after a skip), with INT8 (``high``). The threshold is set on calibration
 data so the GEMM-FLOP-weighted average activation width meets ``target_bits``.
@@ -16,6 +18,7 @@ NVFP4 activations are emulated on hardware without FP4 matmuls (see :class:`~six
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import defaultdict
 
@@ -44,11 +47,24 @@ class DMPQConfig:
         threshold: an explicit predicted-error threshold; overrides ``target_bits`` when set.
         hadamard_block: online Hadamard block for the NVFP4 weights (default 128; layers whose
             input size it does not divide use the largest smaller block that does).
+        error_at: where calibration measures the error the predictor learns.
+            ``"video"`` (default): what NVFP4 activations in a block and step cost the final
+            video, measured by re-running the calibration with NVFP4 in one cell of a
+            ``step_groups`` × ``block_groups`` grid at a time (that many extra runs; ``run``
+            must return the videos). ``"block"``: the error at the block's own output, from
+            one run (the paper's target; cheaper, but a small early error can cost the video
+            more than a large late one).
+        step_groups: contiguous step ranges of the ``"video"`` grid (default 5).
+        block_groups: contiguous block ranges of the ``"video"`` grid (default 4; models with
+            fewer blocks use one per block).
     """
 
     target_bits: float = 6.0
     threshold: float | None = None
     hadamard_block: int | None = 128
+    error_at: str = "video"
+    step_groups: int = 5
+    block_groups: int = 4
 
     def __post_init__(self):
         problems = []
@@ -56,28 +72,56 @@ class DMPQConfig:
             problems.append(f"target_bits must be within [4.5, 8], got {self.target_bits!r}")
         if self.threshold is not None and not self.threshold >= 0:
             problems.append(f"threshold must be ≥ 0 or None, got {self.threshold!r}")
+        if self.error_at not in ("video", "block"):
+            problems.append(f'error_at must be "video" or "block", got {self.error_at!r}')
+        for name in ("step_groups", "block_groups"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name} must be an integer ≥ 1, got {value!r}")
         if problems:
             raise ValueError("invalid DMPQConfig:\n  - " + "\n  - ".join(problems))
 
 
 @dataclasses.dataclass
 class DMPQPredictor:
-    """Per-block linear error model ``E = α·Γ_{t−1} + β`` and the switching threshold."""
+    """Linear error model ``E = α·Γ_{t−1} + β`` per block (and step range), and the switching threshold.
+
+    ``alpha[b]`` and ``beta[b]`` hold one value per step range; range ``r`` starts at step
+    ``step_starts[r]`` (default one range, ``[0]``: one line per block). A plain number is one
+    range.
+    """
 
     blocks: list[str]
-    alpha: list[float]
-    beta: list[float]
+    alpha: list
+    beta: list
     threshold: float
-    pearson_r: float = float("nan")  # correlation of Γ_{t−1} and E_t on the calibration data
+    pearson_r: float = float("nan")  # correlation of Γ_{t−1} and the block-output error E_t on the calibration data
+    step_starts: list[int] = dataclasses.field(default_factory=lambda: [0])
     # the (Γ_{t−1}, E_t) calibration pairs, kept for plots; not serialized
     pairs: tuple[torch.Tensor, torch.Tensor] | None = dataclasses.field(default=None, repr=False, compare=False)
 
-    def predict(self, block: int, gamma: torch.Tensor) -> torch.Tensor:
-        return self.alpha[block] * gamma + self.beta[block]
+    def __post_init__(self):
+        self.alpha = [list(a) if isinstance(a, (list, tuple)) else [a] for a in self.alpha]
+        self.beta = [list(b) if isinstance(b, (list, tuple)) else [b] for b in self.beta]
+        self.step_starts = list(self.step_starts)
+        ranges = len(self.step_starts)
+        if (
+            not ranges or self.step_starts[0] != 0 or self.step_starts != sorted(set(self.step_starts))
+            or len(self.alpha) != len(self.blocks) or len(self.beta) != len(self.blocks)
+            or any(len(v) != ranges for v in self.alpha + self.beta)
+        ):
+            raise ValueError(
+                f"inconsistent DMPQ predictor: {len(self.blocks)} blocks, step_starts {self.step_starts} "
+                "(must start at 0 and increase), and alpha/beta need one value per block and step range"
+            )
 
-    def choose(self, block: int, gamma: torch.Tensor) -> ActMode:
+    def predict(self, block: int, gamma: torch.Tensor, step: int = 0) -> torch.Tensor:
+        r = bisect.bisect_right(self.step_starts, step) - 1
+        return self.alpha[block][r] * gamma.double() + self.beta[block][r]  # float64: exact against the threshold
+
+    def choose(self, block: int, gamma: torch.Tensor, step: int = 0) -> ActMode:
         """NVFP4 when every sample's predicted error is within the threshold, else INT8."""
-        return ActMode.NVFP4 if bool((self.predict(block, gamma) <= self.threshold).all()) else ActMode.INT8
+        return ActMode.NVFP4 if bool((self.predict(block, gamma, step) <= self.threshold).all()) else ActMode.INT8
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pairs"}
@@ -122,7 +166,7 @@ class RandomAssignment:
         self.low_share = low_share
         self.generator = torch.Generator().manual_seed(seed)
 
-    def choose(self, block: int, gamma: torch.Tensor) -> ActMode:
+    def choose(self, block: int, gamma: torch.Tensor, step: int = 0) -> ActMode:
         draw = float(torch.rand((), generator=self.generator))
         return ActMode.NVFP4 if draw < self.low_share else ActMode.INT8
 
@@ -208,8 +252,9 @@ class DMPQ:
         # Γ must come from the step just before: after a skipped step (delta cache) it is unknown
         if gamma is None or step != self.tracker.info.step - 1 or gamma.shape[0] != batch:
             return ActMode.INT8, None
-        predicted = float(self.policy.predict(index, gamma).max()) if hasattr(self.policy, "predict") else None
-        return self.policy.choose(index, gamma), predicted
+        step = self.tracker.info.step
+        predicted = float(self.policy.predict(index, gamma, step).max()) if hasattr(self.policy, "predict") else None
+        return self.policy.choose(index, gamma, step), predicted
 
     def record(self, index: int, mode: ActMode, gamma: torch.Tensor, flops: float, predicted: float | None) -> None:
         info = self.tracker.info
