@@ -103,6 +103,8 @@ def test_calibration_from_a_video_folder(tmp_path):
     assert conv.calibration["source"] == "videos" and conv.calibration["count"] == 2
     # the predictor was fitted on calls the video runs made: one record per block per calibration step
     assert conv.predictor.pairs and np.isfinite(generate(pipe)).all()
+    # replayed along their noising path, the videos give no final-video error: one line per block
+    assert conv.predictor.step_starts == [0]
 
 
 def test_bad_inputs_change_nothing(tmp_path, fp_video):

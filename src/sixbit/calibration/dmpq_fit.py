@@ -18,9 +18,10 @@ What the predictor learns depends on ``DMPQConfig.error_at``:
 - ``"block"``: ``e`` itself (one run, no video needed).
 
 Pairs ``(Γ_{t−1}, E_t)`` of consecutive steps of one sample feed a least-squares line per
-block and step range of the grid (``"video"``) or per block (``"block"``). The threshold is then the predicted error below which blocks go NVFP4 so that the
-FLOP-weighted average activation width of the calibration runs equals ``target_bits`` (steps
-without ``Γ_{t−1}`` count as INT8). With ``refine`` (default), the calibration runs are
+block and step range of the grid (``"video"``) or per block (``"block"``). The threshold is
+then the predicted error below which blocks go NVFP4 so that the FLOP-weighted average
+activation width of the calibration runs equals ``target_bits`` (steps without ``Γ_{t−1}``
+count as INT8). With ``refine`` (default), the calibration runs are
 repeated once with DMPQ switching for real and the threshold is picked again from the errors
 predicted then: at run time Γ is measured on mixed-precision blocks, not on full-precision
 ones, and this second pass makes the achieved bits match the target.
@@ -186,8 +187,6 @@ def _video_costs(run, tracker, blocks: list, layers: dict[int, list], n_steps: i
     for block_set in block_sets:
         for step_set in step_sets:
             cell = {(b, t) for b in block_set for t in step_set}
-            if not cell:
-                continue
             videos = _forced_run(run, tracker, blocks, layers, cell)
             if videos.shape != base.shape:
                 raise ValueError(
@@ -197,7 +196,7 @@ def _video_costs(run, tracker, blocks: list, layers: dict[int, list], n_steps: i
             cost.append(float((videos - base).pow(2).sum() / base.pow(2).sum().clamp_min(1e-30)))
             cell_of.update(dict.fromkeys(cell, len(cost) - 1))
             logger.info("DMPQ video cost: blocks %s, steps %s: %.3g", block_set, step_set, cost[-1])
-    return cell_of, cost, [0] + [steps[0] for steps in step_sets[1:] if steps]
+    return cell_of, cost, [0] + [steps[0] for steps in step_sets[1:]]
 
 
 def _shares(pairs: list, cell_of: dict, cost: list[float]) -> list[torch.Tensor]:
