@@ -61,6 +61,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"-o {args.output!r}: the output must be a .safetensors file")
     pipe = load_pipeline(args.model, progress_bar=True)
     calib = _calibration(args, pipe) if config.needs_calibration else None
+    if config.dmpq is not None and config.dmpq.error_at == "video" and isinstance(calib, list):  # not a video folder
+        runs = 3 + config.dmpq.step_groups * config.dmpq.block_groups
+        print(f"fitting DMPQ to what NVFP4 costs the videos: the calibration prompts run up to {runs} times")
     t0 = time.perf_counter()
     convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=_call_kwargs(args))
     seconds = time.perf_counter() - t0
