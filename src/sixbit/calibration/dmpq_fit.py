@@ -180,7 +180,7 @@ def _video_costs(run, tracker, blocks: list, layers: dict[int, list], n_steps: i
     Returns ``cell_of[(block, step)] = cell`` for every block and every step after the first,
     ``cost[cell]``, and the first step of each step range (the first range also holds step 0).
     """
-    step_sets = [r.tolist() for r in torch.arange(1, n_steps).tensor_split(min(config.step_groups, max(n_steps - 1, 1)))]
+    step_sets = [r.tolist() for r in torch.arange(1, n_steps).tensor_split(min(config.step_groups, n_steps - 1))]
     block_sets = [r.tolist() for r in torch.arange(len(layers)).tensor_split(min(config.block_groups, len(layers)))]
     base = _forced_run(run, tracker, blocks, layers, set())
     cell_of, cost = {}, []

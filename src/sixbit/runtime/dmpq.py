@@ -5,8 +5,8 @@ Each block's relative L1 change from input to output at its previous computed st
 step ``t`` through a linear model ``E = α·Γ_{t−1} + β`` fitted on calibration runs
 (:func:`sixbit.calibration.fit_dmpq`): one line per block and step range, so a step range can
 be cheap or costly for the video whatever its Γ (step ranges are the calibration runs' steps:
-calibrate with the step count you generate with). A block whose predicted error is at most the threshold
-runs every linear with NVFP4 activations (``low``); otherwise, and whenever ``Γ_{t−1}`` is
+calibrate with the step count you generate with). A block whose predicted error is at most the
+threshold runs every linear with NVFP4 activations (``low``); otherwise, and whenever ``Γ_{t−1}`` is
 unknown (first step, after a skip), with INT8 (``high``). The threshold is set on calibration
 data so the GEMM-FLOP-weighted average activation width meets ``target_bits``.
 
@@ -51,9 +51,9 @@ class DMPQConfig:
             ``"video"`` (default): what NVFP4 activations in a block and step cost the final
             video, measured by re-running the calibration with NVFP4 in one cell of a
             ``step_groups`` × ``block_groups`` grid at a time (that many extra runs; ``run``
-            must return the videos). ``"block"``: the error at the block's own output, from
-            one run (the paper's target; cheaper, but a small early error can cost the video
-            more than a large late one).
+            must return the videos). ``"block"``: the error at the block's own output (the
+            paper's target; two runs, but a small early error can cost the video more than a
+            large late one).
         step_groups: contiguous step ranges of the ``"video"`` grid (default 5).
         block_groups: contiguous block ranges of the ``"video"`` grid (default 4; models with
             fewer blocks use one per block).
@@ -95,7 +95,7 @@ class DMPQPredictor:
     alpha: list
     beta: list
     threshold: float
-    pearson_r: float = float("nan")  # correlation of Γ_{t−1} and the block-output error E_t on the calibration data
+    pearson_r: float = float("nan")  # correlation of Γ_{t−1} and the block-output error at t, on calibration
     step_starts: list[int] = dataclasses.field(default_factory=lambda: [0])
     # the (Γ_{t−1}, E_t) calibration pairs, kept for plots; not serialized
     pairs: tuple[torch.Tensor, torch.Tensor] | None = dataclasses.field(default=None, repr=False, compare=False)
