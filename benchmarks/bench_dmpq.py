@@ -41,9 +41,9 @@ from sixbit.bench.report import machine_description, update_section
 from sixbit.calibration import fit_dmpq
 from sixbit.eval.metrics import psnr, ssim
 from sixbit.eval.shapes import adherence, generate_heldout
-from sixbit.nn import ActMode, QuantLinear
+from sixbit.nn import QuantLinear
 from sixbit.transforms.smoothquant import smoothing_factors, weight_channel_amax
-from sixbit.runtime.dmpq import DMPQConfig, RandomAssignment, apply_dmpq
+from sixbit.runtime.dmpq import DMPQConfig, FixedAssignment, RandomAssignment, apply_dmpq
 from sixbit.zoo.shapes import all_prompts, heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,22 +165,12 @@ def run_arch(arch: str, pairs, calib_pairs, steps: int, target_bits: list[float]
             branches = {b for b, _, _ in chosen}
             low = {(s, k) for _, s, k in chosen if all(chosen.get((b, s, k)) == "nvfp4" for b in branches)}
             sp = _quantized(arch, "nvfp4", 128, "int8")
-            handle = apply_dmpq(sp.transformer, _FixedMap(low))
+            handle = apply_dmpq(sp.transformer, FixedAssignment(low))
             sname = f"DMPQ's calibration map, fixed (target {target:g} bits)"
             rows[sname], _ = _measure(sp, pairs, steps, ref)
             rows[sname]["bits"] = handle.report().average_bits
             print(f"[{arch}] {sname}: {rows[sname]}", flush=True)
     return rows, fits
-
-
-class _FixedMap:
-    """Ablation policy: NVFP4 exactly at the (step, block) cells in ``low``, whatever Γ says."""
-
-    def __init__(self, low: set):
-        self.low = low
-
-    def choose(self, block, gamma, step=0):
-        return ActMode.NVFP4 if (step, block) in self.low else ActMode.INT8
 
 
 def main(argv=None) -> int:

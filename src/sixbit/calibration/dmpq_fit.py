@@ -40,7 +40,7 @@ from torch import nn
 from ..models import iter_blocks, spec_for
 from ..nn import ActMode
 from ..runtime.context import track_steps
-from ..runtime.dmpq import ACT_BITS, DMPQConfig, DMPQPredictor, apply_dmpq, remove_dmpq
+from ..runtime.dmpq import ACT_BITS, DMPQConfig, DMPQPredictor, FixedAssignment, apply_dmpq, remove_dmpq, step_range
 from ..runtime.measure import quant_linears, relative_l1
 
 logger = logging.getLogger(__name__)
@@ -138,22 +138,16 @@ def fit_dmpq(
     n_blocks = len(blocks)
     step_starts = [0]
     if config.error_at == "video" and pairs:
-        try:
-            cell_of, cost, step_starts = _video_costs(
-                run, tracker, blocks, layers, 1 + max(c["step"] for c in calls), config
-            )
-        finally:
-            for m in (m for ls in layers.values() for m in ls):
-                m.act_mode = saved[id(m)]
+        cell_of, cost, step_starts = _video_costs(model, run, len(blocks), 1 + max(c["step"] for c in calls), config)
         targets = _shares(pairs, cell_of, cost)
     else:
         targets = [c["error"] for c, _ in pairs]
-    ranges = [range(a, b) for a, b in zip(step_starts, step_starts[1:] + [1 << 30])]
-    alpha = [[0.0] * len(ranges) for _ in range(n_blocks)]
-    beta = [[0.0] * len(ranges) for _ in range(n_blocks)]
+    alpha = [[0.0] * len(step_starts) for _ in range(n_blocks)]
+    beta = [[0.0] * len(step_starts) for _ in range(n_blocks)]
     for b in range(n_blocks):
-        for r, steps in enumerate(ranges):
-            chosen = [(gp, t) for (c, gp), t in zip(pairs, targets) if c["block"] == b and c["step"] in steps]
+        for r in range(len(step_starts)):
+            chosen = [(gp, t) for (c, gp), t in zip(pairs, targets)
+                      if c["block"] == b and step_range(step_starts, c["step"]) == r]
             if chosen:
                 alpha[b][r], beta[b][r] = _line(torch.cat([g for g, _ in chosen]), torch.cat([t for _, t in chosen]))
     all_g = torch.cat([gp for _, gp in pairs]) if pairs else torch.empty(0)
@@ -174,27 +168,26 @@ def fit_dmpq(
     return predictor
 
 
-def _video_costs(run, tracker, blocks: list, layers: dict[int, list], n_steps: int, config: DMPQConfig):
+def _video_costs(model: nn.Module, run, n_blocks: int, n_steps: int, config: DMPQConfig):
     """Cost of NVFP4 activations per grid cell: the calibration videos' relative squared change.
 
     Returns ``cell_of[(block, step)] = cell`` for every block and every step after the first,
     ``cost[cell]``, and the first step of each step range (the first range also holds step 0).
     """
     step_sets = [r.tolist() for r in torch.arange(1, n_steps).tensor_split(min(config.step_groups, n_steps - 1))]
-    block_sets = [r.tolist() for r in torch.arange(len(layers)).tensor_split(min(config.block_groups, len(layers)))]
-    base = _forced_run(run, tracker, blocks, layers, set())
+    block_sets = [r.tolist() for r in torch.arange(n_blocks).tensor_split(min(config.block_groups, n_blocks))]
+    base = _videos(_run_with(model, run, FixedAssignment(()))[0])
     cell_of, cost = {}, []
     for block_set in block_sets:
         for step_set in step_sets:
-            cell = {(b, t) for b in block_set for t in step_set}
-            videos = _forced_run(run, tracker, blocks, layers, cell)
+            videos = _videos(_run_with(model, run, FixedAssignment((t, b) for b in block_set for t in step_set))[0])
             if videos.shape != base.shape:
                 raise ValueError(
                     f"the calibration runs returned videos of shape {tuple(videos.shape)} and {tuple(base.shape)}: "
                     "run() must generate the same videos (prompts, seeds) every time"
                 )
             cost.append(float((videos - base).pow(2).sum() / base.pow(2).sum().clamp_min(1e-30)))
-            cell_of.update(dict.fromkeys(cell, len(cost) - 1))
+            cell_of.update(dict.fromkeys(((b, t) for b in block_set for t in step_set), len(cost) - 1))
             logger.info("DMPQ video cost: blocks %s, steps %s: %.3g", block_set, step_set, cost[-1])
     return cell_of, cost, [0] + [steps[0] for steps in step_sets[1:]]
 
@@ -215,26 +208,6 @@ def _shares(pairs: list, cell_of: dict, cost: list[float]) -> list[torch.Tensor]
         scale = c["error"] / mean[cell] if mean[cell] > 0 else torch.ones_like(c["error"])
         targets.append(cost[cell] / len(positions[cell]) * scale)
     return targets
-
-
-def _forced_run(run, tracker, blocks: list, layers: dict[int, list], low: set) -> torch.Tensor:
-    """``run()`` with NVFP4 activations at the (block, step) pairs in ``low``, INT8 elsewhere; its videos."""
-    def pre(index):
-        def hook(module, args):
-            mode = ActMode.NVFP4 if (index, tracker.info.step) in low else ActMode.INT8
-            for layer in layers[index]:
-                layer.act_mode = mode
-        return hook
-
-    handles = [block.register_forward_pre_hook(pre(index)) for index, _, block, _ in blocks]
-    tracker.new_generation()
-    try:
-        with torch.no_grad():
-            return _videos(run())
-    finally:
-        for h in handles:
-            h.remove()
-        tracker.new_generation()
 
 
 def _videos(result) -> torch.Tensor:
@@ -281,15 +254,20 @@ def _threshold(candidates: list[tuple[float, float]], total_flops: float, target
 
 def _refine(model: nn.Module, run: Callable[[], object], predictor: DMPQPredictor, target_bits: float) -> float:
     """Re-pick the threshold from the errors predicted while DMPQ really switches precision."""
+    _, report = _run_with(model, run, predictor)
+    return _threshold(report.candidates, sum(report.flops.values()), target_bits)
+
+
+def _run_with(model: nn.Module, run: Callable[[], object], policy):
+    """``run()`` with DMPQ switching by ``policy``; returns its result and DMPQ's report (modes restored)."""
     modes = {id(m): m.act_mode for _, _, block, _ in iter_blocks(model) for m in quant_linears(block)}
-    method = apply_dmpq(model, predictor)
+    method = apply_dmpq(model, policy)
     try:
         with torch.no_grad():
-            run()
-        report = method.report()
+            result = run()
+        return result, method.report()
     finally:
         remove_dmpq(model)
         for _, _, block, _ in iter_blocks(model):
             for m in quant_linears(block):
                 m.act_mode = modes[id(m)]
-    return _threshold(report.candidates, sum(report.flops.values()), target_bits)

@@ -116,7 +116,7 @@ class DMPQPredictor:
             )
 
     def predict(self, block: int, gamma: torch.Tensor, step: int = 0) -> torch.Tensor:
-        r = bisect.bisect_right(self.step_starts, step) - 1
+        r = step_range(self.step_starts, step)
         return self.alpha[block][r] * gamma.double() + self.beta[block][r]  # float64: exact against the threshold
 
     def choose(self, block: int, gamma: torch.Tensor, step: int = 0) -> ActMode:
@@ -152,6 +152,25 @@ class DMPQPredictor:
     @classmethod
     def from_dict(cls, data: dict) -> "DMPQPredictor":
         return cls(**data)
+
+
+def step_range(step_starts: list[int], step: int) -> int:
+    """Index of the step range (ranges start at ``step_starts``, the first at 0) that holds ``step``."""
+    return bisect.bisect_right(step_starts, step) - 1
+
+
+class FixedAssignment:
+    """Policy: NVFP4 exactly at the ``(step, block)`` pairs in ``cells``, INT8 elsewhere, whatever Γ says.
+
+    Used by calibration to measure what NVFP4 costs in one part of the run, and as an ablation
+    (DMPQ's own map, fixed).
+    """
+
+    def __init__(self, cells):
+        self.cells = set(cells)
+
+    def choose(self, block: int, gamma: torch.Tensor, step: int = 0) -> ActMode:
+        return ActMode.NVFP4 if (step, block) in self.cells else ActMode.INT8
 
 
 class RandomAssignment:
