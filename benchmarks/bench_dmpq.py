@@ -38,12 +38,12 @@ import torch
 
 import sixbit
 from sixbit.bench.report import machine_description, update_section
-from sixbit.calibration import fit_dmpq
 from sixbit.eval.metrics import psnr, ssim
 from sixbit.eval.shapes import adherence, generate_heldout
+from sixbit.methods.dmpq import DMPQConfig, FixedAssignment, RandomAssignment, apply_dmpq, fit_dmpq
 from sixbit.nn import QuantLinear
+from sixbit.reports import plot_precision_map, plot_predictor
 from sixbit.transforms.smoothquant import smoothing_factors, weight_channel_amax
-from sixbit.runtime.dmpq import DMPQConfig, FixedAssignment, RandomAssignment, apply_dmpq
 from sixbit.zoo.shapes import all_prompts, heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,9 +133,9 @@ def run_arch(arch: str, pairs, calib_pairs, steps: int, target_bits: list[float]
         report = dmpq.report()
         rows[name]["bits"] = report.average_bits
         if target == target_bits[0]:
-            report.plot(plots / f"dmpq_map_{arch}.png", branch="cond" if arch == "wan" else "cond_uncond",
-                        title=f"DMPQ on shapes-{arch}, target {target:g} bits")
-            predictor.plot_correlation(plots / f"dmpq_corr_{arch}.png", title=f"shapes-{arch}")
+            plot_precision_map(report, plots / f"dmpq_map_{arch}.png", branch="cond" if arch == "wan" else "cond_uncond",
+                               title=f"DMPQ on shapes-{arch}, target {target:g} bits")
+            plot_predictor(predictor, plots / f"dmpq_corr_{arch}.png", title=f"shapes-{arch}")
         print(f"[{arch}] {name}: {rows[name]}", flush=True)
         low_share = report.flop_share().get("nvfp4", 0.0) * steps / max(steps - 1, 1)
         draws_rows = []

@@ -25,7 +25,7 @@ import sixbit
 from sixbit.bench.report import machine_description, update_section
 from sixbit.eval.metrics import psnr
 from sixbit.eval.shapes import adherence, generate_heldout
-from sixbit.runtime.stabilize import DEFAULT_DEADZONE
+from sixbit.methods.stabilize import DEFAULT_DEADZONE
 from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 
 SECTION = "stabilize-frames"
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         "frame-to-frame change of background pixels; added flicker: minus the full-precision model's on the same "
         "pairs. `stabilize_frames=True` multiplies each token's temporal mean and per-frame deviation apart and holds "
         f"tokens whose deviation is below {DEFAULT_DEADZONE} of their mean still (the dead zone, "
-        "`sixbit.runtime.stabilize`): a temporal smoothing, so PSNR against the flickering full-precision video also "
+        "`sixbit.methods.stabilize`): a temporal smoothing, so PSNR against the flickering full-precision video also "
         "counts the jitter it removes as error — read it with the adherence column.",
         "",
         *lines,

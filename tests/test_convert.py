@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 import sixbit
-from sixbit.runtime.stabilize import FrameStabilizer, _StabilizeHook
+from sixbit.methods.stabilize.method import FrameStabilizer, _StabilizeHook
 from sixbit.zoo.shapes import all_prompts, load_pipeline
 from sixbit.zoo.shapes.world import render, sample_specs
 
@@ -72,7 +72,7 @@ def test_transformer_alone_with_pipeline_argument_and_callable_calibration():
     with pytest.raises(ValueError, match="return the generated videos"):
         sixbit.convert_model(fresh.transformer, lambda: fresh(all_prompts()[:1], num_inference_steps=STEPS) and None,
                              "w4a6-dynamic")
-    assert sixbit.conversion_of(fresh.transformer) is None and not sixbit.runtime.measure.quant_linears(fresh.transformer)
+    assert sixbit.conversion_of(fresh.transformer) is None and not sixbit.runtime.blocks.quant_linears(fresh.transformer)
     with pytest.raises(ValueError, match="need a pipeline"):
         sixbit.convert_model(load_pipeline("wan").transformer, all_prompts()[:2], "balanced")
 
@@ -123,7 +123,7 @@ def test_bad_inputs_change_nothing(tmp_path, fp_video):
 
     with pytest.raises(RuntimeError, match="calibration crashed"):
         sixbit.convert_model(pipe, broken, "balanced")
-    assert sixbit.conversion_of(pipe) is None and not sixbit.runtime.measure.quant_linears(pipe.transformer)
+    assert sixbit.conversion_of(pipe) is None and not sixbit.runtime.blocks.quant_linears(pipe.transformer)
     assert np.array_equal(generate(pipe), fp_video)
     with pytest.raises(ValueError, match="stabilize_frames acts on dynamically quantized"):
         sixbit.convert_model(pipe, None, "tdc", stabilize_frames=True)

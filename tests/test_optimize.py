@@ -15,7 +15,7 @@ from safetensors import safe_open
 import sixbit
 from sixbit.models import iter_blocks
 from sixbit.optimize import HOOK_NAME, MemoryMode, disable_memory_optimization, enable_memory_optimization
-from sixbit.runtime.dmpq import RandomAssignment, apply_dmpq
+from sixbit.methods.dmpq import RandomAssignment, apply_dmpq
 from sixbit.zoo.shapes import load_pipeline
 
 PROMPT = "a red circle moving right"

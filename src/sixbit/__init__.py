@@ -10,19 +10,18 @@ Example:
 
 __version__ = "0.1.0"
 
-from . import formats  # noqa: E402
+from . import formats, reports  # noqa: E402
 from .api import quantize, summary  # noqa: E402
-from .calibration import CalibrationData, calibrate, fit_dmpq  # noqa: E402
+from .calibration import CalibrationData, calibrate  # noqa: E402
 from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
 from .convert import Conversion, conversion_of, convert_model  # noqa: E402
-from .nn import ActMode, QuantLinear  # noqa: E402
+from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
+from .methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq  # noqa: E402
+from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info  # noqa: E402
+from .nn import ActMode, QuantLinear, debug_checks  # noqa: E402
 from .presets import PRESETS, ConvertConfig  # noqa: E402
 from .runtime import track_steps  # noqa: E402
-from .runtime.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
-from .runtime.dmpq import DMPQConfig, apply_dmpq  # noqa: E402
-from .runtime.static_w8a8 import StaticW8A8Config, apply_static_w8a8  # noqa: E402
-from .runtime.static_w8a8_layers import range_parameters, static_w8a8_info  # noqa: E402
 
 __all__ = [
     "ActMode",
@@ -42,6 +41,7 @@ __all__ = [
     "calibrate",
     "conversion_of",
     "convert_model",
+    "debug_checks",
     "disable_delta_cache",
     "enable_delta_cache",
     "fit_dmpq",

@@ -109,10 +109,25 @@ class LayerInfo:
 
 @dataclasses.dataclass
 class Summary:
-    """What :func:`summary` reports: per-layer rows and linear-weight bytes before/after."""
+    """What :func:`summary` reports: per-layer rows and linear-weight bytes before/after, and
+    every byte the model holds.
+
+    Attributes:
+        tensor_bytes: every parameter and buffer of the model (non-persistent ones included,
+            e.g. static W8A8's extra weight variants; shared storage counted once).
+        converted_bytes: weight copies quantized layers keep converted for another activation
+            mode (``cache_converted=True``), not in any buffer.
+    """
 
     model: str
     layers: list[LayerInfo]
+    tensor_bytes: int = 0
+    converted_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """Every byte the model's tensors hold."""
+        return self.tensor_bytes + self.converted_bytes
 
     @property
     def bytes_before(self) -> int:
@@ -148,11 +163,33 @@ class Summary:
             f"  total: {self.bytes_before / 2**20:.2f} MiB before → {self.bytes_after / 2**20:.2f} MiB after "
             f"({self.compression:.2f}× smaller)"
         )
+        lines.append(
+            f"  all tensors the model holds: {self.total_bytes / 2**20:.2f} MiB (linear weights "
+            f"{self.bytes_after / 2**20:.2f}, other parameters and buffers "
+            f"{(self.tensor_bytes - self.bytes_after) / 2**20:.2f}, converted weight copies "
+            f"{self.converted_bytes / 2**20:.2f})"
+        )
         return "\n".join(lines)
 
 
+def _tensor_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer of ``model``, each storage counted once."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        key = (t.device, t.untyped_storage().data_ptr()) if t.device.type != "meta" else id(t)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes() if t.device.type != "meta" else t.numel() * t.element_size()
+    return total
+
+
 def summary(model: nn.Module) -> Summary:
-    """Layers per format and linear-weight bytes before/after quantization (as data; ``str`` reads well)."""
+    """Layers per format, linear-weight bytes before/after quantization, and every byte the model
+    holds (as data; ``str`` reads well).
+
+    Example:
+        >>> sixbit.summary(pipe.transformer).total_bytes   # doctest: +SKIP
+    """
     spec = spec_for(model)
     rows = []
     for name, mod in model.named_modules():
@@ -164,5 +201,6 @@ def summary(model: nn.Module) -> Summary:
             size = mod.weight.numel() * mod.weight.element_size()
             rows.append(LayerInfo(name, spec.role_of(name).value, "fp", mod.in_features, mod.out_features,
                                   size, size, f"{str(mod.weight.dtype).removeprefix('torch.')} (not quantized)"))
-    return Summary(type(model).__name__, rows)
+    converted = sum(m.converted_nbytes() for m in model.modules() if isinstance(m, QuantLinear))
+    return Summary(type(model).__name__, rows, _tensor_bytes(model), converted)
 

@@ -14,12 +14,12 @@ No pickle is involved at any point. Writes are atomic (temporary file in the sam
 fsync, rename): a failed save never leaves a partial file behind.
 
 **Extensions.** Runtime methods whose state is not in the ``state_dict`` (e.g. static W8A8's
-per-time-range parameters) register a :class:`CheckpointExtension` with
-:func:`register_extension`. On save, ``export(model)`` returns ``None`` (nothing to store) or
+per-time-range parameters) each define a :class:`CheckpointExtension` beside their code; the
+ones checkpoints carry are listed in :func:`extensions` (explicitly, in restore order). On save, ``export(model)`` returns ``None`` (nothing to store) or
 ``(meta, tensors)``: ``meta`` goes to ``header["extensions"][name]``, tensors are stored as
 ``"<name>::<key>"`` (covered by the checksum). On load, after the weights, ``restore(model,
-meta, tensors)`` rebuilds the method; a file naming an extension this process has not
-registered is refused before the model changes.
+meta, tensors)`` rebuilds the method; a file naming an extension this sixbit does not know is
+refused before the model changes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -58,15 +57,14 @@ class CheckpointExtension:
     restore: Callable[[nn.Module, dict, dict[str, torch.Tensor]], None]
 
 
-_EXTENSIONS: dict[str, CheckpointExtension] = {}
+def extensions() -> dict[str, CheckpointExtension]:
+    """The extensions checkpoints carry, by name, in restore order: static W8A8's parameters
+    (they rebuild layers), then the conversion (config, DMPQ predictor, cache settings), which
+    installs the runtime methods on top."""
+    from .convert import EXTENSION as conversion
+    from .methods.static_w8a8 import EXTENSION as static_w8a8
 
-
-def register_extension(extension: CheckpointExtension) -> CheckpointExtension:
-    """Register ``extension`` (re-registering the same name replaces it: module reloads)."""
-    if not re.fullmatch(r"[a-z0-9_-]+", extension.name):
-        raise ValueError(f"extension name {extension.name!r} must match [a-z0-9_-]+")
-    _EXTENSIONS[extension.name] = extension
-    return extension
+    return {ext.name: ext for ext in (static_w8a8, conversion)}
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -110,13 +108,13 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
             t = t.clone()
         seen.add(t.data_ptr())
         tensors[name] = t.cpu()
-    extensions = {}
-    for name, ext in _EXTENSIONS.items():
+    stored = {}
+    for name, ext in extensions().items():
         payload = ext.export(model)
         if payload is None:
             continue
         meta, extra = payload
-        extensions[name] = meta
+        stored[name] = meta
         for key, t in extra.items():
             tensors[f"{name}{_EXT_SEP}{key}"] = t.detach().contiguous().cpu().clone()
     header = {
@@ -127,8 +125,8 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         "layers": {n: m.config() for n, m in model.named_modules() if isinstance(m, QuantLinear)},
         "sha256": _digest(tensors),
     }
-    if extensions:
-        header["extensions"] = extensions
+    if stored:
+        header["extensions"] = stored
     return save_safetensors_atomic(tensors, path, {_META_KEY: json.dumps(header)})
 
 
@@ -196,38 +194,57 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     ``model`` may be freshly built in full precision: its ``nn.Linear`` layers named in the
     file are replaced by ``QuantLinear``. Every check runs before anything changes, so on any
     error (missing, truncated or corrupted file, unknown format version, another
-    architecture) ``model`` is left untouched. Registered extensions stored in the file (e.g.
-    static W8A8's parameters) are restored last; a file naming an extension this process
-    has not registered is refused up front. Returns ``model``.
+    architecture) ``model`` is left untouched. The runtime methods' state stored in the file
+    (:func:`extensions`: static W8A8's parameters, the conversion) is restored last; a file
+    naming an extension this sixbit does not know is refused up front. Returns ``model``.
 
     ``model`` may be a pipeline (its ``.transformer`` is loaded; the pipeline is returned), and
     it may have been built on the meta device (``accelerate.init_empty_weights()``): its
     parameters are then materialized from the file on the CPU.
+
+    Example:
+        >>> sixbit.load("6bit_model.safetensors", pipe)   # doctest: +SKIP
     """
     target = model
     model = _module_of(model)
     path = Path(path)
     header, tensors = _open(path)
-    extensions = header.get("extensions", {})
-    missing_ext = [n for n in extensions if n not in _EXTENSIONS]
-    if missing_ext:
+    stored, ext_tensors = _extension_parts(path, header, tensors)
+    if header["model_class"] != type(model).__name__:
         raise ValueError(
-            f"{str(path)!r} stores state of runtime method(s) {missing_ext} that this process has not "
-            f"registered; import sixbit (which registers them) before loading"
+            f"{str(path)!r} was saved from a {header['model_class']}, not a {type(model).__name__}"
         )
-    ext_tensors = {n: {} for n in extensions}
+    new_layers = _build_layers(path, header["layers"], dict(model.named_modules()), tensors)
+    own = _check_remaining(path, model, new_layers, tensors)
+    _swap_in(model, new_layers, own)
+    known = extensions()
+    for name, meta in stored.items():
+        known[name].restore(model, meta, ext_tensors[name])
+    return target
+
+
+def _extension_parts(path: Path, header: dict, tensors: dict[str, torch.Tensor]):
+    """(meta, tensors) per extension the file stores; its tensors are taken out of ``tensors``."""
+    stored = header.get("extensions", {})
+    unknown = [n for n in stored if n not in extensions()]
+    if unknown:
+        raise ValueError(
+            f"{str(path)!r} stores state of runtime method(s) {unknown} that this sixbit ({__version__}) does not "
+            "know: load it with the sixbit version that wrote it, or upgrade"
+        )
+    ext_tensors = {n: {} for n in stored}
     for key in [k for k in tensors if _EXT_SEP in k]:
         ext, _, sub = key.partition(_EXT_SEP)
         if ext not in ext_tensors:
             raise ValueError(f"{str(path)!r} holds tensor {key!r} of no declared extension")
         ext_tensors[ext][sub] = tensors.pop(key)
-    if header["model_class"] != type(model).__name__:
-        raise ValueError(
-            f"{str(path)!r} was saved from a {header['model_class']}, not a {type(model).__name__}"
-        )
-    modules = dict(model.named_modules())
+    return stored, ext_tensors
+
+
+def _build_layers(path: Path, layers: dict, modules: dict[str, nn.Module], tensors) -> dict[str, QuantLinear]:
+    """The file's quantized layers, built and checked against the model's layers they replace."""
     new_layers = {}
-    for name, cfg in header["layers"].items():
+    for name, cfg in layers.items():
         if not name:
             raise ValueError("a bare QuantLinear cannot be loaded in place: wrap it in a module")
         old = modules.get(name)
@@ -245,7 +262,11 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
             new_layers[name] = _build_layer(name, cfg, tensors)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{str(path)!r} has an invalid entry for layer {name!r}: {e}") from None
-    # Check the remaining (full-precision) tensors against the model before changing it.
+    return new_layers
+
+
+def _check_remaining(path: Path, model: nn.Module, new_layers: dict, tensors) -> dict[str, torch.Tensor]:
+    """The file's full-precision tensors, checked to fit ``model`` exactly (names, shapes, dtypes)."""
     expected = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[0] not in new_layers}
     own = {k: v for k, v in tensors.items() if k.rsplit(".", 1)[0] not in new_layers}
     problems = [f"missing {k}" for k in sorted(set(expected) - set(own))]
@@ -267,7 +288,12 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
             "buffers): build the model with accelerate.init_empty_weights(), which keeps buffers, not under "
             "torch.device('meta')"
         )
-    # Everything checked: swap the layers in, then copy the remaining tensors.
+    return own
+
+
+def _swap_in(model: nn.Module, new_layers: dict[str, QuantLinear], own: dict[str, torch.Tensor]) -> None:
+    """Everything checked: swap the layers in, then copy (or, on meta, assign) the remaining tensors."""
+    modules = dict(model.named_modules())
     for name, layer in new_layers.items():
         old = modules[name]
         ref = next(iter(old.parameters()), None)
@@ -285,6 +311,3 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
                 state[k].copy_(v)
         if on_meta:  # built with empty weights: take the file's tensors as the parameters
             model.load_state_dict(on_meta, strict=False, assign=True)
-    for name, meta in extensions.items():
-        _EXTENSIONS[name].restore(model, meta, ext_tensors[name])
-    return target

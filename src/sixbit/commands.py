@@ -19,7 +19,7 @@ from .api import summary
 from .convert import conversion_of, convert_model
 from .hub import load_pipeline, shapes_arch
 from .presets import PRESETS, resolve
-from .runtime.delta_cache import DeltaCacheConfig, enable_delta_cache
+from .methods.delta_cache import DeltaCacheConfig, enable_delta_cache
 
 DEFAULT_SEED = 0
 

@@ -22,20 +22,19 @@ from torch import nn
 
 from . import checkpoint
 from .api import quantize
-from .calibration import calibrate, fit_dmpq
+from .calibration import calibrate
 from .calibration.videos import read_videos, video_runner
+from .methods.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
+from .methods.dmpq import DMPQ, DMPQPredictor, apply_dmpq, fit_dmpq, remove_dmpq
+from .methods.stabilize import DEFAULT_DEADZONE, FrameStabilizer, apply_stabilizer, remove_stabilizer
+from .methods.static_w8a8 import apply_static_w8a8
 from .models.registry import spec_for
-from .nn import ActMode
+from .nn.precision import ACT_BITS, ActMode, Level, act_mode, average_bits
 from .presets import ConvertConfig, resolve
-from .runtime.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
-from .runtime.dmpq import ACT_BITS, DMPQ, DMPQPredictor, apply_dmpq, remove_dmpq
-from .runtime.measure import quant_linears
-from .runtime.stabilize import DEFAULT_DEADZONE, FrameStabilizer, apply_stabilizer, remove_stabilizer
-from .runtime.static_w8a8 import apply_static_w8a8
+from .runtime.blocks import quant_linears
+from .runtime.context import track_steps
 
 logger = logging.getLogger(__name__)
-
-EXTENSION = "conversion"
 
 
 @dataclasses.dataclass
@@ -49,6 +48,7 @@ class Conversion:
         dmpq: the installed DMPQ method (``.report()``: precision map, average bits).
         cache: the installed delta cache (``.report()``: skip map, skip share, cache bytes).
         stabilizer: the frame stabilizer (``stabilize_frames=True``).
+        default: the configured activation precision's policy (``"int8"``, ``"nvfp4"``, ``"fp"``).
     """
 
     config: ConvertConfig
@@ -57,6 +57,7 @@ class Conversion:
     dmpq: DMPQ | None = None
     cache: DeltaCache | None = None
     stabilizer: FrameStabilizer | None = None
+    default: "DefaultPrecision | None" = None
 
     def average_act_bits(self) -> float:
         """GEMM-FLOP-weighted activation bits of the last run under DMPQ (PDR's full-precision
@@ -67,12 +68,22 @@ class Conversion:
                 for mode, f in self.cache.report().pdr_flops.items():
                     flops[mode] -= f
                     flops[ActMode.FP.value] += f
-            total = sum(flops.values())
-            return sum(ACT_BITS[ActMode(m)] * f for m, f in flops.items()) / total if total else float("nan")
+            return average_bits(flops)
         if self.config.activations == "static":
             bits = self.config.static.act_bits
             return float(sum(bits) / len(bits)) if isinstance(bits, (list, tuple)) else float(bits)
         return ACT_BITS[ActMode(self.config.activations)]
+
+
+class DefaultPrecision:
+    """Precision policy of a conversion's fixed activations: every quantized linear runs at ``mode``
+    unless a method of higher precedence (PDR) decides otherwise."""
+
+    def __init__(self, mode: ActMode | str):
+        self.mode = act_mode(mode)
+
+    def __call__(self, layer: nn.Module, x) -> ActMode:
+        return self.mode
 
 
 _CONVERSIONS: "weakref.WeakKeyDictionary[nn.Module, Conversion]" = weakref.WeakKeyDictionary()
@@ -150,33 +161,78 @@ def _deadzone(stabilize_frames) -> float | None:
 
 def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor | None, deadzone: float | None,
              calibration: dict | None) -> Conversion:
-    """Install the runtime methods of an already quantized model and remember the conversion."""
-    if config.activations in ("int8", "nvfp4", "fp"):
-        for layer in quant_linears(model):
-            layer.act_mode = config.activations
+    """Install the runtime methods of an already quantized model (replacing any it had) and
+    remember the conversion."""
+    _remove_methods(model)
     conversion = Conversion(config, calibration, predictor)
+    _CONVERSIONS[model] = conversion  # first: a failure below is undone through it
+    if config.activations in ("int8", "nvfp4", "fp"):
+        conversion.default = DefaultPrecision(config.activations)
+        track_steps(model).precision.register(Level.DEFAULT, conversion.default)
     if predictor is not None:
         conversion.dmpq = apply_dmpq(model, predictor)
     if deadzone is not None:
         conversion.stabilizer = apply_stabilizer(model, deadzone)
     if config.cache is not None:
         conversion.cache = enable_delta_cache(model, config.cache)
-    _CONVERSIONS[model] = conversion
     return conversion
 
 
-def _undo(model: nn.Module, originals: dict[str, nn.Module]) -> None:
-    """Put every original layer back and remove the runtime hooks (after a failed conversion)."""
+def _remove_methods(model: nn.Module) -> None:
+    """Remove every runtime method a conversion installs, and forget the conversion."""
+    conversion = _CONVERSIONS.pop(model, None)
     disable_delta_cache(model)
     remove_dmpq(model)
     remove_stabilizer(model)
+    if conversion is not None and conversion.default is not None:
+        track_steps(model).precision.unregister(conversion.default)
+
+
+def _undo(model: nn.Module, originals: dict[str, nn.Module]) -> None:
+    """Remove the runtime methods and put every original layer back (after a failed conversion)."""
+    _remove_methods(model)
     modules = dict(model.named_modules())
     for name, layer in originals.items():
         parent, _, child = name.rpartition(".")
         current = modules.get(name)
         if current is not layer:
             setattr(modules[parent] if parent else model, child, layer)
-    _CONVERSIONS.pop(model, None)
+
+
+def _check(config: ConvertConfig, transformer: nn.Module, deadzone: float | None) -> None:
+    """Refuse what cannot be converted, before anything changes."""
+    spec = spec_for(transformer)  # unsupported architectures fail here
+    if deadzone is not None and config.activations not in ("int8", "nvfp4", "dynamic"):
+        raise ValueError(
+            f"stabilize_frames acts on dynamically quantized activations, which activations={config.activations!r} "
+            "does not have: choose a preset with int8, nvfp4 or dynamic activations (e.g. 'balanced')"
+        )
+    if deadzone is not None and spec.video_grid is None:
+        raise ValueError(f"stabilize_frames is not available for {type(transformer).__name__}: its token grid is unknown")
+    if _CONVERSIONS.get(transformer) is not None or quant_linears(transformer):
+        raise ValueError("this model is already quantized or converted: convert a freshly loaded model")
+
+
+def _quantize_and_fit(transformer: nn.Module, config: ConvertConfig, run, calibration: dict | None):
+    """Quantize ``transformer`` as ``config`` says and fit what needs calibration; the DMPQ
+    predictor (or ``None``)."""
+    if config.activations == "static":
+        logger.info("calibrating static W8A8 ranges")
+        apply_static_w8a8(transformer, config.static, calibrate(transformer, run))
+        return None
+    if config.weights is not None:
+        quantize(transformer, config.weights)
+    if config.activations != "dynamic":
+        return None
+    logger.info("fitting the DMPQ predictor")
+    dmpq = config.dmpq
+    if calibration["source"] == "videos" and dmpq.error_at == "video":
+        logger.warning(
+            "calibration videos are replayed along their noising path, so no error reaches a final "
+            "video: DMPQ is fitted to the blocks' output error (error_at='block')"
+        )
+        dmpq = dataclasses.replace(dmpq, error_at="block")
+    return fit_dmpq(transformer, run, dmpq)
 
 
 def convert_model(
@@ -205,7 +261,7 @@ def convert_model(
             BENCHMARKS.md), a path to a JSON file (full schema or the short seed shape, see
             :mod:`sixbit.presets`), a ``ConvertConfig`` or a ``QuantConfig``.
         stabilize_frames: ``True`` (or a dead-zone value ≥ 0) to steady the frames
-            (:mod:`sixbit.runtime.stabilize`): each quantized linear multiplies a video token's
+            (:mod:`sixbit.methods.stabilize`): each quantized linear multiplies a video token's
             temporal mean and its per-frame deviation separately, and treats tokens that barely
             change as still. Less flicker, lower PSNR vs the full-precision video (measured in
             BENCHMARKS.md); one extra GEMM on 1/F of the rows. Default ``False``.
@@ -228,17 +284,8 @@ def convert_model(
     config = resolve(quant_config)
     transformer, pipe = _transformer_of(model)
     pipe = pipe if pipe is not None else pipeline
-    spec = spec_for(transformer)  # unsupported architectures fail here, before any change
     deadzone = _deadzone(stabilize_frames)
-    if deadzone is not None and config.activations not in ("int8", "nvfp4", "dynamic"):
-        raise ValueError(
-            f"stabilize_frames acts on dynamically quantized activations, which activations={config.activations!r} "
-            "does not have: choose a preset with int8, nvfp4 or dynamic activations (e.g. 'balanced')"
-        )
-    if deadzone is not None and spec.video_grid is None:
-        raise ValueError(f"stabilize_frames is not available for {type(transformer).__name__}: its token grid is unknown")
-    if _CONVERSIONS.get(transformer) is not None or quant_linears(transformer):
-        raise ValueError("this model is already quantized or converted: convert a freshly loaded model")
+    _check(config, transformer, deadzone)
     run, calibration = None, None
     if config.needs_calibration:
         if calibration_data is None:
@@ -251,23 +298,7 @@ def convert_model(
         logger.info("calibration_data is not used by activations=%r", config.activations)
     originals = {name: m for name, m in transformer.named_modules() if isinstance(m, nn.Linear)}
     try:
-        predictor = None
-        if config.activations == "static":
-            logger.info("calibrating static W8A8 ranges")
-            stats = calibrate(transformer, run)
-            apply_static_w8a8(transformer, config.static, stats)
-        elif config.weights is not None:
-            quantize(transformer, config.weights)
-            if config.activations == "dynamic":
-                logger.info("fitting the DMPQ predictor")
-                dmpq = config.dmpq
-                if calibration["source"] == "videos" and dmpq.error_at == "video":
-                    logger.warning(
-                        "calibration videos are replayed along their noising path, so no error reaches a final "
-                        "video: DMPQ is fitted to the blocks' output error (error_at='block')"
-                    )
-                    dmpq = dataclasses.replace(dmpq, error_at="block")
-                predictor = fit_dmpq(transformer, run, dmpq)
+        predictor = _quantize_and_fit(transformer, config, run, calibration)
         _install(transformer, config, predictor, deadzone, calibration)
     except BaseException:
         _undo(transformer, originals)
@@ -307,6 +338,6 @@ def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> 
     _attach_save(model)
 
 
-checkpoint.register_extension(checkpoint.CheckpointExtension(EXTENSION, _export, _restore))
+EXTENSION = checkpoint.CheckpointExtension("conversion", _export, _restore)
 
-__all__ = ["Conversion", "convert_model", "conversion_of"]
+__all__ = ["Conversion", "DefaultPrecision", "convert_model", "conversion_of"]

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import QuantConfig
-from .runtime.delta_cache import DeltaCacheConfig
-from .runtime.dmpq import DMPQConfig
-from .runtime.static_w8a8 import StaticW8A8Config
+from .methods.delta_cache import DeltaCacheConfig
+from .methods.dmpq import DMPQConfig
+from .methods.static_w8a8 import StaticW8A8Config
 
 ACTIVATIONS = ("fp", "int8", "nvfp4", "dynamic", "static")
 

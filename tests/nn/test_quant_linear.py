@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import sixbit
 from sixbit import formats
 from sixbit.formats import nvfp4
 from sixbit.nn import ActMode, QuantLinear
@@ -120,8 +121,15 @@ def test_errors():
     with pytest.raises(ValueError, match="last dimension 96"):
         layer(torch.randn(2, 95))
     layer.act_mode = "int8"
-    with pytest.raises(ValueError, match="NaN/Inf"):
-        layer(torch.full((2, 96), float("nan")))
+    nan = torch.full((2, 96), float("nan"))
+    assert torch.isnan(layer(nan)).all()  # no host sync per call: NaN propagates; the check is a debug option
+    assert torch.isnan(QuantLinear.from_linear(lin, "nvfp4", act_mode="nvfp4")(nan)).all()
+    sixbit.debug_checks(True)
+    try:
+        with pytest.raises(ValueError, match="NaN/Inf"):
+            layer(nan)
+    finally:
+        sixbit.debug_checks(False)
     with pytest.raises(ValueError, match="nn.Linear"):
         QuantLinear.from_linear(torch.nn.Conv1d(3, 3, 1))
 
@@ -136,3 +144,34 @@ def test_low_bit_channel_weights_feed_the_int8_gemm_without_rerounding(fmt):
     xq = torch.clamp(torch.round(x / sx), -127, 127)
     ref = (xq.double() @ wq.values().double().T) * sx.double() * wq.scale.double().T + lin.bias.double()
     torch.testing.assert_close(layer(x), ref.float(), rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4-g64", "mxfp6_e2m3", "mxfp4"])
+def test_int8_operand_built_in_row_chunks_equals_whole_conversion(fmt, monkeypatch):
+    import sixbit.nn.quant_linear as ql
+
+    lin = torch.nn.Linear(128, 40)
+    layer = QuantLinear.from_linear(lin, fmt, act_mode="int8")
+    whole = formats.get("int8").quantize(layer.quantized_weight().dequantize())
+    monkeypatch.setattr(ql, "_CONVERT_BYTES", 7 * 4 * 128)  # 7 rows per chunk: uneven last chunk
+    codes, scale = layer.int8_weight()
+    assert torch.equal(codes, whole.values()) and torch.equal(scale, whole.scale.reshape(-1))
+    assert layer.converted_nbytes() == 0
+
+
+def test_cache_converted_keeps_a_counted_int8_copy():
+    layer = QuantLinear.from_linear(torch.nn.Linear(64, 32), "nvfp4", act_mode="int8", cache_converted=True)
+    x = torch.randn(3, 64)
+    y = layer(x)
+    assert layer.converted_nbytes() == 32 * 64 + 4 * 32  # int8 codes + fp32 scale per row
+    assert torch.equal(layer(x), y)
+
+
+@pytest.mark.parametrize("mode", ["fp", "int8", "nvfp4"])
+def test_forward_traces_without_graph_breaks(mode):
+    """No host synchronization in the hot path: dynamo traces each mode as one graph."""
+    torch._dynamo.reset()
+    layer = QuantLinear.from_linear(torch.nn.Linear(64, 32), "nvfp4", hadamard_block=32, act_mode=mode)
+    x = torch.randn(2, 5, 64)
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)

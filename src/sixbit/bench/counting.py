@@ -1,9 +1,10 @@
 """Count the work a generation really did: GEMM FLOPs per activation precision, attention
 FLOPs, and which block calls ran — the same way for our methods and for every peer.
 
-Linears are counted by a diffusers hook installed *innermost* on each ``nn.Linear`` /
-:class:`~sixbit.nn.QuantLinear`, so it sees the precision a call actually ran at (after the
-delta cache's PDR switched a refresh to full precision, say). Attention is counted where it
+A :class:`~sixbit.nn.QuantLinear` call is counted at the precision it ran at, as its forward
+reports it to the precision scope's observers (after the delta cache's PDR switched a refresh
+to full precision, say); other linears (``nn.Linear``, peers' quantized linears) by a diffusers
+hook installed *innermost* on each, labelled by ``precision_of``. Attention is counted where it
 happens, at ``torch.nn.functional.scaled_dot_product_attention`` (a ``TorchFunctionMode``):
 a cache that skips attention (PAB, FasterCache) or whole blocks (FirstBlockCache, MagCache,
 TDC) simply never reaches it. A block call "ran" when any linear inside it ran.
@@ -11,7 +12,7 @@ TDC) simply never reaches it. A block call "ran" when any linear inside it ran.
 The counters add Python work to every call: install them for an untimed run only.
 
 Example:
-    >>> counter = WorkCounter(pipe.transformer, precision_of=default_precision)  # doctest: +SKIP
+    >>> counter = WorkCounter(pipe.transformer)                                   # doctest: +SKIP
     >>> with counter:                                                             # doctest: +SKIP
     ...     pipe(prompts, num_inference_steps=20)
     >>> counter.totals().gemm_flops                                                # doctest: +SKIP
@@ -28,22 +29,16 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..models.registry import iter_blocks
 from ..nn import QuantLinear
-from ..runtime.context import tracker_of
+from ..nn.precision import average_bits, gemm_flops
+from ..runtime import blocks
+from ..runtime.context import track_steps, tracker_of
 
 HOOK_NAME = "sixbit_bench_counter"
 
-#: Activation bits of each precision label, for the FLOP-weighted average (NVFP4 with its
-#: E4M3 scales: 4.5). "fp" is the 16-bit activation a GPU deployment would use; this CPU
-#: computes it in fp32, but counting 32 would make every method look better than on a GPU.
-ACT_BITS = {"fp": 16.0, "int8": 8.0, "nvfp4": 4.5}
-
 
 def default_precision(layer: nn.Module) -> str:
-    """Activation precision of a linear's current call: a QuantLinear's mode, else ``"fp"``."""
-    if isinstance(layer, QuantLinear):
-        return layer.act_mode.value
+    """Activation precision label of a linear that is not a QuantLinear: ``"fp"``."""
     return "fp"
 
 
@@ -65,9 +60,8 @@ class WorkTotals:
         return self.blocks_skipped / self.block_calls if self.block_calls else 0.0
 
     def average_act_bits(self) -> float:
-        """GEMM-FLOP-weighted activation bits (see :data:`ACT_BITS`)."""
-        total = self.total_gemm_flops
-        return sum(ACT_BITS[p] * f for p, f in self.gemm_flops.items()) / total if total else float("nan")
+        """GEMM-FLOP-weighted activation bits (see :data:`sixbit.nn.precision.ACT_BITS`)."""
+        return average_bits(self.gemm_flops)
 
     def to_dict(self) -> dict:
         return {
@@ -85,9 +79,7 @@ class _LinearHook(ModelHook):
 
     def pre_forward(self, module, *args, **kwargs):
         if self.counter.active and args:
-            x = args[0]
-            tokens = x.numel() // max(x.shape[-1], 1)
-            self.counter._linear(module, 2.0 * tokens * module.in_features * module.out_features)
+            self.counter._linear(self.counter.precision_of(module), gemm_flops(module.in_features, module.out_features, args[0]))
         return args, kwargs
 
 
@@ -111,8 +103,8 @@ class WorkCounter:
 
     Args:
         model: the transformer (diffusers model with registered block metadata).
-        precision_of: maps a linear module to its precision label for this call
-            (``"fp"``, ``"int8"``, ``"nvfp4"``); default :func:`default_precision`.
+        precision_of: maps a linear that is not a :class:`~sixbit.nn.QuantLinear` to its
+            precision label (``"fp"``, ``"int8"``, ``"nvfp4"``); default :func:`default_precision`.
 
     Per block call the counter records ``(step, branch, block) → (ran, {precision: FLOPs})``;
     step and branch come from sixbit's step tracker when one is installed, else from the
@@ -130,16 +122,16 @@ class WorkCounter:
         self._block_flops: dict[str, float] | None = None
         self._mode = _SDPAMode(self)
         self._model_calls = 0
-        self._handles = []
+        self._handles = [model.register_forward_pre_hook(self._model_pre)]
         self._hooked: list[nn.Module] = []
-        self.n_blocks = 0
-        for index, _, block, _ in iter_blocks(model):
-            self.n_blocks += 1
-            self._handles.append(block.register_forward_pre_hook(self._block_pre(index)))
-            self._handles.append(block.register_forward_hook(self._block_post(index)))
-        self._handles.append(model.register_forward_pre_hook(self._model_pre))
+        self._blocks = _BlockCounter(self)
+        self.n_blocks = len(blocks.attach(model, self._blocks))
+        self._scope = None
+        if any(isinstance(m, QuantLinear) for m in model.modules()):
+            self._scope = track_steps(model).precision
+            self._scope.observers.append(self._observe)
         for layer in model.modules():
-            if isinstance(layer, (nn.Linear, QuantLinear)):
+            if isinstance(layer, nn.Linear):
                 _register_innermost(layer, _LinearHook(self), HOOK_NAME)
                 self._hooked.append(layer)
 
@@ -153,25 +145,11 @@ class WorkCounter:
             return tracker.info.step, tracker.info.branch
         return self._model_calls - 1, "call"
 
-    def _block_pre(self, index):
-        def hook(module, args):
-            if self.active:
-                self._block, self._block_flops = index, defaultdict(float)
+    def _observe(self, layer, x, mode) -> None:
+        if self.active:
+            self._linear(mode.value, gemm_flops(layer.in_features, layer.out_features, x))
 
-        return hook
-
-    def _block_post(self, index):
-        def hook(module, args, output):
-            if self.active and self._block == index:
-                flops = dict(self._block_flops)
-                step, branch = self._where()
-                self.calls[(step, branch, index)] = (bool(flops), flops)
-                self._block, self._block_flops = None, None
-
-        return hook
-
-    def _linear(self, layer, flops: float) -> None:
-        precision = self.precision_of(layer)
+    def _linear(self, precision: str, flops: float) -> None:
         self.gemm[precision] += flops
         if self._block_flops is not None:
             self._block_flops[precision] += flops
@@ -216,6 +194,10 @@ class WorkCounter:
 
     def remove(self) -> None:
         """Remove every hook (the model runs as before)."""
+        blocks.detach(self.model, self._blocks)
+        if self._scope is not None:
+            self._scope.observers.remove(self._observe)
+            self._scope = None
         for h in self._handles:
             h.remove()
         for layer in self._hooked:
@@ -223,6 +205,27 @@ class WorkCounter:
             if registry is not None and registry.get_hook(HOOK_NAME) is not None:
                 registry.remove_hook(HOOK_NAME, recurse=False)
         self._handles, self._hooked = [], []
+
+
+class _BlockCounter(blocks.BlockMethod):
+    """Outermost on every block: sees each call, computed or skipped, and which linears ran."""
+
+    order = blocks.CACHE_ORDER - 10
+
+    def __init__(self, counter: WorkCounter):
+        self.counter = counter
+
+    def before(self, call):
+        if self.counter.active:
+            self.counter._block, self.counter._block_flops = call.index, defaultdict(float)
+
+    def after(self, call, output):
+        counter = self.counter
+        if counter.active and counter._block == call.index:
+            flops = dict(counter._block_flops)
+            step, branch = counter._where()
+            counter.calls[(step, branch, call.index)] = (bool(flops), flops)
+            counter._block, counter._block_flops = None, None
 
 
 def _register_innermost(module: nn.Module, hook: ModelHook, name: str) -> None:

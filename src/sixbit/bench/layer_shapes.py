@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from ..nn.precision import gemm_flops
+
 logger = logging.getLogger(__name__)
 
 
@@ -54,7 +56,7 @@ class RealModel:
 
     def block_flops(self) -> tuple[float, float]:
         """(GEMM FLOPs, attention FLOPs) of one block call on one sample."""
-        gemm = sum(2.0 * lin.tokens * lin.k * lin.n for lin in self.linears)
+        gemm = sum(gemm_flops(lin.k, lin.n, lin.tokens) for lin in self.linears)
         d = self.hidden
         if self.joint:
             length = self.video_tokens + self.text_tokens

@@ -1,7 +1,6 @@
-"""Calibration: running activation statistics per layer × step × CFG branch."""
+"""Calibration: running activation statistics per layer × step × CFG branch, data sources, time ranges."""
 
 from .collector import calibrate
 from .data import TAIL_QUANTILES, BlockStats, CalibrationData, LayerStats
-from .dmpq_fit import fit_dmpq
 
-__all__ = ["TAIL_QUANTILES", "BlockStats", "CalibrationData", "LayerStats", "calibrate", "fit_dmpq"]
+__all__ = ["TAIL_QUANTILES", "BlockStats", "CalibrationData", "LayerStats", "calibrate"]

@@ -12,8 +12,9 @@ from torch import nn
 from ..config import Role
 from ..models import block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
+from ..runtime import blocks
+from ..runtime.blocks import relative_l1
 from ..runtime.context import StepTracker, track_steps
-from ..runtime.measure import relative_l1
 from .data import BlockStats, CalibrationData, LayerStats
 
 logger = logging.getLogger(__name__)
@@ -65,81 +66,92 @@ def calibrate(
         >>> data = sixbit.calibrate(pipe.transformer, lambda: pipe(["a red circle moving right"]))  # doctest: +SKIP
         >>> data.save("calibration.safetensors")                                                  # doctest: +SKIP
     """
-    spec = spec_for(model)
     tracker = track_steps(model, batched_cfg)
     tracker.new_generation()
-    blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
-    data = CalibrationData()
-    generations: set[int] = set()
+    collector = _Collector(tracker)
     handles = []
+    try:
+        blocks.attach(model, collector)
+        for name, mod in _chosen_layers(model, layers):
+            handles.append(mod.register_forward_pre_hook(collector.layer_hook(name)))
+        with torch.no_grad():
+            run()
+    finally:
+        blocks.detach(model, collector)
+        for h in handles:
+            h.remove()
+        tracker.new_generation()
+    data = collector.data
+    data.generations = len(collector.generations)
+    if not data.layers and not data.blocks:
+        raise ValueError("calibration recorded nothing: `run` never called the model")
+    logger.info("calibrated %d layers and %d blocks over %d generation(s)", len(data.layers), len(data.blocks), data.generations)
+    return data
 
-    def note_step():
-        info = tracker.info
-        generations.add(info.generation)
-        if len(generations) == 1:
-            data.timesteps.setdefault(info.step, info.timestep)
 
-    def layer_hook(name):
+def _chosen_layers(model: nn.Module, patterns: list[str] | None) -> list[tuple[str, nn.Module]]:
+    """The linears to record: those matching ``patterns``, else the quantizable ones inside blocks."""
+    spec = spec_for(model)
+    block_names = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
+    chosen = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, (nn.Linear, QuantLinear)):
+            continue
+        if patterns is not None:
+            keep = any(re.fullmatch(p, name) for p in patterns)
+        else:
+            keep = block_index_of(name, block_names) is not None and spec.role_of(name) in _QUANTIZABLE_ROLES
+        if keep:
+            chosen.append((name, mod))
+    return chosen
+
+
+class _Collector(blocks.BlockMethod):
+    """Statistics of one calibration: every chosen linear's inputs and every block's residual."""
+
+    def __init__(self, tracker: StepTracker):
+        self.tracker = tracker
+        self.data = CalibrationData()
+        self.generations: set[int] = set()
+        self._input: torch.Tensor | None = None
+
+    def note_step(self) -> None:
+        info = self.tracker.info
+        self.generations.add(info.generation)
+        if len(self.generations) == 1:
+            self.data.timesteps.setdefault(info.step, info.timestep)
+
+    def layer_hook(self, name: str):
         def hook(module, args):
-            note_step()
-            per = data.layers.setdefault(name, {})
-            for branch, x in _split(args[0], tracker):
-                key = (tracker.info.step, branch)
+            self.note_step()
+            per = self.data.layers.setdefault(name, {})
+            for branch, x in _split(args[0], self.tracker):
+                key = (self.tracker.info.step, branch)
                 if key not in per:
                     per[key] = LayerStats(torch.zeros(x.shape[-1]))
                 per[key].update(x)
         return hook
 
-    def block_hooks(name, io):
-        inputs = {}
+    def before(self, call) -> None:
+        x = call.input()
+        self._input = None if x is None else x.detach().clone()  # blocks may update their input in place
 
-        def pre(module, args, kwargs):
-            x = io.stream_input(module, args, kwargs)
-            inputs["x"] = None if x is None else x.detach().clone()
-
-        def post(module, args, kwargs, output):
-            x_in, y = inputs.pop("x", None), io.stream_output(output)
-            if x_in is None or y is None or y.shape != x_in.shape:
-                return
-            note_step()
-            per = data.blocks.setdefault(name, {})
-            for (branch, xb), (_, yb) in zip(_split(x_in, tracker), _split(y.detach(), tracker)):
-                key = (tracker.info.step, branch)
-                stats = per.setdefault(key, BlockStats())
-                delta = (yb - xb).float()
-                stats.gamma_sum += float(relative_l1(delta.reshape(1, -1), xb.reshape(1, -1)))
-                stats.delta_abs_sum += float(delta.abs().mean())
-                stats.calls += 1
-                memory = tracker.state(_DeltaMemory, _DeltaMemory, branch)
-                prev = memory.previous.get(name)
-                if prev is not None and prev.shape == delta.shape:
-                    stats.delta_change_sum += float(relative_l1((delta - prev).reshape(1, -1), prev.reshape(1, -1)))
-                    stats.delta_change_calls += 1
-                memory.previous[name] = delta
-        return pre, post
-
-    try:
-        for idx, name, block, io in iter_blocks(model, spec):
-            pre, post = block_hooks(name, io)
-            handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(block.register_forward_hook(post, with_kwargs=True))
-        for name, mod in model.named_modules():
-            if not isinstance(mod, (nn.Linear, QuantLinear)):
-                continue
-            if layers is not None:
-                chosen = any(re.fullmatch(p, name) for p in layers)
-            else:
-                chosen = block_index_of(name, blocks) is not None and spec.role_of(name) in _QUANTIZABLE_ROLES
-            if chosen:
-                handles.append(mod.register_forward_pre_hook(layer_hook(name)))
-        with torch.no_grad():
-            run()
-    finally:
-        for h in handles:
-            h.remove()
-        tracker.new_generation()
-    data.generations = len(generations)
-    if not data.layers and not data.blocks:
-        raise ValueError("calibration recorded nothing: `run` never called the model")
-    logger.info("calibrated %d layers and %d blocks over %d generation(s)", len(data.layers), len(data.blocks), data.generations)
-    return data
+    def after(self, call, output) -> None:
+        x_in, y, self._input = self._input, call.output(output), None
+        if x_in is None or y is None or y.shape != x_in.shape:
+            return
+        self.note_step()
+        tracker = self.tracker
+        per = self.data.blocks.setdefault(call.name, {})
+        for (branch, xb), (_, yb) in zip(_split(x_in, tracker), _split(y.detach(), tracker)):
+            stats = per.setdefault((tracker.info.step, branch), BlockStats())
+            delta = (yb - xb).float()
+            stats.gamma_sum += float(relative_l1(delta.reshape(1, -1), xb.reshape(1, -1)))
+            stats.delta_abs_sum += float(delta.abs().mean())
+            stats.calls += 1
+            memory = tracker.state(_DeltaMemory, _DeltaMemory, branch)
+            prev = memory.previous.get(call.name)
+            if prev is not None and prev.shape == delta.shape:
+                stats.delta_change_sum += float(relative_l1((delta - prev).reshape(1, -1), prev.reshape(1, -1)))
+                stats.delta_change_calls += 1
+            memory.previous[call.name] = delta

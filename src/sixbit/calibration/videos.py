@@ -99,10 +99,9 @@ class _Adapter:
     call_kwargs: Callable[[tuple[int, int, int]], dict]  # size -> extra pipeline arguments
 
 
-def _shapes_size(pipe):
-    from ..zoo.shapes.world import HEIGHT, NUM_FRAMES, WIDTH
-
-    return NUM_FRAMES, HEIGHT, WIDTH
+def _fixed_size(pipe):
+    """A pipeline that makes videos of one size declares it as ``video_size`` (frames, height, width)."""
+    return getattr(pipe, "video_size", None)
 
 
 def _cogvideox_encode(pipe, video):
@@ -128,8 +127,8 @@ def _size_kwargs(size):
 
 
 _ADAPTERS: dict[str, _Adapter] = {
-    "ShapesCogVideoXPipeline": _Adapter("BFCHW", _shapes_size, _pixels, lambda s: {}),
-    "ShapesWanPipeline": _Adapter("BCFHW", _shapes_size, _pixels, lambda s: {}),
+    "ShapesCogVideoXPipeline": _Adapter("BFCHW", _fixed_size, _pixels, lambda s: {}),
+    "ShapesWanPipeline": _Adapter("BCFHW", _fixed_size, _pixels, lambda s: {}),
     "CogVideoXPipeline": _Adapter("BFCHW", lambda p: None, _cogvideox_encode, _size_kwargs),
     "WanPipeline": _Adapter("BCFHW", lambda p: None, _wan_encode, _size_kwargs),
 }

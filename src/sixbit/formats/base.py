@@ -71,6 +71,13 @@ class Quantized:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def rows(self, start: int, stop: int) -> "Quantized":
+        """Rows ``start:stop`` of a 2-D quantized tensor, sharing storage (no copy, no decoding).
+
+        Lets a consumer convert a weight a few rows at a time instead of decoding it whole.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot be sliced by rows")
+
 
 def to_float32(x: torch.Tensor, what: str = "input") -> torch.Tensor:
     """``x`` as fp32; integer or boolean tensors raise ``ValueError`` (nothing to quantize)."""

@@ -16,7 +16,7 @@ import functools
 import torch
 
 from .base import Granularity, Quantized, check_finite, parse_granularity, split_blocks, to_float32
-from .packing import pack_bits, unpack_bits
+from .packing import code_group, pack_bits, unpack_bits
 from .registry import Format, register_format
 
 GROUP_SIZES = (16, 32, 64, 128, 256)
@@ -63,6 +63,18 @@ class IntQuantized(Quantized):
             q = q - self.zero_point.float()
         return (q * self.scale).reshape(self.shape).to(dtype)
 
+    def rows(self, start: int, stop: int) -> "IntQuantized":
+        n, k = self.shape
+        values, nbytes = code_group(self.bits)
+        if k % values:
+            raise NotImplementedError(f"rows of {self.bits}-bit codes need K a multiple of {values}, got {k}")
+        per_row = k // values * nbytes
+        per_tensor = self.granularity == Granularity.TENSOR.value
+        pick = (lambda t: t) if per_tensor else (lambda t: t[start:stop])
+        zero = None if self.zero_point is None else pick(self.zero_point)
+        return IntQuantized(self.codes[start * per_row:stop * per_row], pick(self.scale), (stop - start, k),
+                            self.bits, self.symmetric, self.granularity, self.group_size, zero)
+
 
 def _reduce(x: torch.Tensor, gran: Granularity, fn) -> torch.Tensor:
     return fn(x) if gran is Granularity.TENSOR else fn(x, dim=-1, keepdim=True)
@@ -74,6 +86,7 @@ def quantize(
     symmetric: bool = True,
     granularity: Granularity | str = "channel",
     group_size: int | None = None,
+    check: bool = True,
 ) -> IntQuantized:
     """Quantize ``x`` to ``bits``-bit integers along its last dimension.
 
@@ -105,15 +118,18 @@ def quantize(
     if symmetric:
         qmax = 2 ** (bits - 1) - 1
         amax = _reduce(x.abs(), gran, torch.amax)
-        check_finite(x, stat=amax)  # amax propagates NaN/Inf
-        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        if check:
+            check_finite(x, stat=amax)  # amax propagates NaN/Inf
+        # an all-zero row gets scale 1; NaN/Inf propagate into the scale (and the output)
+        scale = torch.where(amax == 0, torch.ones_like(amax), amax / qmax)
         q = torch.round(x / scale).clamp_(-qmax, qmax).to(torch.int8)
         zero = None
     else:
         qmax = 2**bits - 1
         lo = _reduce(x, gran, torch.amin).clamp(max=0)
         hi = _reduce(x, gran, torch.amax).clamp(min=0)
-        check_finite(x, stat=hi - lo)
+        if check:
+            check_finite(x, stat=hi - lo)
         scale = torch.where(hi > lo, (hi - lo) / qmax, torch.ones_like(hi))
         zero = torch.clamp(torch.round(-lo / scale), 0, qmax)
         q = torch.clamp(torch.round(x / scale) + zero, 0, qmax).to(torch.int32)

@@ -20,7 +20,7 @@ import torch
 from .base import Quantized, check_finite, split_blocks, to_float32
 from .constants import E8M0_BIAS, E8M0_MAX_EXP, E8M0_MIN_EXP, EMAX_ELEM, MX_BLOCK
 from .minifloat import element
-from .packing import pack_bits, unpack_bits
+from .packing import code_group, pack_bits, unpack_bits
 from .registry import Format, register_format
 
 # registry name → element format
@@ -58,6 +58,15 @@ class MXQuantized(Quantized):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         blocks = split_blocks(self.element_values(), MX_BLOCK, "MX")
         return (blocks * self.scale_values().unsqueeze(-1)).reshape(self.shape).to(dtype)
+
+    def rows(self, start: int, stop: int) -> "MXQuantized":
+        n, k = self.shape
+        values, nbytes = code_group(element(self.element).bits)
+        if k % values:
+            raise NotImplementedError(f"rows of MX codes need K a multiple of {values}, got {k}")
+        per_row = k // values * nbytes
+        return MXQuantized(self.codes[start * per_row:stop * per_row], self.scales[start:stop], self.element,
+                           (stop - start, k))
 
 
 def quantize(x: torch.Tensor, element_name: str = "e4m3") -> MXQuantized:

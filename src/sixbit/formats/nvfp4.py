@@ -47,6 +47,9 @@ class NVFP4Quantized(Quantized):
         scale = self.scales.float() * self.global_scale
         return (blocks * scale.unsqueeze(-1)).reshape(self.shape).to(dtype)
 
+    def rows(self, start: int, stop: int) -> "NVFP4Quantized":
+        return NVFP4Quantized(self.codes[start:stop], self.scales[start:stop], self.global_scale)
+
 
 def global_scale_for(amax: torch.Tensor) -> torch.Tensor:
     """The per-tensor scale for an abs-max (calibrated or measured): ``amax / (448 · 6)``."""
@@ -54,13 +57,18 @@ def global_scale_for(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / (F8_E4M3_MAX * F4_E2M1_MAX), torch.ones_like(amax))
 
 
-def quantize(x: torch.Tensor, global_scale: torch.Tensor | float | None = None) -> NVFP4Quantized:
+def quantize(
+    x: torch.Tensor, global_scale: torch.Tensor | float | None = None, check: bool = True
+) -> NVFP4Quantized:
     """Quantize ``x`` (last dimension a multiple of 16) to NVFP4.
 
     Args:
         x: floating-point tensor (finite).
         global_scale: the fp32 per-tensor scale; ``None`` (default) derives it from
             ``amax(|x|)``. Pass a calibrated one to reuse it across calls (static activations).
+        check: raise a ``ValueError`` on NaN/Inf input (default). ``False`` skips the check,
+            which reads a value back to the host: the hot path of a linear call, where inputs
+            are checked at conversion and in debug mode (:func:`sixbit.nn.debug_checks`).
 
     Example:
         >>> q = quantize(torch.randn(4, 32))
@@ -70,12 +78,14 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | float | None = None) 
     x = to_float32(x)
     blocks = split_blocks(x, NVFP4_BLOCK, "NVFP4")
     block_amax = blocks.abs().amax(dim=-1)
-    check_finite(x, stat=block_amax)
+    if check:
+        check_finite(x, stat=block_amax)
     if global_scale is None:
         global_scale = global_scale_for(block_amax.amax())
-    global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
-    if global_scale.numel() != 1 or not bool(global_scale > 0) or not bool(torch.isfinite(global_scale)):
-        raise ValueError(f"global_scale must be one positive finite number, got {global_scale}")
+    else:
+        global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
+        if global_scale.numel() != 1 or not bool(global_scale > 0) or not bool(torch.isfinite(global_scale)):
+            raise ValueError(f"global_scale must be one positive finite number, got {global_scale}")
     global_scale = global_scale.reshape(())
     block_scale = block_amax / F4_E2M1_MAX
     scales = torch.clamp(block_scale / global_scale, min=E4M3_MIN_NORMAL, max=F8_E4M3_MAX).to(

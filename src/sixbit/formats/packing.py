@@ -14,7 +14,7 @@ import math
 import torch
 
 
-def _group(bits: int) -> tuple[int, int]:
+def code_group(bits: int) -> tuple[int, int]:
     """(values per group, bytes per group): the smallest run of codes filling whole bytes."""
     if not 1 <= bits <= 8:
         raise ValueError(f"bits must be in 1..8, got {bits}")
@@ -24,13 +24,13 @@ def _group(bits: int) -> tuple[int, int]:
 
 def packed_numel(numel: int, bits: int) -> int:
     """Number of bytes that :func:`pack_bits` produces for ``numel`` codes of ``bits`` bits."""
-    values, nbytes = _group(bits)
+    values, nbytes = code_group(bits)
     return -(-numel // values) * nbytes
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack integer codes in ``[0, 2**bits)`` into a flat ``uint8`` tensor."""
-    values, nbytes = _group(bits)
+    values, nbytes = code_group(bits)
     if bits == 8:  # the hot path for INT8 activations: no int64 round trip
         if codes.dtype in (torch.int8, torch.uint8):
             return codes.reshape(-1).view(torch.uint8)
@@ -51,7 +51,7 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
 
     For 8-bit codes the result is a view of ``packed`` (no copy).
     """
-    values, nbytes = _group(bits)
+    values, nbytes = code_group(bits)
     expected = packed_numel(numel, bits)
     if packed.dtype != torch.uint8 or packed.numel() != expected:
         raise ValueError(

@@ -1,20 +1,27 @@
-"""``QuantLinear``: one packed weight copy, activation precision chosen per call.
+"""``QuantLinear``: one packed weight copy, activation precision chosen once per call.
 
 The weight is stored once, in the format it was quantized to (NVFP4 by default: 4.5 bits per
 weight), as buffers named ``weight_<field>`` (``weight_codes``, ``weight_scales``, …); no
-full-precision copy is kept. ``layer.act_mode`` selects how the next call multiplies:
+full-precision copy is kept. Each call asks :func:`sixbit.nn.precision.decide` once how it
+multiplies (runtime methods answer through the model's precision scope; otherwise the layer's
+own ``act_mode``, set when it is built):
 
 ==========  ===========================================================================
 ``fp``      weight-only: dequantized weight × the input, in the input's dtype (real).
 ``int8``    dynamic per-token symmetric INT8 activations × per-channel INT8 weights with
             int32 accumulation — a real integer GEMM (``torch._int_mm``) where the backend
             has one, else an exact fallback with identical numerics. Weights stored in
-            another format are converted to INT8 per call (``cache_converted=True`` keeps
-            the converted copy: faster, more memory).
+            another format (NVFP4) are re-rounded to per-channel INT8 for the GEMM, a few
+            rows at a time (no fp32 copy of the whole weight); ``cache_converted=True``
+            keeps the INT8 copy instead: faster, 8 more bits per weight, counted by
+            ``sixbit.summary``.
 ``nvfp4``   dynamic NVFP4 activations (global scale from the input's abs-max, E4M3 scale
             per 16 along K) × NVFP4 weights. **Emulated**: no FP4 matmul exists on CPUs or
             pre-Blackwell GPUs, so both operands are dequantized and multiplied in fp32.
 ==========  ===========================================================================
+
+The forward reads nothing back to the host (``torch.compile``-friendly): inputs are not
+checked for NaN/Inf on every call; :func:`debug_checks` turns the check on.
 
 With ``hadamard_block`` set, the weight is rotated offline (``W·H``) and each input online
 (``x·H``) before quantization; in exact arithmetic the output is unchanged.
@@ -26,13 +33,12 @@ output is unchanged. It is a buffer, so checkpoints carry it.
 An ``act_quantizer`` (optional child module, e.g. static W8A8's) replaces the dynamic per-token
 quantization of the ``int8`` path. It provides ``quantize_input(x) -> [(codes, scale), ...]``
 (int8 codes of the raw input, divisor included, with fp32 scales broadcastable to ``(M, 1)``;
-several parts are summed, e.g. an outlier side path), ``int8_weight() -> (codes (N, K) int8,
-scale (N,))`` and ``describe() -> str``. Every part is multiplied with the real int8 GEMM.
+several parts are summed, e.g. an outlier side path), ``int8_weight(layer) -> (codes (N, K)
+int8, scale (N,))`` and ``describe() -> str``. Every part is multiplied with the real int8 GEMM.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any, Callable
 
 import torch
@@ -40,31 +46,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import formats
-from ..formats import Quantized, integer, nvfp4
+from ..formats import Quantized, check_finite, integer, nvfp4
 from ..kernels import int8_matmul, int8_matmul_backend
 from ..transforms import hadamard
+from . import precision
+from .precision import EMULATED, ActMode
+
+_CHECKS = {"finite": False}
+
+# Rows of a non-INT8 weight re-rounded to INT8 at a time: ≤ 1 MiB of fp32 temporaries per chunk.
+_CONVERT_BYTES = 1 << 20
 
 
-class ActMode(str, enum.Enum):
-    """Activation precision of a :class:`QuantLinear` call."""
+def debug_checks(enabled: bool = True) -> None:
+    """Check every quantized linear's input for NaN/Inf (a clear ``ValueError`` naming the count).
 
-    FP = "fp"
-    INT8 = "int8"
-    NVFP4 = "nvfp4"
-
-
-# Weight format each activation mode multiplies against (None: the stored one, dequantized).
-_MODE_WEIGHT_FORMAT = {ActMode.FP: None, ActMode.INT8: "int8", ActMode.NVFP4: "nvfp4"}
-_EMULATED = {ActMode.FP: False, ActMode.INT8: False, ActMode.NVFP4: True}
-
-
-def _act_mode(value: ActMode | str) -> ActMode:
-    try:
-        return ActMode(value)
-    except ValueError:
-        raise ValueError(
-            f"unknown act_mode {value!r}; valid: {[m.value for m in ActMode]}"
-        ) from None
+    Off by default: the check reads a value back to the host on every call, which stalls a
+    GPU and breaks ``torch.compile`` graphs. Weights are always checked at conversion.
+    """
+    _CHECKS["finite"] = bool(enabled)
 
 
 class QuantLinear(nn.Module):
@@ -73,8 +73,7 @@ class QuantLinear(nn.Module):
     Example:
         >>> import torch
         >>> lin = torch.nn.Linear(64, 32)
-        >>> q = QuantLinear.from_linear(lin, weight_format="nvfp4", hadamard_block=32)
-        >>> q.act_mode = "int8"
+        >>> q = QuantLinear.from_linear(lin, weight_format="nvfp4", hadamard_block=32, act_mode="int8")
         >>> q(torch.randn(5, 64)).shape
         torch.Size([5, 32])
     """
@@ -104,7 +103,9 @@ class QuantLinear(nn.Module):
         self.hadamard_block = hadamard_block
         for name, tensor in weight.tensors().items():
             self.register_buffer(f"weight_{name}", tensor)
+        self._weight_fields = tuple(weight.tensors())
         self._weight_meta = weight.meta()
+        self._container = type(weight)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         if input_divisor is not None:
             input_divisor = input_divisor.detach().float().reshape(-1).clone()
@@ -137,7 +138,8 @@ class QuantLinear(nn.Module):
             hadamard_block: ``None`` (default) or a power of two 16…256 dividing
                 ``in_features``; rotation flattens outliers (better low-bit accuracy) at the
                 cost of one small matmul per call.
-            act_mode: initial activation precision (``"fp"``, ``"int8"``, ``"nvfp4"``).
+            act_mode: the layer's own activation precision (``"fp"``, ``"int8"``, ``"nvfp4"``),
+                used where no runtime method decides (see :mod:`sixbit.nn.precision`).
             cache_converted: keep weights converted for another act mode (e.g. NVFP4 → INT8)
                 instead of converting on every call: faster, more memory. Off by default.
             input_divisor: ``None`` (default) or positive ``(in_features,)`` ``s``: the weight
@@ -162,28 +164,36 @@ class QuantLinear(nn.Module):
 
     @property
     def act_mode(self) -> ActMode:
+        """The layer's own precision: what a call runs at when no runtime method decides.
+
+        A configuration, set when the layer is built (or by the user before running): runtime
+        methods never write it, they answer through the precision scope instead.
+        """
         return self._act_mode
 
     @act_mode.setter
     def act_mode(self, value: ActMode | str) -> None:
-        self._act_mode = _act_mode(value)
+        self._act_mode = precision.act_mode(value)
 
     @property
     def emulated(self) -> bool:
-        """Whether the current ``act_mode`` emulates low-bit arithmetic (dequantize + fp matmul)."""
-        return _EMULATED[self._act_mode]
+        """Whether the layer's own ``act_mode`` emulates low-bit arithmetic (dequantize + fp matmul)."""
+        return EMULATED[self._act_mode]
 
     def quantized_weight(self) -> Quantized:
         """The stored weight as its format's container (no copy)."""
-        tensors = {
-            name[len("weight_"):]: buf for name, buf in self.named_buffers(recurse=False)
-            if name.startswith("weight_")
-        }
-        return formats.get(self.weight_format).container.from_parts(tensors, self._weight_meta)
+        # fields checked at construction: no validation here (it runs on every call, and traces)
+        tensors = {name: getattr(self, f"weight_{name}") for name in self._weight_fields}
+        return self._container(**tensors, **self._weight_meta)
 
     def weight_nbytes(self) -> int:
         """Bytes of the packed weight (scales included, bias excluded)."""
         return self.quantized_weight().nbytes
+
+    def converted_nbytes(self) -> int:
+        """Bytes of weight copies converted for another activation mode and kept
+        (``cache_converted=True``); 0 otherwise."""
+        return sum(q.nbytes for q in self._converted.values())
 
     def config(self) -> dict[str, Any]:
         """JSON-serialisable description used by checkpoints."""
@@ -203,11 +213,10 @@ class QuantLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def _weight_as(self, name: str) -> Quantized:
+        """The weight in format ``name`` (the stored one, or a kept conversion, or a fresh one)."""
         stored = self.quantized_weight()
         if name == self.weight_format:
             return stored
-        if name == "int8" and _fits_int8_gemm(stored):
-            return stored  # INT2…INT7 per-channel codes already are int8 GEMM operands: no re-rounding
         cached = self._converted.get(name)
         if cached is None:
             cached = formats.get(name).quantize(stored.dequantize())
@@ -215,21 +224,55 @@ class QuantLinear(nn.Module):
                 self._converted[name] = cached
         return cached
 
+    def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The INT8 GEMM operand: per-channel codes ``(N, K)`` int8 and scales ``(N,)`` fp32.
+
+        Integer weights of ≤ 8 bits per channel already are such codes (no re-rounding). Other
+        formats are re-rounded to INT8 per output channel, a block of rows at a time so no fp32
+        temporary is larger than ~1 MiB; the result is identical to converting the whole
+        weight at once (each row's scale depends only on that row).
+        """
+        stored = self.quantized_weight()
+        if _fits_int8_gemm(stored):
+            return stored.values(), stored.scale.reshape(-1)
+        cached = self._converted.get("int8")
+        if cached is None:
+            step = max(1, _CONVERT_BYTES // (4 * self.in_features))
+            try:
+                parts = [_to_int8(stored.rows(r, min(r + step, self.out_features)))
+                         for r in range(0, self.out_features, step)]
+                codes, scale = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            except NotImplementedError:  # a container that cannot be sliced: convert it whole
+                codes, scale = _to_int8(stored)
+            if not self.cache_converted:
+                return codes, scale
+            cached = integer.IntQuantized(codes.reshape(-1).view(torch.uint8), scale.reshape(-1, 1),
+                                          (self.out_features, self.in_features), 8, True, "channel")
+            self._converted["int8"] = cached
+        return cached.values(), cached.scale.reshape(-1)
+
     # ---------------------------------------------------------------- compute
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mode: ActMode | None = None) -> torch.Tensor:
+        """``x @ Wᵀ + b`` at ``mode`` (default: decided once for this call, see
+        :mod:`sixbit.nn.precision`)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}")
+        if mode is None:
+            mode = precision.decide(self, x)
+        precision.notify(self, x, mode)
+        if _CHECKS["finite"]:
+            check_finite(x, "the input of a quantized linear layer")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        if self._act_mode is not ActMode.FP:
+        if mode is not ActMode.FP:
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
         if self.hadamard_block is not None:
             x2 = hadamard.rotate(x2, self.hadamard_block)
-        static = self.act_quantizer is not None and self._act_mode is ActMode.INT8
+        static = self.act_quantizer is not None and mode is ActMode.INT8
         if self.input_divisor is not None and not static:  # the static quantizer folds it into its scale
             x2 = x2 / self.input_divisor.to(x2.dtype)
-        y = _PATHS[self._act_mode](self, x2)
+        y = _PATHS[mode](self, x2)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
@@ -240,24 +283,24 @@ class QuantLinear(nn.Module):
     def _forward_int8(self, x: torch.Tensor) -> torch.Tensor:
         if self.act_quantizer is not None:
             # Static: the quantizer's codes and scales; each part is one real int8 GEMM.
-            w_codes, w_scale = self.act_quantizer.int8_weight()
+            w_codes, w_scale = self.act_quantizer.int8_weight(self)
             y = None
             for codes, scale in self.act_quantizer.quantize_input(x):
                 part = int8_matmul(codes, w_codes).float().mul_(scale)
                 y = part if y is None else y.add_(part)
             return y.mul_(w_scale.reshape(1, -1))
-        xq = integer.quantize(x, bits=8, granularity="token")
-        wq = self._weight_as("int8")
-        acc = int8_matmul(xq.values(), wq.values())
-        return acc.float().mul_(xq.scale).mul_(wq.scale.reshape(1, -1))
+        xq = integer.quantize(x, bits=8, granularity="token", check=False)
+        w_codes, w_scale = self.int8_weight()
+        acc = int8_matmul(xq.values(), w_codes)
+        return acc.float().mul_(xq.scale).mul_(w_scale.reshape(1, -1))
 
     def _forward_nvfp4(self, x: torch.Tensor) -> torch.Tensor:
         # Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32.
-        return F.linear(nvfp4.quantize(x).dequantize(), self._weight_as("nvfp4").dequantize())
+        return F.linear(nvfp4.quantize(x, check=False).dequantize(), self._weight_as("nvfp4").dequantize())
 
-    def execution(self) -> str:
-        """How the current ``act_mode`` runs, e.g. ``"int8 (real, torch._int_mm)"``."""
-        mode = self._act_mode
+    def execution(self, mode: ActMode | str | None = None) -> str:
+        """How a call at ``mode`` (default: the layer's own) runs, e.g. ``"int8 (real, torch._int_mm)"``."""
+        mode = self._act_mode if mode is None else precision.act_mode(mode)
         if mode is ActMode.INT8:
             device = next(self.buffers()).device
             backend = int8_matmul_backend(device, 4096, self.in_features, self.out_features)
@@ -280,6 +323,12 @@ class QuantLinear(nn.Module):
 def _fits_int8_gemm(q: Quantized) -> bool:
     """Symmetric per-channel integer codes of ≤ 8 bits: ``values()`` is int8, ``scale`` is (N, 1)."""
     return isinstance(q, integer.IntQuantized) and q.symmetric and q.granularity == "channel"
+
+
+def _to_int8(q: Quantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel INT8 codes ``(n, K)`` and scales ``(n,)`` of a dequantized weight slice."""
+    w = integer.quantize(q.dequantize(), bits=8, granularity="channel", check=False)
+    return w.values(), w.scale.reshape(-1)
 
 
 _PATHS: dict[ActMode, Callable[[QuantLinear, torch.Tensor], torch.Tensor]] = {

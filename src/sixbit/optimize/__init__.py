@@ -278,16 +278,47 @@ def enable_memory_optimization(
         2
         >>> memory.disable()
     """
-    try:
-        mode = MemoryMode(mode)
-    except ValueError:
-        raise ValueError(f"unknown mode {mode!r}; valid: {[m.value for m in MemoryMode]}") from None
+    mode = _mode(mode)
     _positive_int("tile_size", tile_size, 8, "VAE tile edge in pixels")
     if tile_size % 8:
         raise ValueError(f"tile_size must be a multiple of 8 (VAEs compress 8× spatially), got {tile_size}; try {tile_size // 8 * 8 or 8}")
     _positive_int("prefetch_depth", prefetch_depth, 1, "block groups loaded ahead")
     _positive_int("blocks_per_group", blocks_per_group, 1, "blocks moved together")
     pipe, model, vae = _split(model_or_pipe)
+    onload, offload, folder = _devices(onload_device, offload_device)
+    _check_mode(mode, pipe, model, onload, offload, folder)
+    if model is not None and model in _HANDLES:
+        _HANDLES[model].disable()
+    tiling, saved = _tile(vae, tile_size)
+    handle = MemoryOptimization(mode, tiling, "no weight offloading", _model=model, _pipe=pipe, _vae=vae,
+                                _saved_tiling=saved)
+    try:
+        if mode is MemoryMode.GROUP:
+            _install_groups(handle, model, onload, offload, folder, blocks_per_group, prefetch_depth)
+        elif mode is MemoryMode.CPU_OFFLOAD:
+            pipe.enable_model_cpu_offload(device=onload)
+            handle.offload = f"diffusers model CPU offload (components onloaded to {onload} when used)"
+        elif mode is MemoryMode.SEQUENTIAL_CPU_OFFLOAD:
+            pipe.enable_sequential_cpu_offload(device=onload)
+            handle.offload = f"diffusers sequential CPU offload (each leaf onloaded to {onload} when used)"
+    except BaseException:
+        handle.disable()
+        raise
+    if model is not None:
+        _HANDLES[model] = handle
+    logger.info("%s", handle)
+    return handle
+
+
+def _mode(mode) -> MemoryMode:
+    try:
+        return MemoryMode(mode)
+    except ValueError:
+        raise ValueError(f"unknown mode {mode!r}; valid: {[m.value for m in MemoryMode]}") from None
+
+
+def _devices(onload_device, offload_device) -> tuple[torch.device, torch.device | Path, Path | None]:
+    """(onload device, offload device or folder, the folder for disk offload or None), checked."""
     offload = _device_or_folder(offload_device)
     folder = offload if isinstance(offload, Path) else None
     if folder is not None and "offload_to_disk_path" not in GROUP_ARGS:
@@ -296,12 +327,16 @@ def enable_memory_optimization(
     if folder is None and offload.type != "cpu":
         raise ValueError(f"offload_device must be \"cpu\" or a folder path (disk), got {str(offload)!r}: weights wait "
                          "there and an accelerator is where they compute (onload_device)")
-    accelerator = _accelerator()
     try:
-        onload = torch.device(onload_device) if onload_device is not None else (accelerator or torch.device("cpu"))
+        onload = torch.device(onload_device) if onload_device is not None else (_accelerator() or torch.device("cpu"))
     except (RuntimeError, TypeError):
         raise ValueError(f"onload_device must be a device such as \"cuda\" or \"cpu\", got {onload_device!r}") from None
+    return onload, offload, folder
 
+
+def _check_mode(mode: MemoryMode, pipe, model, onload, offload, folder) -> None:
+    """Refuse a mode that cannot apply to what was passed, or would change nothing here."""
+    accelerator = _accelerator()
     if mode is MemoryMode.GROUP:
         if model is None:
             raise ValueError(f"mode='group' offloads a transformer, but this {type(pipe).__name__} has none; use mode='none' for tiling only")
@@ -324,28 +359,6 @@ def enable_memory_optimization(
             )
         if folder is not None:
             raise ValueError(f"mode={mode.value!r} offloads to CPU memory only; for disk offload use mode='group'")
-
-    if model is not None and model in _HANDLES:
-        _HANDLES[model].disable()
-    tiling, saved = _tile(vae, tile_size)
-    handle = MemoryOptimization(mode, tiling, "no weight offloading", _model=model, _pipe=pipe, _vae=vae,
-                                _saved_tiling=saved)
-    try:
-        if mode is MemoryMode.GROUP:
-            _install_groups(handle, model, onload, offload, folder, blocks_per_group, prefetch_depth)
-        elif mode is MemoryMode.CPU_OFFLOAD:
-            pipe.enable_model_cpu_offload(device=onload)
-            handle.offload = f"diffusers model CPU offload (components onloaded to {onload} when used)"
-        elif mode is MemoryMode.SEQUENTIAL_CPU_OFFLOAD:
-            pipe.enable_sequential_cpu_offload(device=onload)
-            handle.offload = f"diffusers sequential CPU offload (each leaf onloaded to {onload} when used)"
-    except BaseException:
-        handle.disable()
-        raise
-    if model is not None:
-        _HANDLES[model] = handle
-    logger.info("%s", handle)
-    return handle
 
 
 def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.device, offload,

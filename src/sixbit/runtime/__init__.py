@@ -1,4 +1,5 @@
-"""Runtime methods on diffusers hooks: step/branch context, and (later) DMPQ and the delta cache."""
+"""What runtime methods stand on: the step/branch context with its precision scope, and the
+shared block hook (:mod:`sixbit.runtime.blocks`). The methods themselves are in :mod:`sixbit.methods`."""
 
 from .context import BATCHED, StepInfo, StepTracker, track_steps, tracker_of
 

@@ -20,6 +20,11 @@ and updates a :class:`StepTracker`:
   every per-run state. A plain loop may also call :meth:`StepTracker.new_generation`.
 
 Per-run state of runtime methods lives in :meth:`StepTracker.state`, keyed by owner and branch.
+
+**Precision.** The tracker owns the model's :class:`~sixbit.nn.precision.PrecisionScope`
+(``tracker.precision``): runtime methods register their precision policies there, and the
+step hook makes it the active scope for the duration of each transformer call, so every
+quantized linear inside asks it once which precision it runs at.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 from torch import nn
+
+from ..nn import precision
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +86,7 @@ class StepTracker:
         self._explicit: str | None = None
         self._states: dict[tuple[int, str], Any] = {}
         self._listeners: list[Callable[[], None]] = []
+        self.precision = precision.PrecisionScope()
 
     # ------------------------------------------------------------------ events
 
@@ -212,7 +220,7 @@ class _StepHook(ModelHook):
         # diffusers hands the cache context to the StateManagers of stateful hooks
         self.context = StateManager(_Observed)
 
-    def pre_forward(self, module, *args, **kwargs):
+    def new_forward(self, module, *args, **kwargs):
         t = kwargs.get("timestep")
         if t is None and self.timestep_index is not None and self.timestep_index < len(args):
             t = args[self.timestep_index]
@@ -221,13 +229,19 @@ class _StepHook(ModelHook):
                 f"{type(module).__name__} was called without a `timestep` argument; sixbit's step "
                 "tracking needs it (pass timestep=... as diffusers pipelines do)"
             )
-        value = float(t.reshape(-1)[0]) if isinstance(t, torch.Tensor) else float(t)
-        self.tracker.observe(value, self.context._context)
-        return args, kwargs
+        _observe(self.tracker, t, self.context._context)
+        with precision.active(self.tracker.precision):
+            return self.fn_ref.original_forward(*args, **kwargs)
 
     def reset_state(self, module):
         self.tracker.new_generation()
         return module
+
+
+@torch.compiler.disable
+def _observe(tracker: StepTracker, t, context) -> None:
+    # reads the timestep back to the host: once per transformer call, outside compiled graphs
+    tracker.observe(float(t.reshape(-1)[0]) if isinstance(t, torch.Tensor) else float(t), context)
 
 
 def track_steps(model: nn.Module, batched_cfg: bool | None = None) -> StepTracker:

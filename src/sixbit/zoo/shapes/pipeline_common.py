@@ -36,6 +36,8 @@ class ShapesPipelineBase(DiffusionPipeline):
 
     model_cpu_offload_seq = "text_encoder->transformer"
     _callback_tensor_inputs = ["latents"]
+    #: (frames, height, width) of every video it makes: calibration videos are resized to it
+    video_size = (NUM_FRAMES, HEIGHT, WIDTH)
 
     @property
     def guidance_scale(self) -> float:

@@ -11,11 +11,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sixbit
 from sixbit.calibration.data import LayerStats
-from sixbit.calibration.static_fit import fit_layer
+from sixbit.methods.static_w8a8.fit import fit_layer
 from sixbit.formats import integer
 from sixbit.nn import QuantLinear
 from sixbit.runtime.context import StepInfo
-from sixbit.runtime.static_w8a8_layers import StaticActQuantizer, StaticW8A8State
+from sixbit.methods.static_w8a8 import StaticActQuantizer, StaticW8A8State
 from sixbit.transforms import smoothquant as sq
 from tiny_models import TINY_BUILDERS, build_tiny
 from toy import ToyTransformer
@@ -342,13 +342,14 @@ def _keys(path):
         return list(f.keys())
 
 
-def test_checkpoint_without_the_extension_registered_is_refused(tmp_path, monkeypatch):
+def test_checkpoint_with_an_unknown_extension_is_refused(tmp_path, monkeypatch):
     model, data, _, _ = _calibrated()
     sixbit.apply_static_w8a8(model, sixbit.StaticW8A8Config(time_ranges=2), data)
     ckpt = sixbit.save(model, tmp_path / "m.safetensors")
     from sixbit import checkpoint
 
-    monkeypatch.delitem(checkpoint._EXTENSIONS, "static_w8a8")
+    known = checkpoint.extensions()
+    monkeypatch.setattr(checkpoint, "extensions", lambda: {k: v for k, v in known.items() if k != "static_w8a8"})
     fresh = _toy()
     before = {k: v.clone() for k, v in fresh.state_dict().items()}
     with pytest.raises(ValueError, match="static_w8a8"):

@@ -27,8 +27,8 @@ the full-precision video for steadier backgrounds — measured in BENCHMARKS.md
 (``stabilize-frames``), where PSNR vs a flickering full-precision reference also counts removed
 jitter as error.
 
-It acts only where activations are quantized dynamically (``act_mode`` int8/nvfp4, no static
-quantizer: static scales are calibrated on ``x``, not on ``m`` and ``r``), and only on models
+It acts only on calls whose precision (decided once per call, :mod:`sixbit.nn.precision`) is
+a dynamically quantized one (int8/nvfp4, no static quantizer: static scales are calibrated on ``x``, not on ``m`` and ``r``), and only on models
 whose :class:`~sixbit.models.ModelSpec` gives the token grid (``video_grid``). Layout config →
 state → hook → ``apply_stabilizer``, like the other runtime methods.
 """
@@ -41,9 +41,10 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from ..models.registry import spec_for
-from ..nn import ActMode
-from .measure import quant_linears
+from ...models.registry import spec_for
+from ...nn import precision
+from ...nn.precision import ActMode
+from ...runtime.blocks import quant_linears
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +62,6 @@ class FrameStabilizer:
         self.grid: tuple[int, int] | None = None
         self.stabilized_calls = 0
         self.plain_calls = 0
-
-    def reset(self) -> None:
-        self.grid = None
-        self.stabilized_calls = self.plain_calls = 0
 
 
 class _GridHook(ModelHook):
@@ -99,32 +96,32 @@ class _StabilizeHook(ModelHook):
     def new_forward(self, module, x, *args, **kwargs):
         forward = self.fn_ref.original_forward
         grid = self.state.grid
-        if (grid is None or grid[0] < 2 or x.ndim != 3 or module.act_mode is ActMode.FP
-                or module.act_quantizer is not None):
+        mode = precision.decide(module, x)  # once: every GEMM below runs at it
+        if grid is None or grid[0] < 2 or x.ndim != 3 or mode is ActMode.FP or module.act_quantizer is not None:
             self.state.plain_calls += 1
-            return forward(x, *args, **kwargs)
+            return forward(x, mode)
         frames, per_frame = grid
         parts = _split_rows(x, frames, per_frame, self.state.text_tokens)
         if parts is None:
             self.state.plain_calls += 1
-            return forward(x, *args, **kwargs)
+            return forward(x, mode)
         before, video, after = parts
         b, _, c = video.shape
         v = video.reshape(b, frames, per_frame, c)
         mean = v.mean(dim=1)
-        y_mean = forward(mean)  # (B, S, O), bias included once
+        y_mean = forward(mean, mode)  # (B, S, O), bias included once
         dev = v - mean.unsqueeze(1)
         if self.state.deadzone > 0:
             rel = dev.norm(dim=-1, keepdim=True) / mean.norm(dim=-1, keepdim=True).unsqueeze(1).clamp_min(1e-12)
             dev = torch.where(rel < self.state.deadzone, torch.zeros_like(dev), dev)
-        y_dev = forward(dev.reshape(b, frames * per_frame, c))
+        y_dev = forward(dev.reshape(b, frames * per_frame, c), mode)
         if module.bias is not None:
             y_dev = y_dev - module.bias.to(y_dev.dtype)
         y = (y_dev.reshape(b, frames, per_frame, -1) + y_mean.unsqueeze(1)).reshape(b, frames * per_frame, -1)
-        pieces = [forward(before)] if before is not None else []
+        pieces = [forward(before, mode)] if before is not None else []
         pieces.append(y)
         if after is not None:
-            pieces.append(forward(after))
+            pieces.append(forward(after, mode))
         self.state.stabilized_calls += 1
         return torch.cat(pieces, dim=1) if len(pieces) > 1 else y
 
@@ -155,7 +152,6 @@ def apply_stabilizer(model: nn.Module, deadzone: float = DEFAULT_DEADZONE) -> Fr
     registry = HookRegistry.check_if_exists_or_initialize(model)
     registry.register_hook(_GridHook(state, spec.video_grid), GRID_HOOK_NAME)
     for layer in layers:
-        # innermost on the layer: PDR's full-precision switch (if any) wraps it and is seen here
         HookRegistry.check_if_exists_or_initialize(layer).register_hook(_StabilizeHook(state), HOOK_NAME)
     return state
 

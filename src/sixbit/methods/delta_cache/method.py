@@ -33,7 +33,8 @@ residual and the measure is scale-free across blocks (the same choice as TeaCach
 **PDR**, for quantized models: when a block computes a residual that skips are expected to
 replay — its last stability was within ``threshold``, so the next steps may skip — each of its
 ``QuantLinear`` s whose input outlier ratio ``max|X| / mean|X|`` exceeds ``pdr_outlier_ratio``
-runs in full precision for that call, so the cache stores a clean residual instead of
+runs in full precision for that call (a precision policy at
+:attr:`~sixbit.nn.precision.Level.REFRESH`, above DMPQ and the configured default), so the cache stores a clean residual instead of
 quantization noise that every skip would replay. Computes of unstable blocks (warm-up, or a
 residual still changing) are not purified: no skip will reuse them before they are replaced,
 and purifying every compute sent a fifth of the GEMM work to full precision on the shipped
@@ -52,19 +53,17 @@ import logging
 from collections import defaultdict
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from .. import formats
-from ..models import iter_blocks, spec_for
-from ..nn import ActMode
-from .context import RunReports, StepTracker, track_steps
-from .measure import quant_linears, relative_l1
+from ... import formats
+from ...models import iter_blocks
+from ...nn.precision import ActMode, Level, gemm_flops
+from ...runtime import blocks
+from ...runtime.blocks import relative_l1
+from ...runtime.context import RunReports, StepTracker, track_steps
 
 logger = logging.getLogger(__name__)
 
-HOOK_NAME = "sixbit_delta_cache"
-PDR_HOOK_NAME = "sixbit_pdr"
 CACHE_FORMATS = ("fp", "int8", "int4-g64")
 
 
@@ -210,10 +209,6 @@ class DeltaCacheState:
         self.entries[index] = entry
         self.held_bytes += entry.nbytes
 
-    def reset(self) -> None:
-        self.entries.clear()
-        self.held_bytes = 0
-
 
 @dataclasses.dataclass
 class DeltaCacheReport:
@@ -236,34 +231,19 @@ class DeltaCacheReport:
         steps = sorted({s for _, s, _ in self.decisions})
         return [[self.decisions.get((branch, s, b), "") for b in range(len(self.blocks))] for s in steps]
 
-    def plot(self, path, branch: str | None = None, title: str = "delta cache"):
-        """Save the step × block skip map as a PNG (needs matplotlib)."""
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.colors import ListedColormap
+class DeltaCache(blocks.BlockMethod):
+    """The installed method: skips or computes each block call. Get the run's report with :meth:`report`."""
 
-        grid = [[1.0 if d == "skip" else 0.0 for d in row] for row in self.skip_map(branch)]
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.5 + 0.35 * len(self.blocks)), max(2.5, 1.2 + 0.25 * len(grid))))
-        ax.imshow(grid, cmap=ListedColormap(["#fdae61", "#1a9641"]), vmin=0, vmax=1, aspect="auto")
-        ax.set_xlabel("block")
-        ax.set_ylabel("denoising step")
-        ax.set_title(f"{title}\norange computed · green skipped ({100 * self.skip_share:.0f}% skipped)", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
-
-
-class DeltaCache:
-    """The installed method, shared by its hooks. Get the run's report with :meth:`report`."""
+    order = blocks.CACHE_ORDER
 
     def __init__(self, model: nn.Module, config: DeltaCacheConfig, tracker: StepTracker):
         self.model, self.config, self.tracker = model, config, tracker
         self.blocks = [name for _, name, _, _ in iter_blocks(model)]
-        self.refreshing = False  # a cached block is computing: PDR hooks are live
+        self.refreshing = False  # a block whose residual skips will replay is computing: PDR is live
         self.reports = RunReports(tracker, lambda: DeltaCacheReport(self.blocks))
+        self._pending: tuple | None = None  # (x, encoder input, state, entry) of the computing block
+        self.pdr: PurifiedRefresh | None = None
 
     def report(self) -> DeltaCacheReport:
         """The current run's decisions, or the last finished run's when none is in progress."""
@@ -347,34 +327,31 @@ class DeltaCache:
             current.cache_bytes = max(current.cache_bytes, self.state().held_bytes)
 
 
-class _BlockHook(ModelHook):
-    def __init__(self, cache: DeltaCache, index: int, io, layers):
-        super().__init__()
-        self.cache, self.index, self.io, self.layers = cache, index, io, layers
-
-    def new_forward(self, module, *args, **kwargs):
-        cache, io, cfg = self.cache, self.io, self.cache.config
-        x = io.stream_input(module, args, kwargs)
-        enc = io.stream_input(module, args, kwargs, "encoder") if io.encoder is not None else None
-        state = cache.state()
-        entry = state.entries.get(self.index)
-        step = cache.tracker.info.step
-        if cache.should_skip(state, self.index, x):
-            cache.record(self.index, "skip")
-            age = step - entry.step
+    def before(self, call: blocks.BlockCall):
+        io, cfg = call.io, self.config
+        x = call.input()
+        enc = call.input("encoder")
+        state = self.state()
+        entry = state.entries.get(call.index)
+        if self.should_skip(state, call.index, x):
+            self.record(call.index, "skip")
+            age = self.tracker.info.step - entry.step
             outs = {"hidden": x + entry.replay("hidden", cfg.drift, age)}
             if "encoder" in io.returns:
                 cached = entry.replay("encoder", cfg.drift, age)
                 outs["encoder"] = None if enc is None or cached is None else enc + cached
             return outs["hidden"] if io.returns == ("hidden",) else tuple(outs[r] for r in io.returns)
         # purify only residuals that skips will replay: the block was stable at its last compute
-        cache.refreshing = cfg.pdr and bool(self.layers) and cache.reusable(self.index)
-        try:
-            output = self.fn_ref.original_forward(*args, **kwargs)
-        finally:
-            cache.refreshing = False
-        y = io.stream_output(output)
-        y_enc = io.stream_output(output, "encoder")
+        self.refreshing = cfg.pdr and self.reusable(call.index)
+        self._pending = (x, enc, state, entry)
+        return None
+
+    def after(self, call: blocks.BlockCall, output) -> None:
+        self.refreshing = False
+        x, enc, state, entry = self._pending
+        self._pending = None
+        cfg, step = self.config, self.tracker.info.step
+        y, y_enc = call.output(output), call.output(output, "encoder")
         delta = (y - x).detach()
         enc_delta = None if enc is None or y_enc is None or y_enc.shape != enc.shape else (y_enc - enc).detach()
         gap = max(step - entry.step, 1) if entry is not None else 1
@@ -389,46 +366,48 @@ class _BlockHook(ModelHook):
             if cfg.drift:
                 slopes[stream] = change / gap
         fmt = cfg.cache_format
-        state.store(self.index, _Entry(
+        state.store(call.index, _Entry(
             _Stored(delta, fmt), _Stored(enc_delta, fmt),
             _Stored(slopes.get("hidden"), fmt), _Stored(slopes.get("encoder"), fmt), step, stability,
         ))
-        cache.computed(self.index)
-        cache.record(self.index, "compute")
-        return output
+        self.computed(call.index)
+        self.record(call.index, "compute")
 
 
-class _PDRHook(ModelHook):
-    """Full-precision activations for an outlier-heavy input while its block refreshes the cache."""
+class PurifiedRefresh:
+    """PDR's precision policy: full precision for an outlier-heavy input of a block that is
+    computing a residual skips will replay; no opinion otherwise."""
 
     def __init__(self, cache: DeltaCache):
-        super().__init__()
         self.cache = cache
-        self._saved: ActMode | None = None
 
-    def pre_forward(self, module, *args, **kwargs):
-        if self.cache.refreshing and module.act_mode is not ActMode.FP:
-            a = args[0].detach().abs()
-            if float(a.amax()) > self.cache.config.pdr_outlier_ratio * float(a.mean()):
-                report = self.cache.reports.current
-                report.pdr_full_precision_calls += 1
-                rows = a.numel() // module.in_features
-                report.pdr_flops[module.act_mode.value] += 2.0 * rows * module.in_features * module.out_features
-                self._saved, module.act_mode = module.act_mode, ActMode.FP
-        return args, kwargs
+    def __call__(self, layer: nn.Module, x: torch.Tensor) -> ActMode | None:
+        if not self.cache.refreshing:
+            return None
+        return _purify(self.cache, layer, x)
 
-    def post_forward(self, module, output):
-        if self._saved is not None:
-            module.act_mode, self._saved = self._saved, None
-        return output
+
+@torch.compiler.disable
+def _purify(cache: DeltaCache, layer: nn.Module, x: torch.Tensor) -> ActMode | None:
+    scope = cache.tracker.precision
+    mode = scope.decide(layer, x, below=Level.REFRESH) or layer.act_mode
+    if mode is ActMode.FP:
+        return None
+    a = x.detach().abs()
+    if float(a.amax()) <= cache.config.pdr_outlier_ratio * float(a.mean()):
+        return None
+    report = cache.reports.current
+    report.pdr_full_precision_calls += 1
+    report.pdr_flops[mode.value] += gemm_flops(layer.in_features, layer.out_features, x)
+    return ActMode.FP
 
 
 def enable_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None) -> DeltaCache:
     """Skip stable blocks of ``model`` (full precision or quantized); returns the method.
 
     Works inside diffusers pipelines (batched CFG and per-branch calls: state per branch) and
-    in plain sampling loops. Install it after DMPQ (``apply_dmpq`` keeps the order right
-    either way) so a skipped block leaves DMPQ's Γ history untouched.
+    in plain sampling loops. Composes with DMPQ in either install order: the cache always runs
+    outside it, so a skipped block leaves DMPQ's Γ history untouched.
 
     Example:
         >>> cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=0.2))  # doctest: +SKIP
@@ -439,24 +418,16 @@ def enable_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None)
     disable_delta_cache(model)
     tracker = track_steps(model)
     cache = DeltaCache(model, config, tracker)
-    for index, name, block, io in iter_blocks(model, spec_for(model)):
-        layers = quant_linears(block)
-        HookRegistry.check_if_exists_or_initialize(block).register_hook(_BlockHook(cache, index, io, layers), HOOK_NAME)
-        if config.pdr:
-            for layer in layers:
-                HookRegistry.check_if_exists_or_initialize(layer).register_hook(_PDRHook(cache), PDR_HOOK_NAME)
+    if config.pdr:
+        cache.pdr = PurifiedRefresh(cache)
+        tracker.precision.register(Level.REFRESH, cache.pdr)
+    blocks.attach(model, cache)
     return cache
 
 
 def disable_delta_cache(model: nn.Module) -> None:
-    """Remove the delta cache's hooks from ``model``."""
-    for _, _, block, _ in iter_blocks(model):
-        registry = getattr(block, "_diffusers_hook", None)
-        hook = registry.get_hook(HOOK_NAME) if registry is not None else None
-        if hook is not None:
-            hook.cache.reports.detach()
-            registry.remove_hook(HOOK_NAME, recurse=False)
-        for layer in quant_linears(block):
-            reg = getattr(layer, "_diffusers_hook", None)
-            if reg is not None and reg.get_hook(PDR_HOOK_NAME) is not None:
-                reg.remove_hook(PDR_HOOK_NAME, recurse=False)
+    """Remove the delta cache from ``model`` (no-op when it has none)."""
+    for cache in list(blocks.attached(model, DeltaCache)):
+        cache.reports.detach()
+        cache.tracker.precision.unregister(cache.pdr)
+        blocks.detach(model, cache)

@@ -3,7 +3,7 @@
 Each block's relative L1 change from input to output at its previous computed step,
 ``Γ_{t−1} = ‖out − in‖₁ / ‖in‖₁``, predicts how much error NVFP4 activations would add at
 step ``t`` through a linear model ``E = α·Γ_{t−1} + β`` fitted on calibration runs
-(:func:`sixbit.calibration.fit_dmpq`): one line per block and step range, so a step range can
+(:func:`sixbit.methods.dmpq.fit_dmpq`): one line per block and step range, so a step range can
 be cheap or costly for the video whatever its Γ (step ranges are the calibration runs' steps:
 calibrate with the step count you generate with). A block whose predicted error is at most the
 threshold runs every linear with NVFP4 activations (``low``); otherwise, and whenever ``Γ_{t−1}`` is
@@ -11,7 +11,14 @@ unknown (first step, after a skip), with INT8 (``high``). The threshold is set o
 data so the GEMM-FLOP-weighted average activation width meets ``target_bits``.
 
 Batches: each sample's error is predicted from its own Γ; a block goes low only if *every*
-sample in the call is predicted stable, so one prompt never lowers another's precision.
+sample in the call is predicted stable, so one prompt never lowers another's precision. Each CFG
+branch called on its own (Wan, HunyuanVideo) has its own Γ history and its own decisions; a
+batched cond+uncond call (CogVideoX, LTX) is one GEMM per linear, so when its halves disagree
+it runs INT8 — the higher precision — for both.
+
+The method rides on the shared block hook (:mod:`sixbit.runtime.blocks`, inside the delta
+cache, so a skipped block leaves the Γ history untouched) and answers the precision scope at
+:attr:`~sixbit.nn.precision.Level.STEP` for the linears of the block that is running.
 
 NVFP4 activations are emulated on hardware without FP4 matmuls (see :class:`~sixbit.nn.QuantLinear`).
 """
@@ -23,17 +30,12 @@ import dataclasses
 from collections import defaultdict
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from ..models import iter_blocks, spec_for
-from ..nn import ActMode
-from .context import RunReports, StepTracker, track_steps
-from .delta_cache import HOOK_NAME as CACHE_HOOK_NAME
-from .measure import quant_linears, relative_l1
-
-HOOK_NAME = "sixbit_dmpq"
-ACT_BITS = {ActMode.NVFP4: 4.5, ActMode.INT8: 8.0, ActMode.FP: 16.0}  # incl. NVFP4's E4M3 scales
+from ...models import iter_blocks
+from ...nn.precision import ACT_BITS, ActMode, Level, average_bits, gemm_flops
+from ...runtime import blocks
+from ...runtime.context import RunReports, StepTracker, track_steps
 
 
 @dataclasses.dataclass
@@ -126,29 +128,6 @@ class DMPQPredictor:
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pairs"}
 
-    def plot_correlation(self, path, title: str = "DMPQ predictor"):
-        """Scatter of the calibration pairs (Γ_{t−1}, E_t) with the fitted lines' range (PNG)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        if self.pairs is None:
-            raise ValueError("this predictor carries no calibration pairs (it was loaded, not fitted)")
-        g, e = (t.numpy() for t in self.pairs)
-        fig, ax = plt.subplots(figsize=(4.5, 3.5))
-        ax.scatter(g, e, s=6, alpha=0.5)
-        ax.set_xlabel("Γ(t−1) of the block")
-        ax.set_ylabel("E(t): NVFP4 activation error")
-        ax.set_title(f"{title}: Pearson r = {self.pearson_r:.3f}", fontsize=9)
-        if self.threshold < float("inf"):
-            ax.axhline(self.threshold, color="#d7191c", lw=1, label="threshold")
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
-
     @classmethod
     def from_dict(cls, data: dict) -> "DMPQPredictor":
         return cls(**data)
@@ -196,9 +175,6 @@ class DMPQState:
     def __init__(self):
         self.gamma: dict[int, tuple[int, torch.Tensor]] = {}
 
-    def reset(self) -> None:
-        self.gamma.clear()
-
 
 @dataclasses.dataclass
 class DMPQReport:
@@ -217,8 +193,7 @@ class DMPQReport:
     @property
     def average_bits(self) -> float:
         """GEMM-FLOP-weighted average activation bits (NVFP4 counted as 4.5: its scales included)."""
-        total = sum(self.flops.values())
-        return sum(ACT_BITS[ActMode(m)] * f for m, f in self.flops.items()) / total if total else float("nan")
+        return average_bits(self.flops)
 
     def flop_share(self) -> dict[str, float]:
         total = sum(self.flops.values())
@@ -229,40 +204,28 @@ class DMPQReport:
         branch = branch or min(b for b, _, _ in self.decisions)
         return [[self.decisions.get((branch, s, b), "") for b in range(len(self.blocks))] for s in self.steps]
 
-    def plot(self, path, branch: str | None = None, title: str = "DMPQ activation precision"):
-        """Save the step × block precision map as a PNG (needs matplotlib)."""
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.colors import ListedColormap
+class DMPQ(blocks.BlockMethod):
+    """The installed method: decides each block call's precision. Get the run's report with :meth:`report`."""
 
-        modes = [m.value for m in (ActMode.NVFP4, ActMode.INT8, ActMode.FP)]
-        grid = [[modes.index(m) if m in modes else float("nan") for m in row] for row in self.precision_map(branch)]
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.5 + 0.35 * len(self.blocks)), max(2.5, 1.2 + 0.25 * len(grid))))
-        ax.imshow(grid, cmap=ListedColormap(["#2b83ba", "#fdae61", "#d7191c"]), vmin=0, vmax=2, aspect="auto")
-        ax.set_xlabel("block")
-        ax.set_ylabel("denoising step")
-        ax.set_title(f"{title}\nblue NVFP4 (emulated) · orange INT8 · avg {self.average_bits:.2f} bits", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+    order = blocks.PRECISION_ORDER
 
-
-class DMPQ:
-    """The installed method: shared by the block hooks. Get the run's report with :meth:`report`."""
-
-    def __init__(self, model: nn.Module, policy: "DMPQPredictor | RandomAssignment", tracker: StepTracker):
+    def __init__(self, model: nn.Module, policy: "DMPQPredictor | FixedAssignment | RandomAssignment",
+                 tracker: StepTracker):
         self.model = model
         self.policy = policy
         self.tracker = tracker
         self.blocks = [name for _, name, _, _ in iter_blocks(model)]
         self.reports = RunReports(tracker, lambda: DMPQReport(self.blocks))
+        self._running: tuple[ActMode, torch.Tensor, float | None] | None = None  # the block call in progress
 
     def report(self) -> DMPQReport:
         """The current run's decisions, or the last finished run's when none is in progress."""
         return self.reports.get()
+
+    def __call__(self, layer: nn.Module, x: torch.Tensor) -> ActMode | None:
+        """Precision policy: the mode chosen for the block that is running (outside blocks: no opinion)."""
+        return None if self._running is None else self._running[0]
 
     def decide(self, index: int, batch: int) -> tuple[ActMode, float | None]:
         """The block's mode for this call, and the predicted error it was based on (if any)."""
@@ -275,81 +238,57 @@ class DMPQ:
         predicted = float(self.policy.predict(index, gamma, step).max()) if hasattr(self.policy, "predict") else None
         return self.policy.choose(index, gamma, step), predicted
 
-    def record(self, index: int, mode: ActMode, gamma: torch.Tensor, flops: float, predicted: float | None) -> None:
+    def before(self, call: blocks.BlockCall) -> None:
+        x = call.input()
+        mode, predicted = self.decide(call.index, x.shape[0])
+        self._running = (mode, x, predicted)
+
+    def after(self, call: blocks.BlockCall, output) -> None:
+        mode, x, predicted = self._running
+        self._running = None
         info = self.tracker.info
-        self.tracker.state(self, DMPQState).gamma[index] = (info.step, gamma)
+        gamma = blocks.relative_l1(call.output(output) - x, x)
+        self.tracker.state(self, DMPQState).gamma[call.index] = (info.step, gamma)
+        flops = sum(gemm_flops(m.in_features, m.out_features, x) for m in blocks.quant_linears(call.module))
         current = self.reports.current
-        current.decisions[(info.branch, info.step, index)] = mode.value
+        current.decisions[(info.branch, info.step, call.index)] = mode.value
         current.flops[mode.value] += flops
         if predicted is not None:
             current.candidates.append((predicted, flops))
 
 
-class _BlockHook(ModelHook):
-    def __init__(self, method: DMPQ, index: int, io, layers):
-        super().__init__()
-        self.method, self.index, self.io, self.layers = method, index, io, layers
-        self._pending = None
-
-    def pre_forward(self, module, *args, **kwargs):
-        x = self.io.stream_input(module, args, kwargs)
-        mode, predicted = self.method.decide(self.index, x.shape[0])
-        for layer in self.layers:
-            layer.act_mode = mode
-        self._pending = (x, mode, predicted)
-        return args, kwargs
-
-    def post_forward(self, module, output):
-        x, mode, predicted = self._pending
-        self._pending = None
-        y = self.io.stream_output(output)
-        tokens = x.numel() // x.shape[-1]
-        flops = sum(2.0 * tokens * layer.in_features * layer.out_features for layer in self.layers)
-        self.method.record(self.index, mode, relative_l1(y - x, x), flops, predicted)
-        return output
-
-
-def apply_dmpq(model: nn.Module, policy: "DMPQPredictor | RandomAssignment") -> DMPQ:
+def apply_dmpq(model: nn.Module, policy: "DMPQPredictor | FixedAssignment | RandomAssignment") -> DMPQ:
     """Switch every block's activation precision per step with ``policy``; returns the method.
 
-    ``policy`` is a fitted :class:`DMPQPredictor` (:func:`sixbit.calibration.fit_dmpq`) or the
-    :class:`RandomAssignment` baseline. ``model`` must already be quantized
-    (``sixbit.quantize``; NVFP4 weights recommended).
+    ``policy`` is a fitted :class:`DMPQPredictor` (:func:`sixbit.methods.dmpq.fit_dmpq`), or
+    the :class:`FixedAssignment` / :class:`RandomAssignment` baselines. ``model`` must already
+    be quantized (``sixbit.quantize``; NVFP4 weights recommended).
 
     Example:
         >>> dmpq = apply_dmpq(transformer, predictor)      # doctest: +SKIP
         >>> pipe("a red circle moving right")               # doctest: +SKIP
         >>> dmpq.report().average_bits                      # doctest: +SKIP
     """
-    n_blocks = len(list(iter_blocks(model)))
-    if isinstance(policy, DMPQPredictor) and len(policy.blocks) != n_blocks:
+    found = list(iter_blocks(model))
+    if isinstance(policy, DMPQPredictor) and len(policy.blocks) != len(found):
         raise ValueError(
-            f"the predictor covers {len(policy.blocks)} blocks but the model has {n_blocks}: "
+            f"the predictor covers {len(policy.blocks)} blocks but the model has {len(found)}: "
             "was it fitted on another model?"
         )
+    for _, name, block, _ in found:
+        if not blocks.quant_linears(block):
+            raise ValueError(f"block {name!r} has no QuantLinear: run sixbit.quantize(model, ...) first")
     remove_dmpq(model)
     tracker = track_steps(model)
     method = DMPQ(model, policy, tracker)
-    for index, name, block, io in iter_blocks(model, spec_for(model)):
-        layers = quant_linears(block)
-        if not layers:
-            raise ValueError(f"block {name!r} has no QuantLinear: run sixbit.quantize(model, ...) first")
-        registry = HookRegistry.check_if_exists_or_initialize(block)
-        # the delta cache must stay outermost: a skipped block must not touch DMPQ's Γ history
-        cache_hook = registry.get_hook(CACHE_HOOK_NAME)
-        if cache_hook is not None:
-            registry.remove_hook(CACHE_HOOK_NAME, recurse=False)
-        registry.register_hook(_BlockHook(method, index, io, layers), HOOK_NAME)
-        if cache_hook is not None:
-            registry.register_hook(cache_hook, CACHE_HOOK_NAME)
+    tracker.precision.register(Level.STEP, method)
+    blocks.attach(model, method)
     return method
 
 
 def remove_dmpq(model: nn.Module) -> None:
-    """Remove DMPQ's hooks (activation modes stay as last set)."""
-    for _, _, block, _ in iter_blocks(model):
-        registry = getattr(block, "_diffusers_hook", None)
-        hook = registry.get_hook(HOOK_NAME) if registry is not None else None
-        if hook is not None:
-            hook.method.reports.detach()
-            registry.remove_hook(HOOK_NAME, recurse=False)
+    """Remove DMPQ from ``model`` (no-op when it has none)."""
+    for method in list(blocks.attached(model, DMPQ)):
+        method.reports.detach()
+        method.tracker.precision.unregister(method)
+        blocks.detach(model, method)

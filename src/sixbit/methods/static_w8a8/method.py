@@ -20,9 +20,9 @@ tamed, so the method (arXiv 2502.15077, seed 004) combines:
 
 Execution is real: activation codes (≤ 8 bits) and weight codes (≤ 8 bits) are int8 values
 multiplied by ``torch._int_mm`` with int32 accumulation; 6-bit codes simply use fewer levels of
-the int8 container. Parameters are switched per call by a diffusers ``ModelHook`` on each
-quantized layer, keyed to :func:`~sixbit.runtime.track_steps`' step tracker (the runtime step
-is matched to the nearest calibrated timestep). Checkpoints carry every parameter
+the int8 container. Parameters are selected once per transformer call from the step tracker
+(:func:`~sixbit.runtime.track_steps`; the runtime step is matched to the nearest calibrated
+timestep). Checkpoints carry every parameter
 (:mod:`sixbit.checkpoint` extension ``"static_w8a8"``): a loaded model needs no calibration.
 
 Example:
@@ -43,15 +43,15 @@ from typing import Any
 
 from torch import nn
 
-from ..calibration import time_ranges as tr
-from ..calibration.data import CalibrationData
-from ..calibration.static_fit import fit_layer
-from ..config import Role, pattern_problems
-from ..formats import integer
-from ..models import block_index_of, iter_blocks, spec_for
-from ..nn import QuantLinear
-from .context import track_steps
-from .static_w8a8_layers import StaticActQuantizer, StaticW8A8State, install
+from ...calibration import time_ranges as tr
+from ...calibration.data import CalibrationData
+from ...config import Role, pattern_problems
+from ...formats import integer
+from ...models import block_index_of, iter_blocks, spec_for
+from ...nn import QuantLinear
+from ...runtime.context import track_steps
+from .fit import fit_layer
+from .layers import StaticActQuantizer, StaticW8A8State, install
 
 logger = logging.getLogger(__name__)
 
@@ -348,6 +348,6 @@ def apply_static_w8a8(
         layer.act_quantizer = quantizer
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer)
-    install(model, state, [layer for layer, _ in built.values()], track_steps(model))
+    install(state, track_steps(model))
     logger.info("static W8A8: %d layers, %d time range(s), smoothing %s", len(built), len(ranges), smoothing.value)
     return model

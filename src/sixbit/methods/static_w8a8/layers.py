@@ -1,11 +1,9 @@
 """Static W8A8 at run time: per-call parameter selection, the static quantizer, checkpoints.
 
-Split from :mod:`sixbit.runtime.static_w8a8` (configuration and fitting). Here:
+Split from :mod:`sixbit.methods.static_w8a8.method` (configuration and fitting). Here:
 
-* :class:`StaticW8A8State` — which calibrated step and branch slot the current call uses
-  (reset with every generation);
-* :class:`_SelectHook` — a diffusers ``ModelHook`` on each quantized layer that selects them
-  from the step tracker before the layer runs;
+* :class:`StaticW8A8State` — which calibrated step and branch slot the current call uses,
+  read from the model's step tracker once per transformer call (reset with every generation);
 * :class:`StaticActQuantizer` — the ``act_quantizer`` of a :class:`~sixbit.nn.QuantLinear`:
   static per-tensor scales (python floats fixed offline), SmoothQuant divisor folded in;
 * :func:`range_parameters` / :func:`static_w8a8_info` — what a runtime prefetches per range,
@@ -19,17 +17,15 @@ import dataclasses
 from typing import Any
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from .. import checkpoint
-from ..calibration import time_ranges as tr
-from ..formats import Quantized, integer
-from ..formats.packing import pack_bits
-from ..nn import ActMode, QuantLinear
-from .context import BATCHED, StepInfo, StepTracker, track_steps
+from ... import checkpoint
+from ...calibration import time_ranges as tr
+from ...formats import Quantized, integer
+from ...formats.packing import pack_bits
+from ...nn import QuantLinear
+from ...runtime.context import BATCHED, StepInfo, StepTracker, track_steps
 
-HOOK_NAME = "sixbit_static_w8a8"
 _SLOT = {"cond": 1, "uncond": 2}
 
 
@@ -49,6 +45,7 @@ class StaticW8A8State:
         self.layers: dict[str, dict[str, Any]] = {}
         self.selection: tuple[int, int | tuple[int, int]] | None = None
         self._info: StepInfo | None = None
+        self.tracker: StepTracker | None = None  # set by install(): where calls find their step
 
     def reset(self) -> None:
         self.selection = None
@@ -73,36 +70,18 @@ class StaticW8A8State:
         self.selection, self._info = (step, slot), info
 
     def current(self) -> tuple[int, int | tuple[int, int]]:
+        """The selection of the transformer call in progress (from the tracker, once per call)."""
+        if self.tracker is not None:
+            self.select(self.tracker.info)
         if self.selection is None:
             self.select(None)
         return self.selection
 
 
-class _SelectHook(ModelHook):
-    """Before each call of a static layer: select its parameters from the step tracker."""
-
-    _is_stateful = True
-
-    def __init__(self, state: StaticW8A8State, tracker: StepTracker):
-        super().__init__()
-        self.state = state
-        self.tracker = tracker
-
-    def pre_forward(self, module, *args, **kwargs):
-        self.state.select(self.tracker.info)
-        return args, kwargs
-
-    def reset_state(self, module):
-        self.state.reset()
-        return module
-
-
-def install(model: nn.Module, state: StaticW8A8State, layers: list[QuantLinear], tracker: StepTracker) -> None:
-    """Register the selection hook on every static layer and reset the state with each generation."""
-    for layer in layers:
-        HookRegistry.check_if_exists_or_initialize(layer).register_hook(_SelectHook(state, tracker), HOOK_NAME)
+def install(state: StaticW8A8State, tracker: StepTracker) -> None:
+    """Let the static layers read their step and branch from ``tracker``; reset with each generation."""
+    state.tracker = tracker
     tracker.on_new_generation(state.reset)
-    HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
 
 
 class StaticActQuantizer(nn.Module):
@@ -111,9 +90,9 @@ class StaticActQuantizer(nn.Module):
     Holds, for every calibrated step and branch slot, a clip threshold ``T`` and abs-max ``A``
     of the smoothed input ``x / s``; the step's activation scale is ``T / qmax`` and, with a
     side path, outliers ``x/s − clip(x/s, ±T)`` are quantized with scale ``(A − T) / side_qmax``.
-    Weight variants (TSQ: one per distinct smoothing vector) are held as int8 codes.
-    Buffers are non-persistent: the checkpoint extension stores them (variant 0 is the
-    layer's own packed weight and is not stored twice).
+    Weight variants (TSQ: one per distinct smoothing vector) beyond the first are held as int8
+    codes; variant 0 is the layer's own packed weight, read from the layer (never copied).
+    Buffers are non-persistent: the checkpoint extension stores them.
     """
 
     def __init__(self, state, divisors, weights: list[Quantized], threshold, amax, qmax, range_variant, side_bits=None):
@@ -121,8 +100,12 @@ class StaticActQuantizer(nn.Module):
         self._state = state
         self.register_buffer("divisors", divisors.float().clone(), persistent=False)
         self.register_buffer("inv_divisors", 1.0 / self.divisors, persistent=False)
-        self.register_buffer("weight_codes", torch.stack([w.values().to(torch.int8) for w in weights]), persistent=False)
-        self.register_buffer("weight_scales", torch.stack([w.scale.float().reshape(-1) for w in weights]), persistent=False)
+        extra = weights[1:]
+        n, k = weights[0].shape
+        self.register_buffer("extra_codes", torch.stack([w.values().to(torch.int8) for w in extra]) if extra
+                             else torch.empty(0, n, k, dtype=torch.int8), persistent=False)
+        self.register_buffer("extra_scales", torch.stack([w.scale.float().reshape(-1) for w in extra]) if extra
+                             else torch.empty(0, n), persistent=False)
         self.register_buffer("threshold", threshold.float().clone(), persistent=False)
         self.register_buffer("amax", amax.float().clone(), persistent=False)
         self.weight_bits = weights[0].bits
@@ -150,10 +133,15 @@ class StaticActQuantizer(nn.Module):
         )
         return text + (f" + {self.side_bits}-bit outlier side path (second dense int8 GEMM)" if self.side_bits else "")
 
-    def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def variant(self, v: int, layer: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
+        """INT8 codes ``(N, K)`` and scales ``(N,)`` of weight variant ``v`` (0: ``layer``'s own)."""
+        if v == 0:
+            return layer.int8_weight()
+        return self.extra_codes[v - 1], self.extra_scales[v - 1]
+
+    def int8_weight(self, layer: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
         step, _ = self._state.current()
-        v = self.variant_of_step[step]
-        return self.weight_codes[v], self.weight_scales[v]
+        return self.variant(self.variant_of_step[step], layer)
 
     def _quantize(self, xs: torch.Tensor, step: int, slot: int):
         scale, thr, side_scale = self._table[step][slot]
@@ -226,11 +214,12 @@ def range_parameters(model: nn.Module, range_index: int) -> dict[str, dict[str, 
         q = layer.act_quantizer
         v = q.range_variant[range_index]
         rows = q._table[first : last + 1]
+        codes, scale = q.variant(v, layer)
         out[name] = {
             "steps": list(range(first, last + 1)),
             "divisor": q.divisors[v],
-            "weight_codes": q.weight_codes[v],
-            "weight_scale": q.weight_scales[v],
+            "weight_codes": codes,
+            "weight_scale": scale,
             "act_scale": torch.tensor([[c[0] for c in row] for row in rows]),
             "side_scale": torch.tensor([[c[2] for c in row] for row in rows]),
             "act_bits": q.qmax[first].bit_length() + 1,
@@ -294,8 +283,8 @@ def _export(model: nn.Module):
         for field in ("divisors", "threshold", "amax"):
             tensors[f"{name}/{field}"] = getattr(q, field)
         for v in range(1, q.divisors.shape[0]):
-            tensors[f"{name}/w{v}_codes"] = pack_bits(q.weight_codes[v], q.weight_bits)
-            tensors[f"{name}/w{v}_scale"] = q.weight_scales[v].reshape(-1, 1)
+            tensors[f"{name}/w{v}_codes"] = pack_bits(q.extra_codes[v - 1], q.weight_bits)
+            tensors[f"{name}/w{v}_scale"] = q.extra_scales[v - 1].reshape(-1, 1)
         meta_layers[name] = {"qmax": q.qmax, "range_variant": q.range_variant, "side_bits": q.side_bits,
                              "info": state.layers.get(name, {})}
     meta = {"version": 1, "timesteps": state.timesteps, "ranges": [list(r) for r in state.ranges],
@@ -329,8 +318,8 @@ def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> 
         built[name] = quantizer.to(layer.weight_codes.device)
     for name, quantizer in built.items():
         modules[name].act_quantizer = quantizer
-        modules[name].act_mode = ActMode.INT8
-    install(model, state, [modules[n] for n in built], track_steps(model))
+        modules[name].act_mode = "int8"  # the layers' own precision: static INT8 (a configuration)
+    install(state, track_steps(model))
 
 
-checkpoint.register_extension(checkpoint.CheckpointExtension("static_w8a8", _export, _restore))
+EXTENSION = checkpoint.CheckpointExtension("static_w8a8", _export, _restore)

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import sixbit
-from sixbit.calibration import fit_dmpq
-from sixbit.calibration.dmpq_fit import _line
-from sixbit.runtime.dmpq import DMPQConfig, DMPQPredictor, apply_dmpq
-from sixbit.runtime.measure import relative_l1
+from sixbit.methods.dmpq import fit_dmpq
+from sixbit.methods.dmpq.fit import _line
+from sixbit.methods.dmpq import DMPQConfig, DMPQPredictor, apply_dmpq
+from sixbit.runtime.blocks import relative_l1
 from tiny_models import build_tiny
 from toy import ToyTransformer
 
@@ -101,7 +101,7 @@ def test_report_survives_the_pipeline_reset_and_plots(tmp_path):
     model._reset_stateful_cache()
     r = dmpq.report()
     assert len(r.decisions) == 8
-    path = r.plot(tmp_path / "map.png")
+    path = sixbit.reports.plot_precision_map(r, tmp_path / "map.png")
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -224,7 +224,7 @@ def test_tiny_architectures_end_to_end(name):
 
 
 def test_random_assignment_baseline():
-    from sixbit.runtime.dmpq import RandomAssignment
+    from sixbit.methods.dmpq import RandomAssignment
 
     def share(low_share, seed):
         model = _toy(depth=3)
@@ -259,5 +259,5 @@ def test_refined_threshold_meets_target_bits_on_calibration_runs():
         run()
     bits = dmpq.report().average_bits
     assert 5.8 <= bits <= 6.0 + 1e-9  # one 1/240 of the FLOPs per decision: the target is met closely
-    sixbit.runtime.dmpq.remove_dmpq(model)
+    sixbit.methods.dmpq.remove_dmpq(model)
     assert len(tracker._listeners) == listeners  # no listener left behind

@@ -37,11 +37,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models import iter_blocks, spec_for
-from ..nn import ActMode
-from ..runtime.context import track_steps
-from ..runtime.dmpq import ACT_BITS, DMPQConfig, DMPQPredictor, FixedAssignment, apply_dmpq, remove_dmpq, step_range
-from ..runtime.measure import quant_linears, relative_l1
+from ...models import iter_blocks
+from ...nn.precision import ACT_BITS, ActMode, Level, gemm_flops
+from ...runtime import blocks
+from ...runtime.blocks import relative_l1
+from ...runtime.context import track_steps
+from .method import DMPQConfig, DMPQPredictor, FixedAssignment, apply_dmpq, remove_dmpq, step_range
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,38 @@ def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(torch.corrcoef(torch.stack([x, y]))[0, 1])
 
 
+class _Probe(blocks.BlockMethod):
+    """Calibration: runs every block call at full precision, then once more with NVFP4
+    activations, and records Γ, the NVFP4 error at the block's output and the GEMM FLOPs."""
+
+    order = blocks.PRECISION_ORDER
+
+    def __init__(self, tracker):
+        self.tracker = tracker
+        self.mode: ActMode | None = None  # precision policy: the linears of the running block
+        self.calls: list[dict] = []
+
+    def __call__(self, layer, x):
+        return self.mode
+
+    def before(self, call):
+        self.mode = ActMode.FP
+
+    def after(self, call, output):
+        x, y = call.input(), call.output(output)
+        self.mode = ActMode.NVFP4
+        try:
+            y_low = call.output(call.rerun())
+        finally:
+            self.mode = None
+        info = self.tracker.info
+        self.calls.append({
+            "key": (info.generation, info.branch), "block": call.index, "step": info.step,
+            "gamma": relative_l1(y - x, x), "error": relative_l1(y_low - y, y),
+            "flops": sum(gemm_flops(m.in_features, m.out_features, x) for m in blocks.quant_linears(call.module)),
+        })
+
+
 def fit_dmpq(
     model: nn.Module, run: Callable[[], object], config: DMPQConfig | None = None, refine: bool = True
 ) -> DMPQPredictor:
@@ -68,94 +101,27 @@ def fit_dmpq(
 
     With ``error_at="video"`` (the default) ``run()`` must return the generated videos — a
     pipeline output with ``.frames``, a tensor or an array, or a list of those — and is called
-    ``2 + step_groups × block_groups`` times (plus one with ``refine``).
+    ``2 + step_groups × block_groups`` times (plus one with ``refine``). A DMPQ already
+    installed on ``model`` is removed first (apply the new predictor with ``apply_dmpq``).
 
     Example:
         >>> predictor = fit_dmpq(pipe.transformer, lambda: pipe(prompts, num_inference_steps=20))  # doctest: +SKIP
         >>> predictor.pearson_r                                                                     # doctest: +SKIP
     """
     config = config or DMPQConfig()
-    spec = spec_for(model)
-    tracker = track_steps(model)
-    tracker.new_generation()
-    blocks = list(iter_blocks(model, spec))
-    layers = {index: quant_linears(block) for index, _, block, _ in blocks}
-    if not all(layers.values()):
+    found = list(iter_blocks(model))
+    if not all(blocks.quant_linears(block) for _, _, block, _ in found):
         raise ValueError("fit_dmpq needs a quantized model: run sixbit.quantize(model, ...) first")
-    saved = {id(m): m.act_mode for ls in layers.values() for m in ls}
-    calls: list[dict] = []  # one record per block call
-    handles = []
-
-    def hooks(index, io):
-        pending = {}
-
-        def pre(module, args, kwargs):
-            pending["call"] = (args, kwargs, io.stream_input(module, args, kwargs))
-
-        def post(module, args, kwargs, output):
-            args, kwargs, x = pending.pop("call")
-            y = io.stream_output(output)
-            for layer in layers[index]:
-                layer.act_mode = ActMode.NVFP4
-            try:
-                y_low = io.stream_output(module.forward(*args, **kwargs))
-            finally:
-                for layer in layers[index]:
-                    layer.act_mode = ActMode.FP
-            info = tracker.info
-            tokens = x.numel() // x.shape[-1]
-            calls.append({
-                "key": (info.generation, info.branch), "block": index, "step": info.step,
-                "gamma": relative_l1(y - x, x), "error": relative_l1(y_low - y, y),
-                "flops": sum(2.0 * tokens * m.in_features * m.out_features for m in layers[index]),
-            })
-        return pre, post
-
-    try:
-        for m in (m for ls in layers.values() for m in ls):
-            m.act_mode = ActMode.FP
-        for index, _, block, io in blocks:
-            pre, post = hooks(index, io)
-            handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(block.register_forward_hook(post, with_kwargs=True))
-        with torch.no_grad():
-            run()
-    finally:
-        for h in handles:
-            h.remove()
-        for m in (m for ls in layers.values() for m in ls):
-            m.act_mode = saved[id(m)]
-        tracker.new_generation()
-    if not calls:
-        raise ValueError("DMPQ calibration recorded nothing: `run` never called the model")
-
-    previous = {(c["key"], c["block"], c["step"]): c for c in calls}
-    pairs = []  # (call, Γ_{t−1} per sample)
-    for c in calls:
-        prev = previous.get((c["key"], c["block"], c["step"] - 1))
-        if prev is not None and prev["gamma"].shape == c["gamma"].shape:
-            pairs.append((c, prev["gamma"]))
-    n_blocks = len(blocks)
+    remove_dmpq(model)
+    calls = _probe(model, run)
+    pairs = _pairs(calls)
     step_starts = [0]
     if config.error_at == "video" and pairs:
-        cell_of, cost, step_starts = _video_costs(model, run, len(blocks), 1 + max(c["step"] for c in calls), config)
+        cell_of, cost, step_starts = _video_costs(model, run, len(found), 1 + max(c["step"] for c in calls), config)
         targets = _shares(pairs, cell_of, cost)
     else:
         targets = [c["error"] for c, _ in pairs]
-    alpha = [[0.0] * len(step_starts) for _ in range(n_blocks)]
-    beta = [[0.0] * len(step_starts) for _ in range(n_blocks)]
-    for b in range(n_blocks):
-        for r in range(len(step_starts)):
-            chosen = [(gp, t) for (c, gp), t in zip(pairs, targets)
-                      if c["block"] == b and step_range(step_starts, c["step"]) == r]
-            if chosen:
-                alpha[b][r], beta[b][r] = _line(torch.cat([g for g, _ in chosen]), torch.cat([t for _, t in chosen]))
-    all_g = torch.cat([gp for _, gp in pairs]) if pairs else torch.empty(0)
-    all_e = torch.cat([c["error"] for c, _ in pairs]) if pairs else torch.empty(0)
-    predictor = DMPQPredictor(
-        [name for _, name, _, _ in blocks], alpha, beta, float("inf"), _pearson(all_g, all_e), step_starts,
-        (all_g, all_e),
-    )
+    predictor = _fit_lines([name for _, name, _, _ in found], pairs, targets, step_starts)
     if config.threshold is not None:
         predictor.threshold = config.threshold
     else:
@@ -166,6 +132,51 @@ def fit_dmpq(
             predictor.threshold = _refine(model, run, predictor, config.target_bits)
     logger.info("DMPQ predictor: r = %.3f, threshold = %.4g", predictor.pearson_r, predictor.threshold)
     return predictor
+
+
+def _probe(model: nn.Module, run: Callable[[], object]) -> list[dict]:
+    """One record per block call of ``run()``: Γ, NVFP4 block-output error, FLOPs."""
+    tracker = track_steps(model)
+    tracker.new_generation()
+    probe = _Probe(tracker)
+    tracker.precision.register(Level.STEP, probe)
+    blocks.attach(model, probe)
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        blocks.detach(model, probe)
+        tracker.precision.unregister(probe)
+        tracker.new_generation()
+    if not probe.calls:
+        raise ValueError("DMPQ calibration recorded nothing: `run` never called the model")
+    return probe.calls
+
+
+def _pairs(calls: list[dict]) -> list[tuple[dict, torch.Tensor]]:
+    """``(call, Γ_{t−1} per sample)`` for every call whose block ran at the step before."""
+    previous = {(c["key"], c["block"], c["step"]): c for c in calls}
+    pairs = []
+    for c in calls:
+        prev = previous.get((c["key"], c["block"], c["step"] - 1))
+        if prev is not None and prev["gamma"].shape == c["gamma"].shape:
+            pairs.append((c, prev["gamma"]))
+    return pairs
+
+
+def _fit_lines(names: list[str], pairs: list, targets: list[torch.Tensor], step_starts: list[int]) -> DMPQPredictor:
+    """Least-squares lines per block and step range, and Pearson r of Γ_{t−1} and the block error."""
+    alpha = [[0.0] * len(step_starts) for _ in names]
+    beta = [[0.0] * len(step_starts) for _ in names]
+    for b in range(len(names)):
+        for r in range(len(step_starts)):
+            chosen = [(gp, t) for (c, gp), t in zip(pairs, targets)
+                      if c["block"] == b and step_range(step_starts, c["step"]) == r]
+            if chosen:
+                alpha[b][r], beta[b][r] = _line(torch.cat([g for g, _ in chosen]), torch.cat([t for _, t in chosen]))
+    all_g = torch.cat([gp for _, gp in pairs]) if pairs else torch.empty(0)
+    all_e = torch.cat([c["error"] for c, _ in pairs]) if pairs else torch.empty(0)
+    return DMPQPredictor(names, alpha, beta, float("inf"), _pearson(all_g, all_e), step_starts, (all_g, all_e))
 
 
 def _video_costs(model: nn.Module, run, n_blocks: int, n_steps: int, config: DMPQConfig):
@@ -259,8 +270,7 @@ def _refine(model: nn.Module, run: Callable[[], object], predictor: DMPQPredicto
 
 
 def _run_with(model: nn.Module, run: Callable[[], object], policy):
-    """``run()`` with DMPQ switching by ``policy``; returns its result and DMPQ's report (modes restored)."""
-    modes = {id(m): m.act_mode for _, _, block, _ in iter_blocks(model) for m in quant_linears(block)}
+    """``run()`` with DMPQ switching by ``policy``; returns its result and DMPQ's report."""
     method = apply_dmpq(model, policy)
     try:
         with torch.no_grad():
@@ -268,6 +278,3 @@ def _run_with(model: nn.Module, run: Callable[[], object], policy):
         return result, method.report()
     finally:
         remove_dmpq(model)
-        for _, _, block, _ in iter_blocks(model):
-            for m in quant_linears(block):
-                m.act_mode = modes[id(m)]

@@ -3,7 +3,7 @@
 Inputs are the layer's weight and its :class:`~sixbit.calibration.LayerStats` per
 (step, branch); outputs are a :class:`LayerFit`: smoothing vectors (one per stored weight
 variant), and per calibrated step × branch slot the clip threshold and abs-max of the smoothed
-activation. Runtime (:mod:`sixbit.runtime.static_w8a8`) turns them into static scales.
+activation. Runtime (:mod:`sixbit.methods.static_w8a8`) turns them into static scales.
 
 Branch slots: 0 pools every branch of a step, 1 is ``"cond"``, 2 is ``"uncond"`` (a slot not
 recorded at a step, e.g. without guidance, falls back to the pooled statistics).
@@ -28,9 +28,9 @@ from typing import Sequence
 
 import torch
 
-from ..transforms import smoothquant as sq
-from . import time_ranges as tr
-from .data import LayerStats
+from ...calibration import time_ranges as tr
+from ...calibration.data import LayerStats
+from ...transforms import smoothquant as sq
 
 SLOTS = ("all", "cond", "uncond")
 

@@ -4,8 +4,8 @@ from torch import nn
 
 import sixbit
 from sixbit.nn import ActMode, quant_linear
-from sixbit.runtime.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache
-from sixbit.runtime.dmpq import DMPQPredictor, apply_dmpq
+from sixbit.methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache
+from sixbit.methods.dmpq import DMPQPredictor, apply_dmpq
 from tiny_models import build_tiny
 from toy import ToyTransformer
 
@@ -249,7 +249,7 @@ def test_report_plot_and_config_errors(tmp_path):
     _run(model, torch.randn(1, 4, 32))
     model._reset_stateful_cache()  # the report of the finished run stays available
     assert cache.report().skip_share > 0
-    assert cache.report().plot(tmp_path / "skips.png").read_bytes()[:4] == b"\x89PNG"
+    assert sixbit.reports.plot_skip_map(cache.report(), tmp_path / "skips.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError) as err:
         DeltaCacheConfig(threshold=-1, max_skips=-1, warmup_steps=1, cache_format="int3", warmup_fraction=1.0,
                          drift=2.0, decide_per_block="yes")

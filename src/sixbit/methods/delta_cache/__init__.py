@@ -1,0 +1,21 @@
+"""The delta cache (TDC + PDR): skip blocks whose residual is stable, replay it with its drift."""
+
+from .method import (
+    CACHE_FORMATS,
+    DeltaCache,
+    DeltaCacheConfig,
+    DeltaCacheReport,
+    PurifiedRefresh,
+    disable_delta_cache,
+    enable_delta_cache,
+)
+
+__all__ = [
+    "CACHE_FORMATS",
+    "DeltaCache",
+    "DeltaCacheConfig",
+    "DeltaCacheReport",
+    "PurifiedRefresh",
+    "disable_delta_cache",
+    "enable_delta_cache",
+]

@@ -1,0 +1,59 @@
+"""``sixbit.summary`` counts every byte a converted model holds."""
+
+import torch
+
+import sixbit
+from sixbit.formats import Quantized
+from sixbit.nn import QuantLinear
+from toy import ToyTransformer
+
+TIMESTEPS = [900, 700, 500, 300]
+
+
+def _held_bytes(model):
+    """Walk every tensor the modules reference (parameters, buffers, tensor attributes, kept
+    converted weights) and add up their storages, each once."""
+    tensors = []
+    for module in model.modules():
+        tensors += [t for t in module._parameters.values() if t is not None]
+        tensors += [t for t in module._buffers.values() if t is not None]
+        tensors += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
+        for q in getattr(module, "_converted", {}).values():
+            assert isinstance(q, Quantized)
+            tensors += list(q.tensors().values())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def _run(model):
+    with torch.no_grad():
+        for t in TIMESTEPS:
+            model(torch.randn(1, 6, 32), timestep=torch.tensor([t]))
+
+
+def test_summary_counts_static_variants_and_converted_copies():
+    torch.manual_seed(0)
+    model = ToyTransformer(depth=2)
+    data = sixbit.calibrate(model, lambda: _run(model))
+    config = sixbit.StaticW8A8Config(time_ranges=2, tsq_min_gain=0.0, sigma=0.0)
+    sixbit.apply_static_w8a8(model, config, data)
+    assert sixbit.static_w8a8_info(model).extra_weight_bytes > 0  # TSQ keeps a second weight variant
+    model.proj_out = QuantLinear.from_linear(model.proj_out, "nvfp4", act_mode="int8", cache_converted=True)
+    _run(model)
+    s = sixbit.summary(model)
+    assert s.converted_bytes == model.proj_out.converted_nbytes() > 0
+    assert s.total_bytes == _held_bytes(model)
+    assert s.tensor_bytes > s.bytes_after  # biases, static scales and extra variants beyond the packed weights
+    assert "all tensors the model holds" in str(s)
+
+
+def test_static_layers_hold_variant_zero_once():
+    torch.manual_seed(0)
+    model = ToyTransformer(depth=2)
+    data = sixbit.calibrate(model, lambda: _run(model))
+    sixbit.apply_static_w8a8(model, sixbit.StaticW8A8Config(time_ranges=1), data)
+    layer = model.blocks[0].proj
+    q = layer.act_quantizer
+    assert q.extra_codes.shape[0] == 0  # one range, one variant: the layer's own packed weight only
+    codes, scale = q.variant(0, layer)
+    assert codes.untyped_storage().data_ptr() == layer.weight_codes.untyped_storage().data_ptr()
