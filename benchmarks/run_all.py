@@ -10,7 +10,8 @@ threads to help a single generation):
   of the caches), then ``bench_adherence.py`` (full-precision adherence on all 48 held-out
   pairs), the real layer shapes (CogVideoX-2B/5B, Wan2.1-14B at 49 frames),
   ``bench_static_w8a8.py`` (the static-W8A8 ablations), ``bench_stabilize.py`` (flicker with
-  and without the frame stabilizer) and last ``bench_memory.py`` (peak memory with and without
+  and without the frame stabilizer), ``bench_hot_path.py`` (per-call cost of one quantized
+  linear; torch.compile of both models) and last ``bench_memory.py`` (peak memory with and without
   offloading; it runs two threads, so it waits until shapes-wan's timings are done);
 * lane 2: ``sixbit bench`` on shapes-wan, then ``bench_dmpq.py`` (DMPQ vs W4A4/W4A8 and
   random assignment).
@@ -46,7 +47,8 @@ MAIN = ("fp,w8a8,high_quality,w8a8-static,w4a8,w4a6-dynamic,balanced,balanced-no
         "quanto-qint8,quanto-qint4")
 SWEEP = "tdc-0.3,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.3"
 CACHES = ("tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache")  # method names: family-knob
-ORDER = ["shapes-adherence", "cache-check", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "stabilize-frames", "memory"]
+ORDER = ["shapes-adherence", "cache-check", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "stabilize-frames", "memory",
+         "hot-path-linear", "hot-path-compile"]
 
 
 def _layers_part(out: Path, tokens: int, runs: int) -> None:
@@ -81,6 +83,8 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
                                   "--threads", "1", "--output", str(parts / "static.md")]),
         ("bench_stabilize.py", [py, str(ROOT / "benchmarks" / "bench_stabilize.py"), *small,
                                 "--steps", str(args.steps), "--output", str(parts / "stabilize.md")]),
+        ("bench_hot_path.py", [py, str(ROOT / "benchmarks" / "bench_hot_path.py"), *(["--quick"] if args.quick else []),
+                               "--output", str(parts / "hot_path.md")]),
         ("bench_memory.py", [py, str(ROOT / "benchmarks" / "bench_memory.py"), "--output", str(parts / "memory.md")]),
     ]
     lane2 = [
@@ -201,6 +205,8 @@ def main(argv=None) -> int:
         "dmpq": _section(parts / "dmpq.md", "dmpq"),
         "memory": _section(parts / "memory.md", "memory"),
         "stabilize-frames": _section(parts / "stabilize.md", "stabilize-frames"),
+        "hot-path-linear": _section(parts / "hot_path.md", "hot-path-linear"),
+        "hot-path-compile": _section(parts / "hot_path.md", "hot-path-compile"),
     }
     out = Path(args.out)
     steps = "; ".join(f"{label} {sec:.0f} s" + ("" if rc == 0 else " (FAILED)") for label, (rc, sec, _) in status.items())
