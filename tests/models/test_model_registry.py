@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+import sixbit
 from sixbit.config import Role
 from sixbit.models import iter_blocks, register_model, registered, spec_for, ModelSpec
 from tiny_models import TINY_BUILDERS, build_tiny
@@ -93,6 +94,71 @@ def test_generic_fallback_and_unrecognized_model():
     assert spec.name == "generic" and spec.block_lists == ("layers",)
     with pytest.raises(ValueError, match="register_model"):
         spec_for(nn.Sequential(nn.Linear(4, 4)))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.to_q = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.to_q(x)
+
+
+class StreamBlock(nn.Module):
+    """A transformer block whose video stream is not called ``hidden_states``."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        self.attn = Attention(64)
+
+    def forward(self, visual_embed, temb):
+        return visual_embed + self.attn(self.norm(visual_embed)) * temb
+
+
+class Decoy(nn.Module):
+    """Many parameters (an embedding table), few linear weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(2000, 64)
+        self.attn = Attention(16)
+
+
+class TwoLists(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.decoys = nn.ModuleList(Decoy() for _ in range(2))
+        self.blocks = nn.ModuleList(StreamBlock() for _ in range(2))
+
+    def forward(self, x, timestep):
+        for block in self.blocks:
+            x = block(x, timestep.reshape(-1, 1, 1) / 1000)
+        return x
+
+
+def test_generic_fallback_finds_the_same_blocks_after_quantization():
+    model = TwoLists()
+    before = spec_for(model)
+    assert before.name == "generic" and before.block_lists == ("blocks",)
+    assert before.block_io[0].hidden == "visual_embed"  # the blocks' first argument
+    # more parameters live in the decoys, more linear weights in the blocks
+    assert sum(p.numel() for p in model.decoys.parameters()) > sum(p.numel() for p in model.blocks.parameters())
+    sixbit.quantize(model, sixbit.QuantConfig(weight_format="int8"))
+    assert not any(isinstance(m, nn.Linear) for m in model.blocks.modules())  # only QuantLinear left in the blocks
+    after = spec_for(model)
+    assert after == before
+    assert [name for _, name, _, _ in iter_blocks(model)] == ["blocks.0", "blocks.1"]
+    # the runtime methods find and remove their hooks on the quantized generic model
+    x, t = torch.randn(1, 4, 64), torch.tensor([500.0])
+    cache = sixbit.enable_delta_cache(model)
+    with torch.no_grad():
+        model(x, timestep=t)
+    assert cache.report().decisions == {("cond", 0, 0): "compute", ("cond", 0, 1): "compute"}
+    sixbit.disable_delta_cache(model)
+    assert all(getattr(b, "_diffusers_hook", None) is None or b._diffusers_hook.get_hook("sixbit_delta_cache") is None
+               for b in model.blocks)
 
 
 def test_registration_rules():

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 from torch import nn
 
 from ..config import Role
+from ..nn import QuantLinear  # sixbit.config imports sixbit.nn already: no new import cycle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,7 @@ class BlockIO:
 
 @functools.lru_cache(maxsize=None)
 def _positional_index_of(cls: type, name: str) -> int | None:
-    params = [p for p in inspect.signature(cls.forward).parameters if p != "self"]
+    params = list(inspect.signature(cls.forward).parameters)[1:]  # the first is the instance
     return params.index(name) if name in params else None
 
 
@@ -142,21 +143,34 @@ def registered() -> dict[str, ModelSpec]:
     return dict(_REGISTRY)
 
 
+def _linear_weights(module: nn.Module) -> int:
+    """Weights of the linear layers inside ``module``, counted as ``in × out`` whether a layer is
+    still an ``nn.Linear`` or already a packed :class:`~sixbit.nn.QuantLinear` (whose codes are
+    buffers, not parameters): the measure is the same before and after quantization."""
+    return sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, (nn.Linear, QuantLinear)))
+
+
 def _generic_spec(model: nn.Module) -> ModelSpec | None:
-    """The largest ``ModuleList`` whose items all share one class is taken as the block list."""
+    """The ``ModuleList`` of identical blocks holding the most linear weights is the block list.
+
+    Linear weights, not parameters, decide: quantization turns weights into buffers, and the
+    same list must be found before and after it (``iter_blocks`` of a converted model, rollback).
+    A block's video stream is the first argument of its ``forward``; it is assumed to return it
+    as a bare tensor — blocks returning tuples need registered metadata.
+    """
     best = None
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.ModuleList) or len(mod) < 2:
+        if not isinstance(mod, nn.ModuleList) or len(mod) < 2 or len({type(m) for m in mod}) != 1:
             continue
-        kinds = {type(m) for m in mod}
-        if len(kinds) != 1 or not any(isinstance(m, nn.Linear) for m in mod[0].modules()):
-            continue
-        size = sum(p.numel() for p in mod.parameters())
-        if best is None or size > best[1]:
-            best = (name, size)
+        size = _linear_weights(mod)
+        if size and (best is None or size > best[1]):
+            best = (name, size, mod[0])
     if best is None:
         return None
-    return ModelSpec(name="generic", classes=(type(model).__name__,), block_lists=(best[0],))
+    # the class's forward (hooks replace the instance's); its first parameter is the instance
+    first = next(iter(list(inspect.signature(type(best[2]).forward).parameters.values())[1:]), None)
+    io = BlockIO(hidden=first.name if first is not None and first.kind is first.POSITIONAL_OR_KEYWORD else 0)
+    return ModelSpec(name="generic", classes=(type(model).__name__,), block_lists=(best[0],), block_io=(io,))
 
 
 def spec_for(model: nn.Module) -> ModelSpec:
