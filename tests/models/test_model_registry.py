@@ -68,8 +68,8 @@ def test_block_io_matches_the_real_calls(name):
 
 def test_latte_blocks_are_interleaved():
     order = [(i, n) for i, n, _, _ in iter_blocks(build_tiny("latte").model)]
-    assert order == [(0, "transformer_blocks.0"), (0, "temporal_transformer_blocks.0"),
-                     (1, "transformer_blocks.1"), (1, "temporal_transformer_blocks.1")]
+    assert order == [(0, "transformer_blocks.0"), (1, "temporal_transformer_blocks.0"),
+                     (2, "transformer_blocks.1"), (3, "temporal_transformer_blocks.1")]
 
 
 class Block(nn.Module):

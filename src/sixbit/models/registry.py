@@ -97,7 +97,8 @@ class ModelSpec:
         block_io: per block list, a :class:`BlockIO` (one entry applies to all lists).
         roles: ``(role, pattern)`` pairs tried in order before :data:`DEFAULT_ROLES`.
         interleaved: the block lists alternate (list 0 block i, list 1 block i, …), as Latte's
-            spatial and temporal blocks do; block i of every list then shares global index i.
+            spatial and temporal blocks do; global indices follow that execution order. (Each
+            block has its own index: the delta cache and DMPQ keep per-block state by it.)
         video_grid: ``f(model, args, kwargs) -> (frames, tokens_per_frame)`` of a model call, the
             token grid after patching (video tokens are frame-major), or ``None`` if unknown.
         text_tokens: where linears that see both streams find the text tokens: ``"first"``
@@ -202,10 +203,12 @@ def iter_blocks(model: nn.Module, spec: ModelSpec | None = None) -> Iterator[tup
     spec = spec or spec_for(model)
     lists = [(path, model.get_submodule(path)) for path in spec.block_lists]
     if spec.interleaved:
+        index = 0
         for i in range(max(len(blocks) for _, blocks in lists)):
             for path, blocks in lists:
                 if i < len(blocks):
-                    yield i, f"{path}.{i}", blocks[i], spec.io_for(path)
+                    yield index, f"{path}.{i}", blocks[i], spec.io_for(path)
+                    index += 1
         return
     index = 0
     for path, blocks in lists:
