@@ -25,10 +25,13 @@ class BlockIO:
 
     Attributes:
         hidden: keyword name of the video-token input, or its positional index.
-        encoder: keyword name (or index) of the text-token input of joint-attention blocks
-            that also update the text stream; ``None`` when the block returns no text stream.
+        encoder: keyword name (or index) of the block's second residual stream, one it also
+            returns updated: the text tokens of joint-attention blocks, or the audio tokens of
+            audio-video blocks (LTX-2, Kandinsky 6); ``None`` when the block returns one stream.
         returns: the block's outputs in order, each ``"hidden"`` or ``"encoder"``; a block
-            returning a bare tensor has ``("hidden",)``.
+            returning a bare tensor has ``("hidden",)``. A block returning anything else (a
+            control hint, a KV cache) cannot be described, hence not skipped or switched: leave
+            its list out of ``ModelSpec.block_lists`` (as Wan VACE's control blocks are).
     """
 
     hidden: str | int = "hidden_states"
