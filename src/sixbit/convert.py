@@ -27,6 +27,8 @@ from .calibration.videos import read_videos, video_runner
 from .models.registry import spec_for
 from .nn import ActMode
 from .presets import ConvertConfig, resolve
+from .runtime.context import HOOK_NAME as STEP_HOOK_NAME
+from .runtime.context import tracker_of
 from .runtime.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
 from .runtime.dmpq import ACT_BITS, DMPQ, DMPQPredictor, apply_dmpq, remove_dmpq
 from .runtime.measure import quant_linears
@@ -165,11 +167,13 @@ def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor |
     return conversion
 
 
-def _undo(model: nn.Module, originals: dict[str, nn.Module]) -> None:
-    """Put every original layer back and remove the runtime hooks (after a failed conversion)."""
-    disable_delta_cache(model)
-    remove_dmpq(model)
-    remove_stabilizer(model)
+def _undo(model: nn.Module, originals: dict[str, nn.Module], tracked: bool) -> None:
+    """Put every original layer back and remove the runtime hooks (after a failed conversion).
+
+    ``tracked``: the model had a step tracker before the conversion; otherwise the one that
+    calibration or a runtime method installed goes too. Layers go back first: that cannot fail,
+    and a hook left on a discarded layer no longer matters.
+    """
     modules = dict(model.named_modules())
     for name, layer in originals.items():
         parent, _, child = name.rpartition(".")
@@ -177,6 +181,12 @@ def _undo(model: nn.Module, originals: dict[str, nn.Module]) -> None:
         if current is not layer:
             setattr(modules[parent] if parent else model, child, layer)
     _CONVERSIONS.pop(model, None)
+    disable_delta_cache(model)
+    remove_dmpq(model)
+    remove_stabilizer(model)
+    registry = getattr(model, "_diffusers_hook", None)
+    if not tracked and registry is not None and registry.get_hook(STEP_HOOK_NAME) is not None:
+        registry.remove_hook(STEP_HOOK_NAME, recurse=False)
 
 
 def convert_model(
@@ -250,6 +260,7 @@ def convert_model(
     elif calibration_data is not None:
         logger.info("calibration_data is not used by activations=%r", config.activations)
     originals = {name: m for name, m in transformer.named_modules() if isinstance(m, nn.Linear)}
+    tracked = tracker_of(transformer) is not None  # a step tracker the caller installed survives a rollback
     try:
         predictor = None
         if config.activations == "static":
@@ -270,7 +281,10 @@ def convert_model(
                 predictor = fit_dmpq(transformer, run, dmpq)
         _install(transformer, config, predictor, deadzone, calibration)
     except BaseException:
-        _undo(transformer, originals)
+        try:
+            _undo(transformer, originals, tracked)
+        except Exception:  # the original error says what went wrong; a rollback error would hide it
+            logger.exception("could not fully undo the failed conversion of %s", type(transformer).__name__)
         raise
     _attach_save(transformer)
     if pipe is not None and model is pipe:
