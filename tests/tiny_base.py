@@ -32,7 +32,9 @@ class TinyModel:
         guidance: the pipeline runs classifier-free guidance (a conditional, then an
             unconditional call per step); ``False`` for models without a text condition.
         prepare: ``prepare(model, batch) -> kwargs`` run once per generation before its steps
-            (e.g. Wan-Animate-2's reference pass filling a KV cache); the kwargs join every call.
+            (e.g. Wan-Animate-2's reference pass filling a KV cache). :func:`sample` passes its
+            kwargs to every ``inputs`` call; ``inputs`` called without them (a standalone call)
+            uses what ``prepare`` gave once, when the model was built.
     """
 
     name: str
@@ -47,11 +49,6 @@ class TinyModel:
     def __post_init__(self):
         if self.latents is None:  # the noisy latents are the model's hidden_states
             self.latents = lambda batch: self.inputs(batch)["hidden_states"]
-
-    def call_kwargs(self, batch: int = 2, t=None, **kw) -> dict:
-        """Everything one transformer call outside :func:`sample` needs (``prepare`` run first)."""
-        extra = self.prepare(self.model, batch) if self.prepare is not None else {}
-        return {**self.inputs(batch, t, **kw), **extra}
 
 
 def seeded(seed: int, ctor: Callable[[], nn.Module]) -> nn.Module:
@@ -105,9 +102,9 @@ def sample(tm: TinyModel, steps: int = 2, batch: int = 1, guidance_scale: float 
     with torch.no_grad():
         extra = tm.prepare(tm.model, batch) if tm.prepare is not None else {}
         for i, t in enumerate(ts):
-            pred = tm.output(tm.model(**{**tm.inputs(batch, t, latents=x), **extra}))
+            pred = tm.output(tm.model(**tm.inputs(batch, t, latents=x, **extra)))
             if tm.guidance:
-                uncond = tm.output(tm.model(**{**tm.inputs(batch, t, latents=x, negative=True), **extra}))
+                uncond = tm.output(tm.model(**tm.inputs(batch, t, latents=x, negative=True, **extra)))
                 pred = uncond + guidance_scale * (pred - uncond)
             t_next = ts[i + 1] if i + 1 < steps else torch.tensor(0.0)
             x = x + (t_next - t) / 1000.0 * pred

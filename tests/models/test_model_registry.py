@@ -49,7 +49,7 @@ def test_every_linear_has_a_role(name):
         if isinstance(m, nn.Linear):
             m.register_forward_pre_hook(lambda module, args, n=n: called.add(n))
     with torch.no_grad():
-        tm.model(**tm.call_kwargs(2))
+        tm.model(**tm.inputs(2))
     other = {n for n, r in roles.items() if r is Role.OTHER}
     assert not other & called, sorted(other & called)
     # every linear inside a block that runs is quantizable or deliberately full precision
@@ -63,7 +63,7 @@ def test_block_io_matches_the_real_calls(name):
     """Each block's metadata names streams that go in and come out with the same shape, and the
     outputs it lists are what the block returns (a bare tensor, or a tuple in that order)."""
     tm = build_tiny(name)
-    kwargs = tm.call_kwargs(2)  # before the hooks: a reference pass (Wan-Animate-2) calls the blocks
+    kwargs = tm.inputs(2)  # before the hooks: a reference pass (Wan-Animate-2) calls the blocks
     seen = []
 
     def hook(module, args, kw, out, io):

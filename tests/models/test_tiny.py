@@ -26,7 +26,7 @@ def _resolve(model: nn.Module, path: str) -> nn.Module:
 
 def _forward(tm: TinyModel, batch: int = 2, timestep=None) -> tuple[dict, torch.Tensor]:
     with torch.no_grad():
-        kwargs = tm.call_kwargs(batch, timestep)
+        kwargs = tm.inputs(batch, timestep)
         out = tm.output(tm.model(**kwargs))
     return kwargs, out
 
@@ -49,8 +49,8 @@ def test_inputs_take_latents_and_a_negative_prompt(name):
     latents = torch.randn_like(tm.latents(2))
     _, out = _forward(tm)
     with torch.no_grad():
-        replaced = tm.output(tm.model(**tm.call_kwargs(2, None, latents=latents)))
-        negative = tm.output(tm.model(**tm.call_kwargs(2, None, negative=True)))
+        replaced = tm.output(tm.model(**tm.inputs(2, None, latents=latents)))
+        negative = tm.output(tm.model(**tm.inputs(2, None, negative=True)))
     assert not torch.equal(replaced, out)
     # the unconditional call differs by its condition only (models without a text condition: no CFG)
     assert torch.equal(negative, out) != tm.guidance
