@@ -1,7 +1,8 @@
 """Tiny random-weight diffusers video transformers with matching example inputs.
 
 One builder (at least) per ``*Transformer3DModel`` class diffusers ships: the eight below,
-the Wan derivatives in :mod:`tiny_wan_family` and the others in :mod:`tiny_other_models`.
+the Wan derivatives in :mod:`tiny_wan_family`, the two-stream ones in
+:mod:`tiny_two_stream_models` and the others in :mod:`tiny_other_models`.
 Each returns a :class:`~tiny_base.TinyModel` (eval mode, fp32) whose
 ``inputs(batch, timestep, latents=..., negative=...)`` mirrors how the corresponding diffusers
 pipeline calls the transformer (latent layout, timestep dtype, masks, rotary embeddings
@@ -43,6 +44,7 @@ from typing import Any, Callable
 import torch
 
 import tiny_other_models
+import tiny_two_stream_models
 import tiny_wan_family
 from tiny_base import HEADS as _HEADS
 from tiny_base import TEXT_LEN as _TEXT_LEN
@@ -106,8 +108,9 @@ def _cogvideox(seed: int, v15: bool) -> TinyModel:
 
     def inputs(batch: int, timestep=None, latents=None, negative: bool = False) -> dict:
         g, gt = _gens(seed, negative)
+        noise = torch.randn(batch, frames, channels, height, width, generator=g)
         kw = dict(
-            hidden_states=torch.randn(batch, frames, channels, height, width, generator=g) if latents is None else latents,
+            hidden_states=noise if latents is None else latents,
             encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=gt),
             timestep=_timestep(timestep, batch, torch.long),
             image_rotary_emb=rotary,
@@ -363,6 +366,7 @@ TINY_BUILDERS: dict[str, Callable[[int], TinyModel]] = {
     "allegro": _allegro,
     "latte": _latte,
     **tiny_wan_family.BUILDERS,
+    **tiny_two_stream_models.BUILDERS,
     **tiny_other_models.BUILDERS,
 }
 

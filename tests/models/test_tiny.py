@@ -60,7 +60,9 @@ def test_inputs_take_latents_and_a_negative_prompt(name):
 def test_sample_is_a_deterministic_cfg_loop():
     tm = build_tiny("wan")
     calls = []
-    handle = tm.model.register_forward_pre_hook(lambda m, a, kw: calls.append(float(kw["timestep"][0])), with_kwargs=True)
+    handle = tm.model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(float(kwargs["timestep"][0])), with_kwargs=True
+    )
     video = sample(tm, steps=3)
     handle.remove()
     assert calls == [900.0, 900.0, 600.0, 600.0, 300.0, 300.0]  # cond then uncond, decreasing timesteps

@@ -107,11 +107,9 @@ register_model(
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Models added for "every video transformer in diffusers". Models whose blocks take the video
-# stream first and return it alone, with every linear named by DEFAULT_ROLES, need nothing here
-# (the generic fallback finds them): SkyReels-V2, ChronoEdit, Helios, AnyFlow (and FAR), Cosmos,
-# Sana-Video.
+# Models whose blocks take the video stream first and return it alone, with every linear named
+# by DEFAULT_ROLES, need nothing here: the generic fallback finds them (SkyReels-V2, ChronoEdit,
+# Helios, AnyFlow and AnyFlow-FAR, Cosmos, Sana-Video).
 
 register_model(
     ModelSpec(
