@@ -7,8 +7,8 @@
 
 **A. Per-call cost** (section ``hot-path-linear``). One ``sixbit.nn.QuantLinear`` per setting,
 built with ``QuantLinear.from_linear`` from a random fp32 ``nn.Linear`` (the shape is what
-costs): W4A8 (NVFP4 weight, INT8 activations: today the weight is re-rounded to INT8 through
-fp32 on every call), W8A8 (INT8 weight and activations), W4A16 (NVFP4 weight only), beside a
+costs): W4A8 (NVFP4 weight, INT8 activations: the weight is re-rounded to INT8 on every call,
+a block of rows at a time), W8A8 (INT8 weight and activations), W4A16 (NVFP4 weight only), beside a
 bf16 and an fp32 ``nn.Linear``. NVFP4 weights get the presets' Hadamard rotation (the largest
 block ≤ 128 dividing ``in_features``). Shapes: the distinct linear shapes inside the blocks of
 the shipped tiny CogVideoX, with the rows one transformer call feeds them at the pipeline's
@@ -295,7 +295,7 @@ def linear_section(args, log) -> str:
         "",
         "**What runs.** INT8 activations (W8A8, W4A8) run a real integer GEMM, `torch._int_mm` (int32 "
         "accumulation); W4A8 first converts the stored NVFP4 weight to INT8 codes on every call (dequantize to "
-        "fp32, re-round). W4A16 dequantizes the NVFP4 weight to the input's dtype on every call, then a real "
+        "fp32 and re-round, ≤ 1 MiB of rows at a time: `QuantLinear.int8_weight`). W4A16 dequantizes the NVFP4 weight to the input's dtype on every call, then a real "
         "fp32 matmul. NVFP4 *activations* (not in this table) are emulated: both operands dequantized, fp32 "
         "matmul. *ms / call*: median of *calls* timed calls after a warm-up call (≤ 64 rows) and a profiled call "
         "(which counts as a timed call when it takes ≥ 1 s: the profiler costs microseconds per op); the settings "

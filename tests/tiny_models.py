@@ -1,16 +1,26 @@
 """Tiny random-weight diffusers video transformers with matching example inputs.
 
-Each builder returns a :class:`TinyModel` (eval mode, fp32) whose ``inputs(batch, timestep)``
-mirrors how the corresponding diffusers pipeline calls the transformer (latent layout,
-timestep dtype, masks, rotary embeddings computed outside the model). Weights come from the
-default ``nn.Module`` init under ``torch.manual_seed(seed)``; the global RNG is left untouched.
+One builder (at least) per ``*Transformer3DModel`` class diffusers ships: the eight below,
+the Wan derivatives in :mod:`tiny_wan_family`, the two-stream ones in
+:mod:`tiny_two_stream_models` and the others in :mod:`tiny_other_models`.
+Each returns a :class:`~tiny_base.TinyModel` (eval mode, fp32) whose
+``inputs(batch, timestep, latents=..., negative=...)`` mirrors how the corresponding diffusers
+pipeline calls the transformer (latent layout, timestep dtype, masks, rotary embeddings
+computed outside the model); :func:`~tiny_base.sample` runs the plain CFG loop. Weights come
+from the default ``nn.Module`` init under ``torch.manual_seed(seed)`` (where diffusers
+zero-initializes a branch the tests need alive, the builder says so); the global RNG is left
+untouched.
 
 All models use 2 heads and 2 blocks per block list (HunyuanVideo: 2 dual-stream + 2
 single-stream; Latte: 2 spatial + 2 temporal). Hidden size is 32, except 48 for Mochi
 (FF inner ``8 * dim // 3`` must divide by 16; 32 or 64 would give 85/170) and Allegro
 (rotary splits ``head_dim`` in three even parts, so ``head_dim % 6 == 0``).
 
-``nn.Linear`` layers whose ``in_features`` is not a multiple of 16: none.
+``nn.Linear`` layers whose ``in_features`` is not a multiple of 16: only latent patch
+projections (embeddings, full precision), whose width the latent channels fix: Cosmos
+``patch_embed.proj`` (20), Kandinsky 5 / 6 / 6-SR ``visual_embeddings.in_layer`` (36: latents,
+condition latents and mask, 2 × 2 patches), LTX-2 and SANA-WM's refiner ``proj_in`` and
+``audio_proj_in`` (4).
 
 ``nn.Linear`` layers whose ``in_features`` is 48 (``% 16 == 0`` but not ``% 32``):
 
@@ -29,57 +39,23 @@ Mochi keeps diffusers' zero init of ``pos_frequencies`` (its RoPE is then the id
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
-__all__ = ["TinyModel", "TINY_BUILDERS", "build_tiny"]
+import tiny_other_models
+import tiny_two_stream_models
+import tiny_wan_family
+from tiny_base import HEADS as _HEADS
+from tiny_base import TEXT_LEN as _TEXT_LEN
+from tiny_base import TinyModel, sample
+from tiny_base import first as _first
+from tiny_base import gens as _gens
+from tiny_base import seeded as _seeded
+from tiny_base import text_mask as _text_mask
+from tiny_base import timestep as _timestep
 
-_HEADS = 2
-_TEXT_LEN = 8
-
-
-@dataclasses.dataclass
-class TinyModel:
-    """A tiny transformer, an input factory and an output extractor."""
-
-    name: str
-    model: nn.Module
-    inputs: Callable[[int, torch.Tensor | None], dict]
-    output: Callable[[Any], torch.Tensor]
-    block_lists: tuple[str, ...]
-
-
-def _seeded(seed: int, ctor: Callable[[], nn.Module]) -> nn.Module:
-    """Construct ``ctor()`` under a fixed seed without disturbing the global RNG."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = ctor()
-    return model.float().eval()
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed + 12345)
-
-
-def _timestep(t: torch.Tensor | None, batch: int, dtype: torch.dtype) -> torch.Tensor:
-    """A (batch,) timestep tensor; ``None`` gives the mid value 500."""
-    t = torch.as_tensor(500 if t is None else t)
-    return (t.expand(batch) if t.ndim == 0 else t).to(dtype)
-
-
-def _text_mask(batch: int, length: int = _TEXT_LEN, pad: int = 2) -> torch.Tensor:
-    """Tokenizer-style mask: last sample padded by ``pad`` tokens."""
-    mask = torch.ones(batch, length, dtype=torch.long)
-    if batch > 1:
-        mask[-1, length - pad :] = 0
-    return mask
-
-
-def _first(out: Any) -> torch.Tensor:
-    return out[0]  # Transformer2DModelOutput.sample or tuple[0]
+__all__ = ["TinyModel", "TINY_BUILDERS", "build_tiny", "sample"]
 
 
 def _cogvideox(seed: int, v15: bool) -> TinyModel:
@@ -130,11 +106,12 @@ def _cogvideox(seed: int, v15: bool) -> TinyModel:
             device=torch.device("cpu"),
         )
 
-    def inputs(batch: int, timestep: torch.Tensor | None = None) -> dict:
-        g = _gen(seed)
+    def inputs(batch: int, timestep=None, latents=None, negative: bool = False) -> dict:
+        g, gt = _gens(seed, negative)
+        noise = torch.randn(batch, frames, channels, height, width, generator=g)
         kw = dict(
-            hidden_states=torch.randn(batch, frames, channels, height, width, generator=g),
-            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=g),
+            hidden_states=noise if latents is None else latents,
+            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=gt),
             timestep=_timestep(timestep, batch, torch.long),
             image_rotary_emb=rotary,
         )
@@ -165,12 +142,12 @@ def _wan(seed: int) -> TinyModel:
         ),
     )
 
-    def inputs(batch: int, timestep: torch.Tensor | None = None) -> dict:
-        g = _gen(seed)
+    def inputs(batch: int, timestep=None, latents=None, negative: bool = False) -> dict:
+        g, gt = _gens(seed, negative)
         return dict(
-            hidden_states=torch.randn(batch, c, f, h, w, generator=g),
+            hidden_states=torch.randn(batch, c, f, h, w, generator=g) if latents is None else latents,
             timestep=_timestep(timestep, batch, torch.float32),
-            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=g),
+            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=gt),
         )
 
     return TinyModel("wan", model, inputs, _first, ("blocks",))
@@ -199,14 +176,14 @@ def _hunyuanvideo(seed: int) -> TinyModel:
         ),
     )
 
-    def inputs(batch: int, timestep: torch.Tensor | None = None) -> dict:
-        g = _gen(seed)
+    def inputs(batch: int, timestep=None, latents=None, negative: bool = False) -> dict:
+        g, gt = _gens(seed, negative)
         return dict(
-            hidden_states=torch.randn(batch, c, f, h, w, generator=g),
+            hidden_states=torch.randn(batch, c, f, h, w, generator=g) if latents is None else latents,
             timestep=_timestep(timestep, batch, torch.float32),
-            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=g),
+            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=gt),
             encoder_attention_mask=_text_mask(batch),
-            pooled_projections=torch.randn(batch, 32, generator=g),
+            pooled_projections=torch.randn(batch, 32, generator=gt),
             guidance=torch.full((batch,), 6.0) * 1000.0,
         )
 
@@ -234,11 +211,11 @@ def _ltx(seed: int) -> TinyModel:
         ),
     )
 
-    def inputs(batch: int, timestep: torch.Tensor | None = None) -> dict:
-        g = _gen(seed)
+    def inputs(batch: int, timestep=None, latents=None, negative: bool = False) -> dict:
+        g, gt = _gens(seed, negative)
         return dict(
-            hidden_states=torch.randn(batch, f * h * w, c, generator=g),
-            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=g),
+            hidden_states=torch.randn(batch, f * h * w, c, generator=g) if latents is None else latents,
+            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=gt),
             timestep=_timestep(timestep, batch, torch.float32),
             encoder_attention_mask=_text_mask(batch),
             num_frames=f,
@@ -270,11 +247,11 @@ def _mochi(seed: int) -> TinyModel:
         ),
     )
 
-    def inputs(batch: int, timestep: torch.Tensor | None = None) -> dict:
-        g = _gen(seed)
+    def inputs(batch: int, timestep=None, latents=None, negative: bool = False) -> dict:
+        g, gt = _gens(seed, negative)
         return dict(
-            hidden_states=torch.randn(batch, c, f, h, w, generator=g),
-            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=g),
+            hidden_states=torch.randn(batch, c, f, h, w, generator=g) if latents is None else latents,
+            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=gt),
             timestep=_timestep(timestep, batch, torch.float32),
             encoder_attention_mask=_text_mask(batch).bool(),
         )
@@ -324,11 +301,11 @@ def _allegro(seed: int) -> TinyModel:
     pos = pos.reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1).contiguous()
     rotary = ((ft, fh, fw), tuple(pos))
 
-    def inputs(batch: int, timestep: torch.Tensor | None = None) -> dict:
-        g = _gen(seed)
+    def inputs(batch: int, timestep=None, latents=None, negative: bool = False) -> dict:
+        g, gt = _gens(seed, negative)
         return dict(
-            hidden_states=torch.randn(batch, c, f, h, w, generator=g),
-            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=g),
+            hidden_states=torch.randn(batch, c, f, h, w, generator=g) if latents is None else latents,
+            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=gt),
             encoder_attention_mask=_text_mask(batch),
             timestep=_timestep(timestep, batch, torch.float32),
             image_rotary_emb=rotary,
@@ -363,11 +340,11 @@ def _latte(seed: int) -> TinyModel:
         ),
     )
 
-    def inputs(batch: int, timestep: torch.Tensor | None = None) -> dict:
-        g = _gen(seed)
+    def inputs(batch: int, timestep=None, latents=None, negative: bool = False) -> dict:
+        g, gt = _gens(seed, negative)
         return dict(
-            hidden_states=torch.randn(batch, c, f, h, w, generator=g),
-            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=g),
+            hidden_states=torch.randn(batch, c, f, h, w, generator=g) if latents is None else latents,
+            encoder_hidden_states=torch.randn(batch, _TEXT_LEN, 32, generator=gt),
             timestep=_timestep(timestep, batch, torch.long),
             enable_temporal_attentions=True,
         )
@@ -388,6 +365,9 @@ TINY_BUILDERS: dict[str, Callable[[int], TinyModel]] = {
     "mochi": _mochi,
     "allegro": _allegro,
     "latte": _latte,
+    **tiny_wan_family.BUILDERS,
+    **tiny_two_stream_models.BUILDERS,
+    **tiny_other_models.BUILDERS,
 }
 
 

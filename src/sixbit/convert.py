@@ -32,7 +32,8 @@ from .models.registry import spec_for
 from .nn.precision import ACT_BITS, ActMode, Level, act_mode, average_bits
 from .presets import ConvertConfig, resolve
 from .runtime.blocks import quant_linears
-from .runtime.context import track_steps
+from .runtime.context import HOOK_NAME as STEP_HOOK_NAME
+from .runtime.context import track_steps, tracker_of
 
 logger = logging.getLogger(__name__)
 
@@ -188,15 +189,23 @@ def _remove_methods(model: nn.Module) -> None:
         track_steps(model).precision.unregister(conversion.default)
 
 
-def _undo(model: nn.Module, originals: dict[str, nn.Module]) -> None:
-    """Remove the runtime methods and put every original layer back (after a failed conversion)."""
-    _remove_methods(model)
+def _undo(model: nn.Module, originals: dict[str, nn.Module], tracked: bool) -> None:
+    """Put every original layer back and remove the runtime hooks (after a failed conversion).
+
+    ``tracked``: the model had a step tracker before the conversion; otherwise the one that
+    calibration or a runtime method installed goes too. Layers go back first: that cannot fail,
+    and a hook left on a discarded layer no longer matters.
+    """
     modules = dict(model.named_modules())
     for name, layer in originals.items():
         parent, _, child = name.rpartition(".")
         current = modules.get(name)
         if current is not layer:
             setattr(modules[parent] if parent else model, child, layer)
+    _remove_methods(model)
+    registry = getattr(model, "_diffusers_hook", None)
+    if not tracked and registry is not None and registry.get_hook(STEP_HOOK_NAME) is not None:
+        registry.remove_hook(STEP_HOOK_NAME, recurse=False)
 
 
 def _check(config: ConvertConfig, transformer: nn.Module, deadzone: float | None) -> None:
@@ -297,11 +306,15 @@ def convert_model(
     elif calibration_data is not None:
         logger.info("calibration_data is not used by activations=%r", config.activations)
     originals = {name: m for name, m in transformer.named_modules() if isinstance(m, nn.Linear)}
+    tracked = tracker_of(transformer) is not None  # a step tracker the caller installed survives a rollback
     try:
         predictor = _quantize_and_fit(transformer, config, run, calibration)
         _install(transformer, config, predictor, deadzone, calibration)
     except BaseException:
-        _undo(transformer, originals)
+        try:
+            _undo(transformer, originals, tracked)
+        except Exception:  # the original error says what went wrong; a rollback error would hide it
+            logger.exception("could not fully undo the failed conversion of %s", type(transformer).__name__)
         raise
     _attach_save(transformer)
     if pipe is not None and model is pipe:

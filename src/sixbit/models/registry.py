@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 from torch import nn
 
 from ..config import Role
+from ..nn import QuantLinear  # sixbit.config imports sixbit.nn already: no new import cycle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,10 +25,13 @@ class BlockIO:
 
     Attributes:
         hidden: keyword name of the video-token input, or its positional index.
-        encoder: keyword name (or index) of the text-token input of joint-attention blocks
-            that also update the text stream; ``None`` when the block returns no text stream.
+        encoder: keyword name (or index) of the block's second residual stream, one it also
+            returns updated: the text tokens of joint-attention blocks, or the audio tokens of
+            audio-video blocks (LTX-2, Kandinsky 6); ``None`` when the block returns one stream.
         returns: the block's outputs in order, each ``"hidden"`` or ``"encoder"``; a block
-            returning a bare tensor has ``("hidden",)``.
+            returning a bare tensor has ``("hidden",)``. A block returning anything else (a
+            control hint, a KV cache) cannot be described, hence not skipped or switched: leave
+            its list out of ``ModelSpec.block_lists`` (as Wan VACE's control blocks are).
     """
 
     hidden: str | int = "hidden_states"
@@ -54,7 +58,7 @@ class BlockIO:
 
 @functools.lru_cache(maxsize=None)
 def _positional_index_of(cls: type, name: str) -> int | None:
-    params = [p for p in inspect.signature(cls.forward).parameters if p != "self"]
+    params = list(inspect.signature(cls.forward).parameters)[1:]  # the first is the instance
     return params.index(name) if name in params else None
 
 
@@ -96,7 +100,8 @@ class ModelSpec:
         block_io: per block list, a :class:`BlockIO` (one entry applies to all lists).
         roles: ``(role, pattern)`` pairs tried in order before :data:`DEFAULT_ROLES`.
         interleaved: the block lists alternate (list 0 block i, list 1 block i, …), as Latte's
-            spatial and temporal blocks do; block i of every list then shares global index i.
+            spatial and temporal blocks do; global indices follow that execution order. (Each
+            block has its own index: the delta cache and DMPQ keep per-block state by it.)
         video_grid: ``f(model, args, kwargs) -> (frames, tokens_per_frame)`` of a model call, the
             token grid after patching (video tokens are frame-major), or ``None`` if unknown.
         text_tokens: where linears that see both streams find the text tokens: ``"first"``
@@ -142,21 +147,34 @@ def registered() -> dict[str, ModelSpec]:
     return dict(_REGISTRY)
 
 
+def _linear_weights(module: nn.Module) -> int:
+    """Weights of the linear layers inside ``module``, counted as ``in × out`` whether a layer is
+    still an ``nn.Linear`` or already a packed :class:`~sixbit.nn.QuantLinear` (whose codes are
+    buffers, not parameters): the measure is the same before and after quantization."""
+    return sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, (nn.Linear, QuantLinear)))
+
+
 def _generic_spec(model: nn.Module) -> ModelSpec | None:
-    """The largest ``ModuleList`` whose items all share one class is taken as the block list."""
+    """The ``ModuleList`` of identical blocks holding the most linear weights is the block list.
+
+    Linear weights, not parameters, decide: quantization turns weights into buffers, and the
+    same list must be found before and after it (``iter_blocks`` of a converted model, rollback).
+    A block's video stream is the first argument of its ``forward``; it is assumed to return it
+    as a bare tensor — blocks returning tuples need registered metadata.
+    """
     best = None
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.ModuleList) or len(mod) < 2:
+        if not isinstance(mod, nn.ModuleList) or len(mod) < 2 or len({type(m) for m in mod}) != 1:
             continue
-        kinds = {type(m) for m in mod}
-        if len(kinds) != 1 or not any(isinstance(m, nn.Linear) for m in mod[0].modules()):
-            continue
-        size = sum(p.numel() for p in mod.parameters())
-        if best is None or size > best[1]:
-            best = (name, size)
+        size = _linear_weights(mod)
+        if size and (best is None or size > best[1]):
+            best = (name, size, mod[0])
     if best is None:
         return None
-    return ModelSpec(name="generic", classes=(type(model).__name__,), block_lists=(best[0],))
+    # the class's forward (hooks replace the instance's); its first parameter is the instance
+    first = next(iter(list(inspect.signature(type(best[2]).forward).parameters.values())[1:]), None)
+    io = BlockIO(hidden=first.name if first is not None and first.kind is first.POSITIONAL_OR_KEYWORD else 0)
+    return ModelSpec(name="generic", classes=(type(model).__name__,), block_lists=(best[0],), block_io=(io,))
 
 
 def spec_for(model: nn.Module) -> ModelSpec:
@@ -188,10 +206,12 @@ def iter_blocks(model: nn.Module, spec: ModelSpec | None = None) -> Iterator[tup
     spec = spec or spec_for(model)
     lists = [(path, model.get_submodule(path)) for path in spec.block_lists]
     if spec.interleaved:
+        index = 0
         for i in range(max(len(blocks) for _, blocks in lists)):
             for path, blocks in lists:
                 if i < len(blocks):
-                    yield i, f"{path}.{i}", blocks[i], spec.io_for(path)
+                    yield index, f"{path}.{i}", blocks[i], spec.io_for(path)
+                    index += 1
         return
     index = 0
     for path, blocks in lists:
