@@ -162,9 +162,7 @@ def _deadzone(stabilize_frames) -> float | None:
 
 def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor | None, deadzone: float | None,
              calibration: dict | None) -> Conversion:
-    """Install the runtime methods of an already quantized model (replacing any it had) and
-    remember the conversion."""
-    _remove_methods(model)
+    """Install the runtime methods of an already quantized model and remember the conversion."""
     conversion = Conversion(config, calibration, predictor)
     _CONVERSIONS[model] = conversion  # first: a failure below is undone through it
     if config.activations in ("int8", "nvfp4", "fp"):
@@ -347,6 +345,7 @@ def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> 
     deadzone = meta.get("stabilize_frames")
     if deadzone is not None and not isinstance(deadzone, (int, float)):
         raise ValueError(f"the conversion state has an invalid stabilize_frames value {deadzone!r}")
+    _remove_methods(model)  # loading into a converted model replaces its methods
     _install(model, config, predictor, deadzone, meta.get("calibration"))
     _attach_save(model)
 
