@@ -1,7 +1,8 @@
 """Tiny random-weight diffusers video transformers with matching example inputs.
 
-One builder (at least) per ``*Transformer3DModel`` class diffusers ships: the eight below,
-the Wan derivatives in :mod:`tiny_wan_family`, the two-stream ones in
+One builder (at least) per ``*Transformer3DModel`` class diffusers ships (:data:`EVERY_BUILDER`):
+the eight below (:data:`TINY_BUILDERS`, the set the runtime, calibration and quantization tests
+run on), the Wan derivatives in :mod:`tiny_wan_family`, the two-stream ones in
 :mod:`tiny_two_stream_models` and the others in :mod:`tiny_other_models`.
 Each returns a :class:`~tiny_base.TinyModel` (eval mode, fp32) whose
 ``inputs(batch, timestep, latents=..., negative=...)`` mirrors how the corresponding diffusers
@@ -55,7 +56,7 @@ from tiny_base import seeded as _seeded
 from tiny_base import text_mask as _text_mask
 from tiny_base import timestep as _timestep
 
-__all__ = ["TinyModel", "TINY_BUILDERS", "build_tiny", "sample"]
+__all__ = ["EVERY_BUILDER", "TinyModel", "TINY_BUILDERS", "build_tiny", "sample"]
 
 
 def _cogvideox(seed: int, v15: bool) -> TinyModel:
@@ -356,6 +357,7 @@ def _latte(seed: int) -> TinyModel:
     return TinyModel("latte", model, inputs, output, ("transformer_blocks", "temporal_transformer_blocks"))
 
 
+# The architectures the runtime, calibration and quantization tests run on (a fixed, small set).
 TINY_BUILDERS: dict[str, Callable[[int], TinyModel]] = {
     "cogvideox": lambda seed=0: _cogvideox(seed, v15=False),
     "cogvideox1.5": lambda seed=0: _cogvideox(seed, v15=True),
@@ -365,6 +367,10 @@ TINY_BUILDERS: dict[str, Callable[[int], TinyModel]] = {
     "mochi": _mochi,
     "allegro": _allegro,
     "latte": _latte,
+}
+# At least one builder per *Transformer3DModel class diffusers ships (tests/models/ runs them all).
+EVERY_BUILDER: dict[str, Callable[[int], TinyModel]] = {
+    **TINY_BUILDERS,
     **tiny_wan_family.BUILDERS,
     **tiny_two_stream_models.BUILDERS,
     **tiny_other_models.BUILDERS,
@@ -372,7 +378,7 @@ TINY_BUILDERS: dict[str, Callable[[int], TinyModel]] = {
 
 
 def build_tiny(name: str, seed: int = 0) -> TinyModel:
-    """Build the tiny model registered as ``name`` with weights seeded by ``seed``."""
-    if name not in TINY_BUILDERS:
-        raise ValueError(f"unknown tiny model {name!r}; valid names: {', '.join(sorted(TINY_BUILDERS))}")
-    return TINY_BUILDERS[name](seed)
+    """Build the tiny model ``name`` (a key of :data:`EVERY_BUILDER`), weights seeded by ``seed``."""
+    if name not in EVERY_BUILDER:
+        raise ValueError(f"unknown tiny model {name!r}; valid names: {', '.join(sorted(EVERY_BUILDER))}")
+    return EVERY_BUILDER[name](seed)

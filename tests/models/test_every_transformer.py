@@ -18,10 +18,10 @@ import torch
 import sixbit
 from sixbit.models import iter_blocks, spec_for
 from sixbit.presets import PRESETS, resolve
-from tiny_models import TINY_BUILDERS, build_tiny, sample
+from tiny_models import EVERY_BUILDER, build_tiny, sample
 
 CLASSES = sorted(n for n in dir(diffusers) if n.endswith("Transformer3DModel"))
-# One tiny builder per class (TINY_BUILDERS also holds CogVideoX 1.5, a second CogVideoX config).
+# One tiny builder per class (EVERY_BUILDER also holds CogVideoX 1.5, a second CogVideoX config).
 BUILDER = {
     "AllegroTransformer3DModel": "allegro",
     "AnyFlowFARTransformer3DModel": "anyflow-far",
@@ -129,7 +129,7 @@ def test_convert_sample_save_and_reload(cls, preset, tmp_path):
 PER_BLOCK = {"latte"}
 
 
-@pytest.mark.parametrize("name", sorted(TINY_BUILDERS))
+@pytest.mark.parametrize("name", sorted(EVERY_BUILDER))
 def test_delta_cache_skips_every_block_and_replays_each_stream(name):
     """With a threshold nothing exceeds, every block skips once the warm-up (2 steps) is over:
     the model must keep running (a joint block skipped must still return its two streams, in
@@ -190,7 +190,7 @@ GRIDS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(TINY_BUILDERS))
+@pytest.mark.parametrize("name", sorted(EVERY_BUILDER))
 def test_stabilizer_reads_the_frame_grid(name):
     """Metadata with a video_grid must give the real token grid: the frame stabilizer splits
     every video row set by it (a wrong grid would leave it multiplying rows plainly, or worse)."""

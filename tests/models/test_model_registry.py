@@ -7,7 +7,7 @@ from torch import nn
 import sixbit
 from sixbit.config import Role
 from sixbit.models import iter_blocks, register_model, registered, spec_for, ModelSpec
-from tiny_models import TINY_BUILDERS, build_tiny
+from tiny_models import EVERY_BUILDER, build_tiny
 
 # A few layers per architecture whose role the metadata must get right.
 EXPECTED = {
@@ -34,7 +34,7 @@ EXPECTED = {
 GENERIC = {"anyflow", "anyflow-far", "chronoedit", "cosmos", "helios", "sana-video", "skyreels-v2"}
 
 
-@pytest.mark.parametrize("name", sorted(TINY_BUILDERS))
+@pytest.mark.parametrize("name", sorted(EVERY_BUILDER))
 def test_every_linear_has_a_role(name):
     tm = build_tiny(name)
     spec = spec_for(tm.model)
@@ -58,7 +58,7 @@ def test_every_linear_has_a_role(name):
     assert {roles[n] for n in in_blocks} & {Role.ATTENTION, Role.FEEDFORWARD}
 
 
-@pytest.mark.parametrize("name", sorted(TINY_BUILDERS))
+@pytest.mark.parametrize("name", sorted(EVERY_BUILDER))
 def test_block_io_matches_the_real_calls(name):
     """Each block's metadata names streams that go in and come out with the same shape, and the
     outputs it lists are what the block returns (a bare tensor, or a tuple in that order)."""

@@ -4,9 +4,9 @@ from torch import nn
 
 from sixbit.config import Role
 from sixbit.models import spec_for
-from tiny_models import TINY_BUILDERS, TinyModel, build_tiny, sample
+from tiny_models import EVERY_BUILDER, TinyModel, build_tiny, sample
 
-NAMES = sorted(TINY_BUILDERS)
+NAMES = sorted(EVERY_BUILDER)
 NOT_16 = {
     "cosmos": ["patch_embed.proj"],
     "kandinsky5": ["visual_embeddings.in_layer"],
