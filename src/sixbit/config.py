@@ -85,8 +85,9 @@ class QuantConfig:
         gptq_damp: GPTQ's diagonal damping, a fraction of the Hessian's mean diagonal (default
             0.01; raised 10× per retry when the factorization fails).
         lowrank_rank: rank ``r`` of a 16-bit low-rank branch (SVDQuant) beside each 4-bit
-            weight of a compute layer (not the ``weight_only_roles``; 0: none, default). Costs ``16·r·(K+N)/(K·N)`` bits per weight (≈ 0.017·r at
-            width 1920, 0.17·r at 192) and a small extra GEMM per call.
+            weight of a compute layer (not the ``weight_only_roles``; 0: none, default). Costs
+            ``16·r·(K+N)/(K·N)`` bits per weight (≈ 0.017·r at width 1920, 0.17·r at 192) and a
+            small extra GEMM per call.
         lowrank_bits: instead of a fixed rank, each layer's rank is the largest whose branch
             costs at most this many bits per weight (0.5 → r = 30 at 1920×1920, r = 3 at
             192×192). Default 0 (off); exclusive with ``lowrank_rank``.
