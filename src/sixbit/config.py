@@ -93,6 +93,11 @@ class QuantConfig:
             192×192). Default 0 (off); exclusive with ``lowrank_rank``.
         lowrank_iterations: alternating refinements of the branch against the quantized
             residual (default 2).
+        smooth_alpha: ``None`` (default) or α in (0, 1): before the low-rank split, smooth each
+            branched layer as SVDQuant does, ``s_j = max|x_j|^α / max|W_j|^(1−α)`` from the
+            calibration inputs, folded into the stored weight and divided out of every input
+            (``QuantLinear``'s ``input_divisor``). Needs calibration; a smoothed layer is not
+            rotated (the Hadamard rotation would mix the smoothed channels).
 
     Example:
         >>> cfg = QuantConfig(weight_format="nvfp4", role_formats={"feedforward": "int8"}, boundary_blocks=1)
@@ -116,6 +121,7 @@ class QuantConfig:
     lowrank_rank: int = 0
     lowrank_bits: float = 0.0
     lowrank_iterations: int = 2
+    smooth_alpha: float | None = None
 
     def __post_init__(self):
         problems = []
@@ -155,13 +161,19 @@ class QuantConfig:
             problems.append(f"lowrank_bits must be a number ≥ 0, got {self.lowrank_bits!r}")
         elif self.lowrank_bits and self.lowrank_rank:
             problems.append("set lowrank_rank or lowrank_bits, not both")
+        if self.smooth_alpha is not None and (isinstance(self.smooth_alpha, bool) or not isinstance(
+                self.smooth_alpha, (int, float)) or not 0 < self.smooth_alpha < 1):
+            problems.append(f"smooth_alpha must be None or a number in (0, 1), got {self.smooth_alpha!r}")
+        elif self.smooth_alpha is not None and not (self.lowrank_rank or self.lowrank_bits):
+            problems.append("smooth_alpha smooths layers before their low-rank split: set lowrank_rank or lowrank_bits")
         if problems:
             raise ValueError("invalid QuantConfig:\n  - " + "\n  - ".join(problems))
 
     @property
     def needs_calibration(self) -> bool:
-        """Whether quantizing with this config runs calibration generations (GPTQ's Hessians)."""
-        return self.gptq
+        """Whether quantizing with this config runs calibration generations (GPTQ's Hessians,
+        smoothing's activation ranges)."""
+        return self.gptq or self.smooth_alpha is not None
 
     def lowrank_rank_for(self, in_features: int, out_features: int) -> int:
         """The branch rank of an ``in_features → out_features`` 4-bit layer (0: no branch)."""

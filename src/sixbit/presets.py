@@ -106,7 +106,7 @@ class ConvertConfig:
         if self.activations in ("dynamic", "static"):
             return f"activations={self.activations!r}"
         if self.weights is not None and self.weights.needs_calibration:
-            return "GPTQ weights (gptq=True)"
+            return "GPTQ weights (gptq=True)" if self.weights.gptq else "smoothed weights (smooth_alpha)"
         return None
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """``sixbit.quantize`` with the weight algorithms, on the toy transformer: GPTQ block by block
 from calibration runs, the low-rank branch (bytes, save/load), weight-only layers."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -153,3 +155,28 @@ def test_config_checks_the_new_fields():
     assert cfg.lowrank_rank_for(1920, 1920) == 30 and cfg.lowrank_rank_for(192, 192) == 3
     assert QuantConfig(lowrank_rank=20).lowrank_rank_for(32, 32) == 0  # wider than half the layer: none
     assert QuantConfig(gptq=True).needs_calibration and not QuantConfig(scale_rule="mse").needs_calibration
+
+
+def test_smoothing_before_the_split_is_exact_and_saved(tmp_path):
+    """SVDQuant's smoothing: W·diag(s) is stored, inputs are divided by s; without quantization
+    error that is the same function, so the quantized model stays close and reloads bit-exactly."""
+    model = _toy()
+    model.blocks[1].proj.weight.data[:, 3] *= 30  # an input channel the weight leans on
+    reference = _run(copy.deepcopy(model), seed=100)()
+    calls = []
+    sixbit.quantize(model, QuantConfig(weight_format="nvfp4", hadamard_block=16, lowrank_rank=4, smooth_alpha=0.5),
+                    calibration=_run(model, log=calls), progress=False)
+    assert len(calls) == 3  # smoothing's activation ranges come from the calibration runs
+    layer = model.blocks[1].proj
+    assert layer.input_divisor is not None and layer.hadamard_block is None  # smoothing replaces the rotation
+    assert _error(model, reference) < 0.05 * sum(float(r.square().sum()) for r in reference)
+    path = sixbit.save(model, tmp_path / "m.safetensors")
+    fresh = ToyTransformer(dim=32, depth=3)
+    sixbit.load(path, fresh)
+    for a, b in zip(_run(model, seed=7)(), _run(fresh, seed=7)()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="set lowrank_rank or lowrank_bits"):
+        QuantConfig(smooth_alpha=0.5)
+    with pytest.raises(ValueError, match="smooth_alpha must be"):
+        QuantConfig(lowrank_rank=4, smooth_alpha=1.5)
+    assert QuantConfig(lowrank_rank=4, smooth_alpha=0.5).needs_calibration

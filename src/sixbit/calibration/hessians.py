@@ -19,16 +19,18 @@ from torch import nn
 
 @dataclasses.dataclass
 class InputStats:
-    """What the inputs of one layer looked like: ``hessian`` (``E[x xᵀ]``, fp32 ``(K, K)``) and
-    the number of ``rows`` seen."""
+    """What the inputs of one layer looked like: ``hessian`` (``E[x xᵀ]``, fp32 ``(K, K)``), the
+    per-channel abs-max ``amax`` (``(K,)``, for smoothing) and the number of ``rows`` seen."""
 
     hessian: torch.Tensor
+    amax: torch.Tensor
     rows: int
 
 
 class _Accumulator:
     def __init__(self, k: int, device):
         self.sum = torch.zeros(k, k, dtype=torch.float64, device=device)
+        self.amax = torch.zeros(k, device=device)
         self.rows = 0
 
 
@@ -51,11 +53,13 @@ def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Mo
             x = args[0]
             if shared.get("x") is not x:
                 xf = x.detach().reshape(-1, x.shape[-1]).float()
-                shared.update(x=x, xtx=(xf.T @ xf).double(), rows=xf.shape[0])
+                amax = xf.abs().amax(0) if xf.shape[0] else torch.zeros(xf.shape[1], device=xf.device)
+                shared.update(x=x, xtx=(xf.T @ xf).double(), amax=amax, rows=xf.shape[0])
             a = acc.get(name)
             if a is None:
                 a = acc[name] = _Accumulator(x.shape[-1], x.device)
             a.sum += shared["xtx"]
+            a.amax = torch.maximum(a.amax, shared["amax"])
             a.rows += shared["rows"]
         return hook
 
@@ -67,4 +71,4 @@ def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Mo
         for h in handles:
             h.remove()
         shared.clear()
-    return {n: InputStats((a.sum / a.rows).float(), a.rows) for n, a in acc.items() if a.rows}
+    return {n: InputStats((a.sum / a.rows).float(), a.amax, a.rows) for n, a in acc.items() if a.rows}

@@ -22,7 +22,7 @@ from ..calibration import hessians
 from ..config import QuantConfig
 from ..models import block_index_of, iter_blocks
 from ..nn import QuantLinear
-from ..transforms import hadamard
+from ..transforms import hadamard, smoothquant
 from . import quantize_weight, supports
 
 logger = logging.getLogger(__name__)
@@ -34,25 +34,32 @@ _BRANCH_MAX_BITS = 4
 def build(linear: nn.Linear, fmt: str, hadamard_block: int | None, config: QuantConfig, role: str,
           stats: hessians.InputStats | None = None) -> QuantLinear:
     """The :class:`QuantLinear` for ``linear`` as ``config`` says (``stats``: its inputs, or ``None``)."""
-    w = QuantLinear.stored_weight(linear, hadamard_block)
-    hessian = None
-    if stats is not None:
-        hessian = stats.hessian
-        if hadamard_block is not None:  # the stored space: (x·R)ᵀ(x·R) = Rᵀ H R
-            hessian = hadamard.rotate(hadamard.rotate(hessian, hadamard_block).T.contiguous(), hadamard_block)
-    searchable = supports(fmt)
-    use_gptq = config.gptq and searchable and hessian is not None
     weight_only = role in config.weight_only_roles
     # The branch goes on the 4-bit compute layers. Measured on the shipped CogVideoX (W4A16, GPTQ +
     # MSE scales, 4 held-out pairs): a branch on the weight-only modulation layers too cost 4.4 dB.
     branched = formats.get(fmt).element_bits <= _BRANCH_MAX_BITS and not weight_only
     rank = config.lowrank_rank_for(linear.in_features, linear.out_features) if branched else 0
+    divisor = None
+    if rank and config.smooth_alpha is not None and stats is not None:
+        divisor = smoothquant.smoothing_factors(stats.amax, smoothquant.weight_channel_amax(linear.weight),
+                                                config.smooth_alpha)
+        hadamard_block = None  # smoothing replaces the rotation
+    w = QuantLinear.stored_weight(linear, hadamard_block, divisor)
+    hessian = None
+    if stats is not None:
+        hessian = stats.hessian
+        if hadamard_block is not None:  # the stored space: (x·R)ᵀ(x·R) = Rᵀ H R
+            hessian = hadamard.rotate(hadamard.rotate(hessian, hadamard_block).T.contiguous(), hadamard_block)
+        if divisor is not None:  # (x / s)ᵀ(x / s)
+            hessian = hessian / torch.outer(divisor, divisor)
+    searchable = supports(fmt)
+    use_gptq = config.gptq and searchable and hessian is not None
     q, branch = quantize_weight(
         w, fmt, config.scale_rule if searchable else "absmax", hessian, use_gptq,
         config.gptq_damp, rank, config.lowrank_iterations,
     )
     return QuantLinear(q, fmt, linear.bias, hadamard_block, config.act_mode, source_dtype=linear.weight.dtype,
-                       lowrank=branch, weight_only=weight_only)
+                       input_divisor=divisor, lowrank=branch, weight_only=weight_only)
 
 
 def _swap(model: nn.Module, layers: dict[str, nn.Module]) -> None:
@@ -72,7 +79,8 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
     from tqdm.auto import tqdm
 
     if config.needs_calibration and run is None:
-        raise ValueError("this QuantConfig needs calibration (gptq=True): pass calibration=<callable that runs generations>")
+        raise ValueError("this QuantConfig needs calibration (gptq=True or smooth_alpha): "
+                         "pass calibration=<callable that runs generations>")
     bar = tqdm(total=len(plan), desc="quantizing weights", disable=not progress, leave=False)
     if run is None:
         new = {}
