@@ -375,6 +375,7 @@ def child(arch: str, setting: str, steps: int, runs: int, calib_prompts: int, ca
 
     import sixbit
     from sixbit.eval.metrics import psnr
+    from sixbit.presets import resolve
     from sixbit.zoo.shapes import all_prompts, load_pipeline
 
     torch.set_num_threads(threads)
@@ -382,7 +383,7 @@ def child(arch: str, setting: str, steps: int, runs: int, calib_prompts: int, ca
     t0 = time.perf_counter()
     pipe = load_pipeline(arch, torch_dtype=torch.bfloat16 if setting == "bf16" else None)
     if setting not in ("fp32", "bf16"):
-        calib = all_prompts()[:calib_prompts] if setting == "balanced" else None
+        calib = all_prompts()[:calib_prompts] if resolve(setting).needs_calibration else None
         sixbit.convert_model(pipe, calib, setting, calibration_kwargs={"num_inference_steps": calib_steps})
     res["setup_s"] = time.perf_counter() - t0
 
@@ -565,9 +566,9 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", action="append", help=f"B: settings (default {','.join(COMPILE_SETTINGS)})")
     parser.add_argument("--steps", type=int, default=4, help="B: denoising steps per generation (default 4)")
     parser.add_argument("--gen-runs", type=int, default=3, help="B: timed generations, eager and compiled (default 3)")
-    parser.add_argument("--calib-prompts", type=int, default=2, help="B: balanced's calibration prompts (default 2)")
+    parser.add_argument("--calib-prompts", type=int, default=2, help="B: calibration prompts of the calibrated settings (w4a8's GPTQ, balanced; default 2)")
     parser.add_argument("--calib-steps", type=int, default=2,
-                        help="B: steps of balanced's calibration runs (default 2: DMPQ repeats them per step × block range)")
+                        help="B: steps of the calibration runs (default 2: GPTQ runs them once per block, DMPQ per step × block range)")
     parser.add_argument("--timeout", type=int, default=1200, help="B: seconds per row before it is reported as failed")
     parser.add_argument("--backend", default="inductor",
                         help="B: torch.compile backend (default inductor; aot_eager/eager separate dynamo from inductor)")

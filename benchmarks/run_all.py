@@ -14,7 +14,10 @@ threads to help a single generation):
   linear; torch.compile of both models) and last ``bench_memory.py`` (peak memory with and without
   offloading; it runs two threads, so it waits until shapes-wan's timings are done);
 * lane 2: ``sixbit bench`` on shapes-wan, then ``bench_dmpq.py`` (DMPQ vs W4A4/W4A8 and
-  random assignment).
+  random assignment), then ``bench_weights.py`` on shapes-wan (4-bit weight algorithms and peers;
+  its shapes-cogvideox half runs in lane 1 before ``bench_memory.py``).
+
+``--only STEP …`` runs some steps and updates only their sections of the existing file.
 
 To stay under 30 minutes on 2 shared cores the defaults are 4 prompts × 20 steps per model
 (4 pairs for the scripts, 16 for the DMPQ script, whose W4A4-to-W4A8 gap is only ~1.5 dB: on
@@ -47,8 +50,23 @@ MAIN = ("fp,w8a8,high_quality,w8a8-static,w4a8,w4a6-dynamic,balanced,balanced-no
         "quanto-qint8,quanto-qint4")
 SWEEP = "tdc-0.3,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.3"
 CACHES = ("tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache")  # method names: family-knob
-ORDER = ["shapes-adherence", "cache-check", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "stabilize-frames", "memory",
+ORDER = ["shapes-adherence", "cache-check", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "weights",
+         "stabilize-frames", "memory",
          "hot-path-linear", "hot-path-compile"]
+# The sections each step writes (``--only`` updates just these).
+SECTIONS_OF = {
+    "bench shapes-cogvideox": ("bench-shapes-cogvideox", "cache-check"),
+    "bench shapes-wan": ("bench-shapes-wan", "cache-check"),
+    "bench_adherence.py": ("shapes-adherence",),
+    "layer shapes": ("layer-shapes",),
+    "bench_static_w8a8.py": ("static-w8a8",),
+    "bench_stabilize.py": ("stabilize-frames",),
+    "bench_hot_path.py": ("hot-path-linear", "hot-path-compile"),
+    "bench_memory.py": ("memory",),
+    "bench_dmpq.py": ("dmpq",),
+    "bench_weights.py cogvideox": ("weights",),
+    "bench_weights.py wan": ("weights",),
+}
 
 
 def _layers_part(out: Path, tokens: int, runs: int) -> None:
@@ -84,15 +102,23 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
         ("bench_stabilize.py", [py, str(ROOT / "benchmarks" / "bench_stabilize.py"), *small,
                                 "--steps", str(args.steps), "--output", str(parts / "stabilize.md")]),
         ("bench_hot_path.py", [py, str(ROOT / "benchmarks" / "bench_hot_path.py"), *(["--quick"] if args.quick else []),
-                               "--output", str(parts / "hot_path.md")]),
+                               "--section", args.hot_path, "--output", str(parts / "hot_path.md")]),
         ("bench_memory.py", [py, str(ROOT / "benchmarks" / "bench_memory.py"), "--output", str(parts / "memory.md")]),
     ]
+    weights = [py, str(ROOT / "benchmarks" / "bench_weights.py"), *(["--quick"] if args.quick else ["--pairs", str(args.dmpq_pairs)]),
+               "--calib", calib, "--steps", str(args.steps)]
+    lane1.insert(-1, ("bench_weights.py cogvideox", weights + ["--archs", "cogvideox", "--json", str(parts / "weights_cogvideox.json"),
+                                                              "--output", str(parts / "weights_cogvideox.md")]))
     lane2 = [
         ("bench shapes-wan", bench + ["--model", "shapes-wan", "--methods", methods, "-o", str(RESULTS / "shapes-wan")]),
         ("bench_dmpq.py", [py, str(ROOT / "benchmarks" / "bench_dmpq.py"),
                            "--pairs", "2" if args.quick else str(args.dmpq_pairs), "--calib", calib,
                            "--steps", str(args.steps), "--target-bits", "6.0", "--draws", "3", "--out", str(parts / "dmpq.md")]),
+        ("bench_weights.py wan", weights + ["--archs", "wan", "--json", str(parts / "weights_wan.json"),
+                                            "--output", str(parts / "weights_wan.md")]),
     ]
+    if args.only:
+        lane1, lane2 = ([step for step in lane if step[0] in args.only] for lane in (lane1, lane2))
     return [lane1, lane2]
 
 
@@ -162,6 +188,18 @@ def _cache_check() -> str | None:
                                    "aggressive ones NVFP4):", ""] + pdr)
 
 
+def _weights_section(parts: Path) -> str | None:
+    """bench_weights.py's section from the per-model JSON files its two steps wrote."""
+    files = [p for p in (parts / "weights_cogvideox.json", parts / "weights_wan.json") if p.is_file()]
+    if not files:
+        return None
+    scratch = parts / "weights.md"
+    scratch.unlink(missing_ok=True)
+    rc = subprocess.call([sys.executable, str(ROOT / "benchmarks" / "bench_weights.py"), "--merge", *map(str, files),
+                          "--output", str(scratch)], cwd=ROOT)
+    return _section(scratch, "weights") if rc == 0 else None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
@@ -172,6 +210,11 @@ def main(argv=None) -> int:
     parser.add_argument("--dmpq-pairs", type=int, default=16,
                         help="held-out pairs of the DMPQ script (default 16: its PSNR gaps are ~1 dB, so 4 pairs are too noisy)")
     parser.add_argument("--quick", action="store_true", help="tiny settings, to check the whole pipeline")
+    parser.add_argument("--only", nargs="+", metavar="STEP", choices=list(SECTIONS_OF),
+                        help="run only these steps and update only their sections of the existing file (its other "
+                             f"sections and header stay): {', '.join(repr(s) for s in SECTIONS_OF)}")
+    parser.add_argument("--hot-path", choices=["linear", "compile", "both"], default="both",
+                        help="which parts bench_hot_path.py measures (default both)")
     parser.add_argument("--layers-part", help=argparse.SUPPRESS)
     parser.add_argument("--layer-tokens", type=int, default=512, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -183,8 +226,9 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     parts = RESULTS / "_parts"
     parts.mkdir(parents=True, exist_ok=True)
-    for stale in parts.glob("*.md"):
-        stale.unlink()
+    if not args.only:
+        for stale in [*parts.glob("*.md"), *parts.glob("*.json")]:
+            stale.unlink()
     status: dict = {}
     threads = [threading.Thread(target=_run_lane, args=(lane, parts, status)) for lane in _lanes(args, parts)]
     for t in threads:
@@ -207,8 +251,16 @@ def main(argv=None) -> int:
         "stabilize-frames": _section(parts / "stabilize.md", "stabilize-frames"),
         "hot-path-linear": _section(parts / "hot_path.md", "hot-path-linear"),
         "hot-path-compile": _section(parts / "hot_path.md", "hot-path-compile"),
+        "weights": _weights_section(parts),
     }
     out = Path(args.out)
+    if args.only:
+        names = [n for n in ORDER if any(n in SECTIONS_OF[step] for step in args.only)]
+        for name in names:
+            if bodies[name] is not None:
+                update_section(out, name, bodies[name])
+        print(f"updated {', '.join(n for n in names if bodies[n] is not None)} in {out} in {total / 60:.1f} min")
+        return 0 if all(rc == 0 for rc, _, _ in status.values()) else 1
     steps = "; ".join(f"{label} {sec:.0f} s" + ("" if rc == 0 else " (FAILED)") for label, (rc, sec, _) in status.items())
     command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "")
     scripts = ", ".join(f"`{label}`" for label in status if label.endswith(".py"))

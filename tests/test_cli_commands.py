@@ -44,7 +44,7 @@ def test_generate_with_quantized_checkpoint_and_cache(converted, tmp_path, capsy
 
 
 def test_eval_reports_quality_vs_full_precision(tmp_path, capsys):
-    assert main(["eval", "--model", "shapes-wan", "--config", "w4a8", "--prompts", "2", "--steps", "3", "--json"]) == 0
+    assert main(["eval", "--model", "shapes-wan", "--config", "w4a8-rtn", "--prompts", "2", "--steps", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["videos"] == 2 and 5 < result["psnr_db"] < 99 and 0 < result["ssim"] <= 1
     assert set(result["adherence"]) == {"reference", "converted"}

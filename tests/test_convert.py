@@ -128,9 +128,9 @@ def test_bad_inputs_change_nothing(tmp_path, fp_video):
     with pytest.raises(ValueError, match="stabilize_frames acts on dynamically quantized"):
         sixbit.convert_model(pipe, None, "tdc", stabilize_frames=True)
     assert sixbit.conversion_of(pipe) is None
-    sixbit.convert_model(pipe, None, "w4a8")
+    sixbit.convert_model(pipe, None, "w4a8-rtn")
     with pytest.raises(ValueError, match="already quantized or converted"):
-        sixbit.convert_model(pipe, None, "w4a8")
+        sixbit.convert_model(pipe, None, "w4a8-rtn")
 
 
 FRESH = textwrap.dedent(
@@ -168,7 +168,7 @@ def test_save_and_load_in_a_fresh_process_bit_exact(tmp_path, meta, balanced):
 @pytest.mark.parametrize("arch", ["cogvideox", "wan"])
 def test_stabilizer_acts_on_both_layouts(arch):
     pipe = load_pipeline(arch)
-    sixbit.convert_model(pipe, None, "w4a8", stabilize_frames=True)
+    sixbit.convert_model(pipe, None, "w4a8-rtn", stabilize_frames=True)
     stab = sixbit.conversion_of(pipe).stabilizer
     video = generate(pipe)
     assert np.isfinite(video).all() and stab.stabilized_calls > 0
@@ -229,8 +229,8 @@ def test_stabilizer_dead_zone_holds_near_still_tokens():
 def test_stabilize_frames_values(tmp_path):
     pipe = load_pipeline("wan")
     with pytest.raises(ValueError, match="stabilize_frames must be"):
-        sixbit.convert_model(pipe, None, "w4a8", stabilize_frames=-1)
-    sixbit.convert_model(pipe, None, "w4a8", stabilize_frames=0.2)
+        sixbit.convert_model(pipe, None, "w4a8-rtn", stabilize_frames=-1)
+    sixbit.convert_model(pipe, None, "w4a8-rtn", stabilize_frames=0.2)
     assert sixbit.conversion_of(pipe).stabilizer.deadzone == 0.2
     path = pipe.save(tmp_path / "m.safetensors")
     assert sixbit.read_header(path)["extensions"]["conversion"]["stabilize_frames"] == 0.2

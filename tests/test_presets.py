@@ -23,7 +23,7 @@ def test_presets_are_independent_copies():
     a.weights.role_formats["attention"] = "int8"
     a.cache.threshold = 0.9
     b = preset("balanced")
-    assert b.weights.role_formats == {} and b.cache.threshold == 0.2
+    assert b.weights.role_formats == {"modulation": "nvfp4"} and b.cache.threshold == 0.2
 
 
 def test_preset_contents():
@@ -32,6 +32,13 @@ def test_preset_contents():
     assert resolve("w8a8-static").weights is None and resolve("w8a8-static").static is not None
     assert resolve("tdc").weights is None and resolve("tdc").activations == "fp"
     assert resolve("w4a8").weights.weight_format == "nvfp4" and resolve("w4a8").activations == "int8"
+    for name in ("w4a8", "w4a4", "w4a16", "w4a6-dynamic", "balanced", "aggressive"):  # the measured 4-bit recipe
+        w = resolve(name).weights
+        assert (w.gptq, w.scale_rule, w.lowrank_bits, w.role_formats) == (True, "mse", 0.5, {"modulation": "nvfp4"})
+        assert resolve(name).needs_calibration
+    rtn = resolve("w4a8-rtn")
+    assert not rtn.needs_calibration and not rtn.weights.gptq and rtn.weights.scale_rule == "absmax"
+    assert rtn.calibration_reason() is None and resolve("w4a8").calibration_reason() == "GPTQ weights (gptq=True)"
 
 
 def test_seed_json_shape_maps_onto_balanced(tmp_path):
@@ -40,12 +47,12 @@ def test_seed_json_shape_maps_onto_balanced(tmp_path):
         {"attention": {"bits": 8, "symmetric": False}, "residual": {"bits": 4, "group_size": 64}, "threshold": 0.01}
     ))
     cfg = resolve(path)
-    assert cfg.weights.role_formats == {"attention": "int8-asym"}
+    assert cfg.weights.role_formats == {"modulation": "nvfp4", "attention": "int8-asym"}
     assert cfg.weights.weight_format == "nvfp4"  # feed-forward keeps the preset's format
     assert cfg.cache.cache_format == "int4-g64" and cfg.cache.threshold == 0.01
     assert cfg.activations == "dynamic"
     assert resolve({"residual": {"bits": 8}}).cache.cache_format == "int8"
-    assert resolve({"attention": {"bits": 6}}).weights.role_formats == {"attention": "int6"}
+    assert resolve({"attention": {"bits": 6}}).weights.role_formats == {"modulation": "nvfp4", "attention": "int6"}
 
 
 def test_seed_shape_reports_every_problem():

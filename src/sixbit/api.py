@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from typing import Callable
 
 import torch
 from torch import nn
@@ -14,6 +15,7 @@ from .config import QuantConfig
 from .models import block_index_of, iter_blocks, spec_for
 from .nn import QuantLinear
 from .transforms.hadamard import BLOCK_SIZES
+from .weights.sequential import quantize_layers
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +33,8 @@ def _hadamard_block(limit: int | None, in_features: int) -> int | None:
     return max(fits) if fits else None
 
 
-def _plan(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None]]:
-    """``{layer name: (format, hadamard block)}`` for every linear to quantize."""
+def _plan(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None, str]]:
+    """``{layer name: (format, hadamard block, role)}`` for every linear to quantize."""
     spec = spec_for(model)
     blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
     n_blocks = max(blocks.values()) + 1
@@ -44,7 +46,8 @@ def _plan(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | N
             continue
         if any(re.fullmatch(p, name) for p in config.exclude):
             continue
-        fmt = config.format_for(spec.role_of(name))
+        role = spec.role_of(name)
+        fmt = config.format_for(role)
         idx = block_index_of(name, blocks)
         if fmt is not None and idx is not None and config.boundary_blocks and (
             idx < config.boundary_blocks or idx >= n_blocks - config.boundary_blocks
@@ -58,18 +61,27 @@ def _plan(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | N
                 name, mod.in_features, fmt, formats.get(fmt).block_size,
             )
             continue
-        plan[name] = (fmt, _hadamard_block(config.hadamard_block, mod.in_features))
+        plan[name] = (fmt, _hadamard_block(config.hadamard_block, mod.in_features), role.value)
     return plan
 
 
-def quantize(model: nn.Module, config: QuantConfig | None = None) -> nn.Module:
+def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: Callable[[], object] | None = None,
+             progress: bool = True) -> nn.Module:
     """Replace ``model``'s linear layers by packed :class:`~sixbit.nn.QuantLinear` s, in place.
 
     Layers are chosen by role (from the model's registered metadata, see
     :mod:`sixbit.models`), by ``include``/``exclude`` patterns and by block position, as
-    described in :class:`~sixbit.QuantConfig`. Every layer is quantized before any is swapped
-    in, so an error leaves the model unchanged. The model keeps working inside its diffusers
-    pipeline. Returns ``model``.
+    described in :class:`~sixbit.QuantConfig`; its weight algorithms (scale search, GPTQ, the
+    low-rank branch) run here, once (:mod:`sixbit.weights`). An error leaves the model
+    unchanged. The model keeps working inside its diffusers pipeline. Returns ``model``.
+
+    Args:
+        model: the transformer.
+        config: the :class:`~sixbit.QuantConfig` (default: NVFP4 attention and feed-forward).
+        calibration: a callable that runs generations with ``model`` (e.g.
+            ``lambda: pipe(prompts, num_inference_steps=20)``), needed when ``config.gptq``:
+            it is run once per transformer block to record the layers' input Hessians.
+        progress: show a progress bar over the layers (default ``True``).
 
     Example:
         >>> import torch, sixbit
@@ -85,13 +97,8 @@ def quantize(model: nn.Module, config: QuantConfig | None = None) -> nn.Module:
     if not isinstance(config, QuantConfig):
         raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
     plan = _plan(model, config)
-    new = {}
-    for name, (fmt, hb) in plan.items():
-        new[name] = QuantLinear.from_linear(model.get_submodule(name), fmt, hb, config.act_mode)
-    for name, layer in new.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, layer)
-    logger.info("quantized %d linear layers of %s", len(new), type(model).__name__)
+    quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
+    logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)
     return model
 
 

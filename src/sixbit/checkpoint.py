@@ -7,7 +7,8 @@ bit-exactly. The safetensors metadata key ``"sixbit"`` carries a JSON header::
     {"format": "sixbit", "format_version": 1, "sixbit_version": "...",
      "model_class": "CogVideoXTransformer3DModel",
      "layers": {"blocks.0.attn1.to_q": {in_features, out_features, weight_format,
-                                       hadamard_block, bias, weight_meta}, ...},
+                                       hadamard_block, bias, weight_meta, input_divisor,
+                                       lowrank_rank, lowrank_dtype, weight_only}, ...},
      "sha256": "<digest of every tensor's name and bytes>"}
 
 No pickle is involved at any point. Writes are atomic (temporary file in the same folder,
@@ -168,7 +169,16 @@ def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quan
         divisor = tensors.get(f"{name}.input_divisor")
         if divisor is None:
             raise ValueError(f"layer {name!r}: tensor 'input_divisor' is missing")
-    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype, input_divisor=divisor)
+    lowrank = None
+    rank = cfg.get("lowrank_rank", 0)
+    if rank:
+        lowrank = tuple(tensors.get(f"{name}.lowrank_{part}") for part in ("up", "down"))
+        expected = ((cfg["out_features"], rank), (rank, cfg["in_features"]))
+        dtype = getattr(torch, str(cfg.get("lowrank_dtype")), None)
+        if any(t is None or tuple(t.shape) != e or t.dtype != dtype for t, e in zip(lowrank, expected)):
+            raise ValueError(f"layer {name!r}: the rank-{rank} low-rank branch tensors are missing or malformed")
+    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype, input_divisor=divisor,
+                        lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
     if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
         raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
     for field, ref in _expected_layout(fmt.name, cfg["out_features"], cfg["in_features"]).items():

@@ -14,6 +14,7 @@ from typing import Any
 from . import formats
 from .nn.quant_linear import ActMode
 from .transforms.hadamard import BLOCK_SIZES
+from .weights import SCALE_RULES
 
 
 class Role(str, enum.Enum):
@@ -67,6 +68,36 @@ class QuantConfig:
             smaller block that does (at least 16), else no rotation.
         act_mode: initial activation precision of every quantized layer: ``"fp"`` (weight-only,
             default), ``"int8"`` or ``"nvfp4"`` (emulated).
+        weight_only_roles: roles whose quantized layers always multiply in full precision
+            (their low-bit weight saves memory, not compute), whatever ``act_mode`` or a runtime
+            method says. Default: modulation, embedding, output (small GEMMs on few rows that
+            scale or produce every token).
+        scale_rule: how block scales are chosen (NVFP4 and symmetric integer formats; others
+            round to nearest): ``"absmax"`` (round to nearest, default), ``"mse"`` (searched per
+            block for the least squared error: free at run time, ~1.4 dB weight SQNR on NVFP4;
+            weighted by the calibration Hessian's diagonal when calibration runs) or ``"4/6"``
+            (NVFP4: ``amax/6`` or ``amax/4`` per block). See :mod:`sixbit.weights.grid`.
+        gptq: round with GPTQ (:mod:`sixbit.weights.gptq`; NVFP4 and symmetric integer formats,
+            others round to nearest) on input Hessians recorded from
+            calibration generations, one transformer block at a time (each block's inputs come
+            from the already quantized blocks before it). Needs calibration data; costs one
+            calibration run per block at conversion, nothing at run time. Default ``False``.
+        gptq_damp: GPTQ's diagonal damping, a fraction of the Hessian's mean diagonal (default
+            0.01; raised 10× per retry when the factorization fails).
+        lowrank_rank: rank ``r`` of a 16-bit low-rank branch (SVDQuant) beside each 4-bit
+            weight of a compute layer (not the ``weight_only_roles``; 0: none, default). Costs
+            ``16·r·(K+N)/(K·N)`` bits per weight (≈ 0.017·r at width 1920, 0.17·r at 192) and a
+            small extra GEMM per call.
+        lowrank_bits: instead of a fixed rank, each layer's rank is the largest whose branch
+            costs at most this many bits per weight (0.5 → r = 30 at 1920×1920, r = 3 at
+            192×192). Default 0 (off); exclusive with ``lowrank_rank``.
+        lowrank_iterations: alternating refinements of the branch against the quantized
+            residual (default 2).
+        smooth_alpha: ``None`` (default) or α in (0, 1): before the low-rank split, smooth each
+            branched layer as SVDQuant does, ``s_j = max|x_j|^α / max|W_j|^(1−α)`` from the
+            calibration inputs, folded into the stored weight and divided out of every input
+            (``QuantLinear``'s ``input_divisor``). Needs calibration; a smoothed layer is not
+            rotated (the Hadamard rotation would mix the smoothed channels).
 
     Example:
         >>> cfg = QuantConfig(weight_format="nvfp4", role_formats={"feedforward": "int8"}, boundary_blocks=1)
@@ -82,6 +113,15 @@ class QuantConfig:
     boundary_format: str | None = "int8"
     hadamard_block: int | None = None
     act_mode: str = "fp"
+    weight_only_roles: list[str] = dataclasses.field(
+        default_factory=lambda: [Role.MODULATION.value, Role.EMBEDDING.value, Role.OUTPUT.value])
+    scale_rule: str = "absmax"
+    gptq: bool = False
+    gptq_damp: float = 0.01
+    lowrank_rank: int = 0
+    lowrank_bits: float = 0.0
+    lowrank_iterations: int = 2
+    smooth_alpha: float | None = None
 
     def __post_init__(self):
         problems = []
@@ -105,8 +145,41 @@ class QuantConfig:
             problems.append(f"hadamard_block must be None or one of {BLOCK_SIZES}, got {self.hadamard_block!r}")
         if self.act_mode not in [m.value for m in ActMode]:
             problems.append(f"act_mode={self.act_mode!r} is not one of {[m.value for m in ActMode]}")
+        problems += [f"weight_only_roles has unknown role {r!r} (valid: {valid_roles})"
+                     for r in self.weight_only_roles if r not in valid_roles]
+        if self.scale_rule not in SCALE_RULES:
+            problems.append(f"scale_rule={self.scale_rule!r} is not one of {list(SCALE_RULES)}")
+        if not isinstance(self.gptq, bool):
+            problems.append(f"gptq must be true or false, got {self.gptq!r}")
+        if isinstance(self.gptq_damp, bool) or not isinstance(self.gptq_damp, (int, float)) or not 0 < self.gptq_damp < 1:
+            problems.append(f"gptq_damp must be a number in (0, 1), got {self.gptq_damp!r}")
+        for field in ("lowrank_rank", "lowrank_iterations"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"{field} must be an integer ≥ 0, got {value!r}")
+        if isinstance(self.lowrank_bits, bool) or not isinstance(self.lowrank_bits, (int, float)) or not self.lowrank_bits >= 0:
+            problems.append(f"lowrank_bits must be a number ≥ 0, got {self.lowrank_bits!r}")
+        elif self.lowrank_bits and self.lowrank_rank:
+            problems.append("set lowrank_rank or lowrank_bits, not both")
+        if self.smooth_alpha is not None and (isinstance(self.smooth_alpha, bool) or not isinstance(
+                self.smooth_alpha, (int, float)) or not 0 < self.smooth_alpha < 1):
+            problems.append(f"smooth_alpha must be None or a number in (0, 1), got {self.smooth_alpha!r}")
+        elif self.smooth_alpha is not None and not (self.lowrank_rank or self.lowrank_bits):
+            problems.append("smooth_alpha smooths layers before their low-rank split: set lowrank_rank or lowrank_bits")
         if problems:
             raise ValueError("invalid QuantConfig:\n  - " + "\n  - ".join(problems))
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether quantizing with this config runs calibration generations (GPTQ's Hessians,
+        smoothing's activation ranges)."""
+        return self.gptq or self.smooth_alpha is not None
+
+    def lowrank_rank_for(self, in_features: int, out_features: int) -> int:
+        """The branch rank of an ``in_features → out_features`` 4-bit layer (0: no branch)."""
+        k, n = in_features, out_features
+        rank = self.lowrank_rank or int(self.lowrank_bits * k * n // (16 * (k + n)))
+        return rank if rank <= min(k, n) // 2 else 0  # a branch as wide as the layer is no longer low-rank
 
     def format_for(self, role: Role | str) -> str | None:
         """The weight format for layers of ``role`` (``None``: full precision)."""

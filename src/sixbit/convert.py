@@ -228,7 +228,8 @@ def _quantize_and_fit(transformer: nn.Module, config: ConvertConfig, run, calibr
         apply_static_w8a8(transformer, config.static, calibrate(transformer, run))
         return None
     if config.weights is not None:
-        quantize(transformer, config.weights)
+        logger.info("quantizing weights%s", " (GPTQ: one calibration run per block)" if config.weights.gptq else "")
+        quantize(transformer, config.weights, calibration=run)
     if config.activations != "dynamic":
         return None
     logger.info("fitting the DMPQ predictor")
@@ -297,8 +298,8 @@ def convert_model(
     if config.needs_calibration:
         if calibration_data is None:
             raise ValueError(
-                f"activations={config.activations!r} needs calibration_data (prompts, videos or a callable); "
-                "or choose a preset without calibration, e.g. 'w4a8'"
+                f"{config.calibration_reason()} needs calibration_data (prompts, videos or a callable); "
+                "or choose a preset without calibration, e.g. 'w4a8-rtn' or 'w8a8'"
             )
         run, calibration = _calibration_runner(calibration_data, pipe, dict(calibration_kwargs or {}))
     elif calibration_data is not None:

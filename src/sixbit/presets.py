@@ -98,8 +98,16 @@ class ConvertConfig:
 
     @property
     def needs_calibration(self) -> bool:
-        """Whether converting with this config runs calibration generations."""
-        return self.activations in ("dynamic", "static")
+        """Whether converting with this config runs calibration generations (DMPQ, static W8A8, GPTQ)."""
+        return self.activations in ("dynamic", "static") or (self.weights is not None and self.weights.needs_calibration)
+
+    def calibration_reason(self) -> str | None:
+        """What needs calibration, in words (``None`` when nothing does)."""
+        if self.activations in ("dynamic", "static"):
+            return f"activations={self.activations!r}"
+        if self.weights is not None and self.weights.needs_calibration:
+            return "GPTQ weights (gptq=True)" if self.weights.gptq else "smoothed weights (smooth_alpha)"
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,8 +167,22 @@ def _plain_from_dict(cls, data: dict[str, Any]):
     return cls(**data)
 
 
+# The 4-bit weight recipe of every W4 preset, chosen by bench_weights.py (BENCHMARKS.md,
+# "4-bit weights"): NVFP4 with Hadamard 128, block scales searched by Hessian-weighted MSE, GPTQ
+# (needs calibration), a 16-bit low-rank branch of ≤ 0.5 bit per weight on the compute layers
+# (rank 3–4 at the shipped models' width 192, ~30 at 1920), and the modulation linears in NVFP4,
+# weight-only. Embedding and output layers stay in full precision: NVFP4 there cost 3–5 dB.
+W4_RECIPE: dict[str, Any] = dict(scale_rule="mse", gptq=True, lowrank_bits=0.5, role_formats={"modulation": "nvfp4"})
+
+
 def _w4(act: str, **quant) -> dict[str, Any]:
-    return {"weights": QuantConfig(weight_format="nvfp4", hadamard_block=128, **quant), "activations": act}
+    recipe = {**copy.deepcopy(W4_RECIPE), **quant}
+    return {"weights": QuantConfig(weight_format="nvfp4", hadamard_block=128, **recipe), "activations": act}
+
+
+def _w4_rtn(act: str) -> dict[str, Any]:
+    """The reference: NVFP4 rounded to nearest, attention and feed-forward only (no calibration)."""
+    return {"weights": QuantConfig(weight_format="nvfp4", hadamard_block=128), "activations": act}
 
 
 # Cache thresholds come from the cache benchmark (BENCHMARKS.md): the default 0.2 skips ≈ 45 % of
@@ -168,7 +190,7 @@ def _w4(act: str, **quant) -> dict[str, Any]:
 _PRESETS: dict[str, dict[str, Any]] = {
     "balanced": dict(
         **_w4("dynamic"), dmpq=DMPQConfig(target_bits=6.0), cache=DeltaCacheConfig(),
-        description="the full method: NVFP4 weights, DMPQ activations (NVFP4/INT8 per block and step, target 6 bits; INT8 right after skips), delta cache with PDR",
+        description="the full method: NVFP4 weights (GPTQ, searched scales, low-rank branch), DMPQ activations (NVFP4/INT8 per block and step, target 6 bits; INT8 right after skips), delta cache with PDR",
     ),
     "high_quality": dict(
         weights=QuantConfig(weight_format="int8", boundary_blocks=1, boundary_format=None), activations="int8",
@@ -176,7 +198,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     ),
     "aggressive": dict(
         **_w4("nvfp4"), cache=DeltaCacheConfig(threshold=0.3, error_budget=0.9, cache_format="int4-g64"),
-        description="NVFP4 weights and activations (emulated here), delta cache at threshold 0.3 with 4-bit residuals",
+        description="NVFP4 weights (GPTQ, searched scales, low-rank branch) and activations (emulated here), delta cache at threshold 0.3 with 4-bit residuals",
     ),
     "w8a8-static": dict(
         weights=None, activations="static", static=StaticW8A8Config.preset("w8a8-static"),
@@ -184,11 +206,12 @@ _PRESETS: dict[str, dict[str, Any]] = {
     ),
     "w4a6-dynamic": dict(
         **_w4("dynamic"), dmpq=DMPQConfig(target_bits=6.0),
-        description="NVFP4 weights, DMPQ activations (NVFP4/INT8 per block and step, ~6 bits), no cache",
+        description="NVFP4 weights (GPTQ, searched scales, low-rank branch), DMPQ activations (NVFP4/INT8 per block and step, ~6 bits), no cache",
     ),
-    "w4a8": dict(**_w4("int8"), description="NVFP4 weights (Hadamard 128), per-token INT8 activations"),
-    "w4a4": dict(**_w4("nvfp4"), description="NVFP4 weights and activations (Hadamard 128; activations emulated here)"),
-    "w4a16": dict(**_w4("fp"), description="NVFP4 weights only (Hadamard 128), activations in full precision"),
+    "w4a8": dict(**_w4("int8"), description="NVFP4 weights (GPTQ, searched scales, low-rank branch), per-token INT8 activations"),
+    "w4a8-rtn": dict(**_w4_rtn("int8"), description="reference: NVFP4 weights rounded to nearest (Hadamard 128, attention and feed-forward only, no calibration), per-token INT8 activations"),
+    "w4a4": dict(**_w4("nvfp4"), description="NVFP4 weights (GPTQ, searched scales, low-rank branch) and activations (emulated here)"),
+    "w4a16": dict(**_w4("fp"), description="NVFP4 weights only (GPTQ, searched scales, low-rank branch), activations in full precision"),
     "w8a8": dict(
         weights=QuantConfig(weight_format="int8"), activations="int8",
         description="INT8 weights (per channel) and activations (per token), real integer GEMM",

@@ -198,9 +198,9 @@ def test_stabilizer_reads_the_frame_grid(name):
     if spec_for(tm.model).video_grid is None:
         assert name not in GRIDS
         with pytest.raises(ValueError, match="token grid"):
-            sixbit.convert_model(tm.model, None, "w4a8", stabilize_frames=True)
+            sixbit.convert_model(tm.model, None, "w4a8-rtn", stabilize_frames=True)
         return
-    sixbit.convert_model(tm.model, None, "w4a8", stabilize_frames=True)
+    sixbit.convert_model(tm.model, None, "w4a8-rtn", stabilize_frames=True)
     stabilizer = sixbit.conversion_of(tm.model).stabilizer
     video = sample(tm, 2)
     assert torch.isfinite(video).all()

@@ -87,6 +87,7 @@ def quantize(
     granularity: Granularity | str = "channel",
     group_size: int | None = None,
     check: bool = True,
+    scale: torch.Tensor | None = None,
 ) -> IntQuantized:
     """Quantize ``x`` to ``bits``-bit integers along its last dimension.
 
@@ -98,6 +99,9 @@ def quantize(
         granularity: ``"tensor"``, ``"channel"`` (one scale per row, for weights),
             ``"token"`` (the same reduction, for dynamic per-token activations) or ``"group"``.
         group_size: elements per scale along the last dimension when ``granularity="group"``.
+        scale: ``None`` (default) or the fp32 scales to use (symmetric only), shaped as the
+            result's ``scale``, instead of ``amax / (2^(b-1) - 1)``: chosen offline by a scale
+            search or GPTQ (:mod:`sixbit.weights`).
 
     Example:
         >>> q = quantize(torch.randn(16, 128), bits=4, granularity="group", group_size=64)
@@ -120,11 +124,18 @@ def quantize(
         amax = _reduce(x.abs(), gran, torch.amax)
         if check:
             check_finite(x, stat=amax)  # amax propagates NaN/Inf
-        # an all-zero row gets scale 1; NaN/Inf propagate into the scale (and the output)
-        scale = torch.where(amax == 0, torch.ones_like(amax), amax / qmax)
+        if scale is None:
+            # an all-zero row gets scale 1; NaN/Inf propagate into the scale (and the output)
+            scale = torch.where(amax == 0, torch.ones_like(amax), amax / qmax)
+        elif scale.shape != amax.shape or not bool((scale > 0).all()):
+            raise ValueError(f"scale must hold positive values of shape {tuple(amax.shape)}, got {tuple(scale.shape)}")
+        else:
+            scale = scale.float()
         q = torch.round(x / scale).clamp_(-qmax, qmax).to(torch.int8)
         zero = None
     else:
+        if scale is not None:
+            raise ValueError("fixed scales are supported for symmetric integers only")
         qmax = 2**bits - 1
         lo = _reduce(x, gran, torch.amin).clamp(max=0)
         hi = _reduce(x, gran, torch.amax).clamp(min=0)

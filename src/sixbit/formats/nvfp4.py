@@ -58,7 +58,10 @@ def global_scale_for(amax: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(
-    x: torch.Tensor, global_scale: torch.Tensor | float | None = None, check: bool = True
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None = None,
+    check: bool = True,
+    scales: torch.Tensor | None = None,
 ) -> NVFP4Quantized:
     """Quantize ``x`` (last dimension a multiple of 16) to NVFP4.
 
@@ -69,6 +72,9 @@ def quantize(
         check: raise a ``ValueError`` on NaN/Inf input (default). ``False`` skips the check,
             which reads a value back to the host: the hot path of a linear call, where inputs
             are checked at conversion and in debug mode (:func:`sixbit.nn.debug_checks`).
+        scales: ``None`` (default) or the E4M3 block scales to use, shape ``(..., K/16)``,
+            instead of ``amax(|block|) / 6``: chosen offline by a scale search or GPTQ
+            (:mod:`sixbit.weights`). Needs ``global_scale``.
 
     Example:
         >>> q = quantize(torch.randn(4, 32))
@@ -81,16 +87,22 @@ def quantize(
     if check:
         check_finite(x, stat=block_amax)
     if global_scale is None:
+        if scales is not None:
+            raise ValueError("scales needs the global_scale they were chosen for")
         global_scale = global_scale_for(block_amax.amax())
     else:
         global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
         if global_scale.numel() != 1 or not bool(global_scale > 0) or not bool(torch.isfinite(global_scale)):
             raise ValueError(f"global_scale must be one positive finite number, got {global_scale}")
     global_scale = global_scale.reshape(())
-    block_scale = block_amax / F4_E2M1_MAX
-    scales = torch.clamp(block_scale / global_scale, min=E4M3_MIN_NORMAL, max=F8_E4M3_MAX).to(
-        torch.float8_e4m3fn
-    )
+    if scales is None:
+        block_scale = block_amax / F4_E2M1_MAX
+        scales = torch.clamp(block_scale / global_scale, min=E4M3_MIN_NORMAL, max=F8_E4M3_MAX).to(
+            torch.float8_e4m3fn
+        )
+    elif scales.dtype != torch.float8_e4m3fn or scales.shape != block_amax.shape:
+        raise ValueError(f"scales must be float8_e4m3fn of shape {tuple(block_amax.shape)}, "
+                         f"got {scales.dtype} {tuple(scales.shape)}")
     reciprocal = (1.0 / global_scale) / scales.float()
     scaled = torch.clamp(blocks * reciprocal.unsqueeze(-1), -F4_E2M1_MAX, F4_E2M1_MAX)
     codes = pack_bits(E2M1.encode(scaled), 4).reshape(*x.shape[:-1], x.shape[-1] // 2)

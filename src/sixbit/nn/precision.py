@@ -148,8 +148,10 @@ def active(scope: PrecisionScope) -> Iterator[PrecisionScope]:
 
 
 def decide(layer: torch.nn.Module, x: torch.Tensor) -> ActMode:
-    """The precision of this call of ``layer`` on ``x``: the active scope's answer, else the
-    layer's own ``act_mode``."""
+    """The precision of this call of ``layer`` on ``x``: full precision for a ``weight_only``
+    layer, else the active scope's answer, else the layer's own ``act_mode``."""
+    if getattr(layer, "weight_only", False):
+        return ActMode.FP
     mode = _ACTIVE[-1].decide(layer, x) if _ACTIVE else None
     return layer.act_mode if mode is None else mode
 

@@ -30,6 +30,15 @@ With ``input_divisor`` set (a per-input-channel vector ``s``, e.g. SmoothQuant's
 weight is ``W·diag(s)`` and every input is divided by ``s`` first; in exact arithmetic the
 output is unchanged. It is a buffer, so checkpoints carry it.
 
+With a low-rank branch (``lowrank=(up, down)``, SVDQuant), the stored weight is the residual
+``W − up·down`` and every call adds ``(x·downᵀ)·upᵀ`` computed from the unquantized input (after
+the rotation / division, in its dtype); ``up (N, r)`` and ``down (r, K)`` are 16-bit buffers
+(``lowrank_up``, ``lowrank_down``) counted in :meth:`weight_nbytes`. LoRA factors can be appended
+to the branch (rotated like the weight).
+
+A ``weight_only`` layer (e.g. a modulation linear) always multiplies in full precision, whatever
+the runtime methods decide for the others: its low-bit weight saves memory, not compute.
+
 An ``act_quantizer`` (optional child module, e.g. static W8A8's) replaces the dynamic per-token
 quantization of the ``int8`` path. It provides ``quantize_input(x) -> [(codes, scale), ...]``
 (int8 codes of the raw input, divisor included, with fp32 scales broadcastable to ``(M, 1)``;
@@ -88,6 +97,8 @@ class QuantLinear(nn.Module):
         cache_converted: bool = False,
         source_dtype: torch.dtype = torch.float32,
         input_divisor: torch.Tensor | None = None,
+        lowrank: tuple[torch.Tensor, torch.Tensor] | None = None,
+        weight_only: bool = False,
     ):
         super().__init__()
         self.source_dtype = source_dtype  # dtype of the weight it replaced (for byte accounting)
@@ -114,6 +125,14 @@ class QuantLinear(nn.Module):
             if hadamard_block is not None:
                 raise ValueError("input_divisor and hadamard_block cannot be combined (the rotation mixes channels)")
         self.register_buffer("input_divisor", input_divisor)
+        up, down = (None, None) if lowrank is None else lowrank
+        if lowrank is not None and (up.dim() != 2 or down.dim() != 2 or up.shape[0] != self.out_features
+                                    or down.shape[1] != self.in_features or up.shape[1] != down.shape[0]):
+            raise ValueError(f"lowrank must be (up ({self.out_features}, r), down (r, {self.in_features})), "
+                             f"got {tuple(up.shape)} and {tuple(down.shape)}")
+        self.register_buffer("lowrank_up", None if up is None else up.detach().clone())
+        self.register_buffer("lowrank_down", None if down is None else down.detach().clone())
+        self.weight_only = bool(weight_only)
         self.act_quantizer: nn.Module | None = None
         self.act_mode = act_mode
         self.cache_converted = cache_converted
@@ -149,16 +168,24 @@ class QuantLinear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
         fmt = formats.get(weight_format)
+        w = cls.stored_weight(linear, hadamard_block, input_divisor)
+        return cls(
+            fmt.quantize(w), fmt.name, linear.bias, hadamard_block, act_mode, cache_converted, linear.weight.dtype,
+            input_divisor,
+        )
+
+    @staticmethod
+    def stored_weight(linear: nn.Linear, hadamard_block: int | None = None,
+                      input_divisor: torch.Tensor | None = None) -> torch.Tensor:
+        """``linear``'s fp32 weight in the space the layer stores it: rotated (``W·H``) and/or
+        scaled (``W·diag(s)``), before quantization."""
         w = linear.weight.detach().float()
         if hadamard_block is not None:
             hadamard.check_block(linear.in_features, hadamard_block)
             w = hadamard.rotate(w, hadamard_block)
         if input_divisor is not None:
             w = w * input_divisor.detach().float().reshape(1, -1)
-        return cls(
-            fmt.quantize(w), fmt.name, linear.bias, hadamard_block, act_mode, cache_converted, linear.weight.dtype,
-            input_divisor,
-        )
+        return w
 
     # ---------------------------------------------------------------- state
 
@@ -187,8 +214,19 @@ class QuantLinear(nn.Module):
         return self._container(**tensors, **self._weight_meta)
 
     def weight_nbytes(self) -> int:
-        """Bytes of the packed weight (scales included, bias excluded)."""
-        return self.quantized_weight().nbytes
+        """Bytes of the weight: packed codes and scales, plus the low-rank branch (bias excluded)."""
+        return self.quantized_weight().nbytes + self.lowrank_nbytes()
+
+    def lowrank_nbytes(self) -> int:
+        """Bytes of the 16-bit low-rank branch (0 without one)."""
+        if self.lowrank_up is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (self.lowrank_up, self.lowrank_down))
+
+    @property
+    def lowrank_rank(self) -> int:
+        """Rank of the low-rank branch (0: none)."""
+        return 0 if self.lowrank_up is None else self.lowrank_up.shape[1]
 
     def converted_nbytes(self) -> int:
         """Bytes of weight copies converted for another activation mode and kept
@@ -206,6 +244,9 @@ class QuantLinear(nn.Module):
             "source_dtype": str(self.source_dtype).removeprefix("torch."),
             "weight_meta": self._weight_meta,
             "input_divisor": self.input_divisor is not None,
+            "lowrank_rank": self.lowrank_rank,
+            "lowrank_dtype": None if self.lowrank_up is None else str(self.lowrank_up.dtype).removeprefix("torch."),
+            "weight_only": self.weight_only,
         }
 
     def _apply(self, fn, recurse=True):
@@ -270,9 +311,13 @@ class QuantLinear(nn.Module):
         if self.hadamard_block is not None:
             x2 = hadamard.rotate(x2, self.hadamard_block)
         static = self.act_quantizer is not None and mode is ActMode.INT8
-        if self.input_divisor is not None and not static:  # the static quantizer folds it into its scale
+        divided = self.input_divisor is not None and not static  # the static quantizer folds it into its scale
+        if divided:
             x2 = x2 / self.input_divisor.to(x2.dtype)
         y = _PATHS[mode](self, x2)
+        if self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
+            xb = x2 if divided or self.input_divisor is None else x2 / self.input_divisor.to(x2.dtype)
+            y = y + F.linear(F.linear(xb, self.lowrank_down.to(xb.dtype)), self.lowrank_up.to(xb.dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
@@ -300,6 +345,8 @@ class QuantLinear(nn.Module):
 
     def execution(self, mode: ActMode | str | None = None) -> str:
         """How a call at ``mode`` (default: the layer's own) runs, e.g. ``"int8 (real, torch._int_mm)"``."""
+        if self.weight_only:
+            return "fp (weight-only layer: dequantize + matmul)"
         mode = self._act_mode if mode is None else precision.act_mode(mode)
         if mode is ActMode.INT8:
             device = next(self.buffers()).device
@@ -313,9 +360,10 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         bits = 8 * self.weight_nbytes() / (self.in_features * self.out_features)
+        branch = f" + rank-{self.lowrank_rank} branch" if self.lowrank_rank else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, weight={self.weight_format} ({bits:.2f} bits), "
+            f"bias={self.bias is not None}, weight={self.weight_format}{branch} ({bits:.2f} bits), "
             f"hadamard_block={self.hadamard_block}, act={self.execution()}"
         )
 

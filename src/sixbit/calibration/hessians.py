@@ -1,0 +1,74 @@
+"""Input second moments of linear layers (GPTQ's Hessians), recorded while generations run.
+
+For a layer with inputs ``x`` (rows of ``(…, K)``), ``H = E[x xᵀ]`` over every row of every
+call: every denoising step and both CFG branches (a batched CFG call's rows hold both). GPTQ's
+``2/n·Σ x xᵀ`` is this up to a constant factor, which changes nothing (damping is relative to
+the mean diagonal). Sums are kept in fp64 (many calls of millions of rows); each layer holds
+one ``K × K`` matrix, so :func:`collect` is meant for a few layers at a time (one block).
+Layers fed the same input tensor (q, k and v projections) share one product.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass
+class InputStats:
+    """What the inputs of one layer looked like: ``hessian`` (``E[x xᵀ]``, fp32 ``(K, K)``), the
+    per-channel abs-max ``amax`` (``(K,)``, for smoothing) and the number of ``rows`` seen."""
+
+    hessian: torch.Tensor
+    amax: torch.Tensor
+    rows: int
+
+
+class _Accumulator:
+    def __init__(self, k: int, device):
+        self.sum = torch.zeros(k, k, dtype=torch.float64, device=device)
+        self.amax = torch.zeros(k, device=device)
+        self.rows = 0
+
+
+def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Module]) -> dict[str, InputStats]:
+    """Run ``run()`` once with hooks on ``layers`` (``{name: linear}``, inside ``model``) and
+    return the :class:`InputStats` of each layer that ran (a layer the generations never call
+    is left out). Hooks are removed even if ``run`` raises.
+
+    Example:
+        >>> lin = nn.Linear(8, 4)
+        >>> stats = collect(lin, lambda: lin(torch.ones(3, 8)), {"": lin})
+        >>> stats[""].rows, float(stats[""].hessian[0, 0])
+        (3, 1.0)
+    """
+    acc: dict[str, _Accumulator] = {}
+    shared: dict = {}  # the last input tensor and its products: q, k and v see the same tensor
+
+    def hook_for(name: str):
+        def hook(module, args):
+            x = args[0]
+            if shared.get("x") is not x:
+                xf = x.detach().reshape(-1, x.shape[-1]).float()
+                amax = xf.abs().amax(0) if xf.shape[0] else torch.zeros(xf.shape[1], device=xf.device)
+                shared.update(x=x, xtx=(xf.T @ xf).double(), amax=amax, rows=xf.shape[0])
+            a = acc.get(name)
+            if a is None:
+                a = acc[name] = _Accumulator(x.shape[-1], x.device)
+            a.sum += shared["xtx"]
+            a.amax = torch.maximum(a.amax, shared["amax"])
+            a.rows += shared["rows"]
+        return hook
+
+    handles = [layer.register_forward_pre_hook(hook_for(name)) for name, layer in layers.items()]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+        shared.clear()
+    return {n: InputStats((a.sum / a.rows).float(), a.amax, a.rows) for n, a in acc.items() if a.rows}
