@@ -87,7 +87,7 @@ def supports(fmt_name: str) -> bool:
     fmt = formats.get(fmt_name)
     if fmt.family == "nvfp4":
         return True
-    return fmt.family == "integer" and not fmt.name.split("-")[1:2] == ["asym"] and not fmt.name.endswith("-tensor")
+    return fmt.family == "integer" and "-asym" not in fmt.name and not fmt.name.endswith("-tensor")
 
 
 def grid_for(w: torch.Tensor, fmt_name: str, rule: str = "absmax", importance: torch.Tensor | None = None) -> Grid:
