@@ -323,8 +323,11 @@ def convert_model(
 
 def _export(model: nn.Module):
     conversion = _CONVERSIONS.get(model)
-    if conversion is None:
-        return None
+    return None if conversion is None else conversion_state(conversion)
+
+
+def conversion_state(conversion: Conversion) -> tuple[dict, dict]:
+    """The checkpoint extension's ``(meta, tensors)`` for ``conversion``."""
     meta = {
         "version": 1,
         "config": conversion.config.to_dict(),
