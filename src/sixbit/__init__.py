@@ -16,6 +16,7 @@ from .calibration import CalibrationData, calibrate  # noqa: E402
 from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
 from .convert import Conversion, conversion_of, convert_model  # noqa: E402
+from .lora import load_lora, loras, set_lora_scale, unload_lora  # noqa: E402
 from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
 from .methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq  # noqa: E402
 from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info  # noqa: E402
@@ -50,12 +51,16 @@ __all__ = [
     "fit_dmpq",
     "formats",
     "load",
+    "load_lora",
     "load_pretrained",
+    "loras",
     "quantize",
     "range_parameters",
     "read_header",
     "save",
+    "set_lora_scale",
     "static_w8a8_info",
     "summary",
     "track_steps",
+    "unload_lora",
 ]
