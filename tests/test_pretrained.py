@@ -166,3 +166,17 @@ def test_streamed_calibration_refuses_what_it_cannot_replay(tmp_path):
     with pytest.raises(ValueError, match="fitted on generations of the converted model"):
         sixbit.convert_pretrained(folder, "balanced", tmp_path / "o.safetensors", progress=False)
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_a_loaded_model_generates_with_block_offloading(tmp_path):
+    """A model loaded onto the meta device works with block offloading to disk: the blocks wait
+    in a folder and are loaded (prefetched) as they compute; the video does not change."""
+    from sixbit.optimize import enable_memory_optimization
+
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    result = sixbit.convert_pretrained(folder, "w4a8-rtn", tmp_path / "q.safetensors", progress=False)
+    loaded = dataclasses.replace(tm, model=sixbit.load_pretrained(result.path, folder))
+    reference = sample(loaded, 2)
+    enable_memory_optimization(loaded.model, prefetch_depth=1, offload_device=tmp_path / "offload")
+    assert torch.equal(sample(loaded, 2), reference)

@@ -95,10 +95,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _prepare(args):
-    """Load the pipeline, then the quantized checkpoint / cache / memory options the flags ask for."""
-    pipe = load_pipeline(args.model, progress_bar=True)
-    if args.quantized:
-        checkpoint.load(args.quantized, pipe)
+    """Load the pipeline, then the quantized checkpoint / cache / memory options the flags ask for.
+
+    A checkpoint for a local pipeline folder is loaded onto a meta-device transformer
+    (:func:`sixbit.load_pretrained`): the folder's full-precision transformer weights are never read."""
+    if args.quantized and Path(args.model).is_dir():
+        from .pretrained import load_pretrained
+
+        pipe = load_pipeline(args.model, progress_bar=True, transformer=load_pretrained(args.quantized, args.model))
+    else:
+        pipe = load_pipeline(args.model, progress_bar=True)
+        if args.quantized:
+            checkpoint.load(args.quantized, pipe)
     if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
         t = args.cache_threshold
         enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
