@@ -86,7 +86,7 @@ def _digest_of(tensors: dict[str, torch.Tensor]) -> str:
     return _digest((name, tensors[name].dtype, (tensor_bytes(tensors[name]),)) for name in sorted(tensors))
 
 
-def _module_of(model) -> nn.Module:
+def module_of(model) -> nn.Module:
     """The transformer of a pipeline, or ``model`` itself."""
     if isinstance(model, nn.Module):
         return model
@@ -156,7 +156,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         >>> p.suffix
         '.safetensors'
     """
-    model = _module_of(model)
+    model = module_of(model)
     stored = {}
     for name, ext in extensions().items():
         payload = ext.export(model)
@@ -266,7 +266,7 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         >>> sixbit.load("6bit_model.safetensors", pipe)   # doctest: +SKIP
     """
     target = model
-    model = _module_of(model)
+    model = module_of(model)
     path = Path(path)
     header, tensors = _open(path)
     stored, ext_tensors = _extension_parts(path, header, tensors)

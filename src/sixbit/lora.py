@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ._io import read_safetensors
+from .checkpoint import module_of
 from .nn import QuantLinear
 
 _KEY = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.lora_(?P<part>A|B)(?:\.[\w-]+)?\.weight")
@@ -41,15 +42,6 @@ _ALPHA = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+
 # full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}} and one hook each
 _LINEAR: "weakref.WeakKeyDictionary[nn.Linear, dict[str, list]]" = weakref.WeakKeyDictionary()
 _HOOKS: "weakref.WeakKeyDictionary[nn.Linear, object]" = weakref.WeakKeyDictionary()
-
-
-def _transformer(model_or_pipe) -> nn.Module:
-    if isinstance(model_or_pipe, nn.Module):
-        return model_or_pipe
-    transformer = getattr(model_or_pipe, "transformer", None)
-    if isinstance(transformer, nn.Module):
-        return transformer
-    raise ValueError(f"expected a transformer (nn.Module) or a pipeline with a .transformer, got {type(model_or_pipe).__name__}")
 
 
 def _read(lora) -> tuple[dict[str, torch.Tensor], dict]:
@@ -121,7 +113,7 @@ def load_lora(model_or_pipe, lora, scale: float = 1.0, adapter_name: str = "defa
     Everything is checked (every targeted module exists and is a linear layer of the LoRA's
     shape; the name is free) before any layer changes. Returns ``model_or_pipe``.
     """
-    _load(_transformer(model_or_pipe), *_read(lora), scale, adapter_name)
+    _load(module_of(model_or_pipe), *_read(lora), scale, adapter_name)
     return model_or_pipe
 
 
@@ -171,7 +163,7 @@ def _factors(model: nn.Module) -> dict[str, dict[str, float]]:
 
 def loras(model_or_pipe) -> list[str]:
     """Names of the LoRAs loaded on the transformer, in load order."""
-    return list(_factors(_transformer(model_or_pipe)))
+    return list(_factors(module_of(model_or_pipe)))
 
 
 def _adapters(model: nn.Module, adapter_name: str | None) -> list[str]:
@@ -184,7 +176,7 @@ def _adapters(model: nn.Module, adapter_name: str | None) -> list[str]:
 
 def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None) -> None:
     """Set the scale of one LoRA (or of all, ``adapter_name=None``); 0 switches it off exactly."""
-    model = _transformer(model_or_pipe)
+    model = module_of(model_or_pipe)
     modules = dict(model.named_modules())
     for adapter in _adapters(model, adapter_name):
         for name, factor in _factors(model)[adapter].items():
@@ -197,7 +189,7 @@ def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None)
 
 def unload_lora(model_or_pipe, adapter_name: str | None = None) -> None:
     """Remove one LoRA (or all, ``adapter_name=None``): the layers compute exactly as before it."""
-    model = _transformer(model_or_pipe)
+    model = module_of(model_or_pipe)
     modules = dict(model.named_modules())
     for adapter in _adapters(model, adapter_name):
         for name in _factors(model).pop(adapter):

@@ -95,7 +95,8 @@ class StreamedConversion:
         source_bytes: bytes of the source weights (the safetensors shards).
         checkpoint_bytes: bytes of the checkpoint written.
         seconds: wall time of the whole conversion.
-        part_seconds: ``{part: seconds}``: ``"outside blocks"`` and each block's module name.
+        part_seconds: ``{part: seconds}``: ``"calibration runs"`` (GPTQ presets), ``"outside
+            blocks"`` and each block's module name.
     """
 
     path: Path
@@ -166,8 +167,8 @@ def _check_layout(folder: Path, model: nn.Module, shards: SafetensorsFolder) -> 
 class _Streamed:
     """The model on the meta device and its shards: parts materialized on demand."""
 
-    def __init__(self, folder: Path, shards: SafetensorsFolder, net: nn.Module, dtype: torch.dtype | None):
-        self.folder, self.shards, self.net, self.dtype = folder, shards, net, dtype
+    def __init__(self, shards: SafetensorsFolder, net: nn.Module, dtype: torch.dtype | None):
+        self.shards, self.net, self.dtype = shards, net, dtype
 
     def load(self, keys: list[str]) -> None:
         _materialize(self.net, self.shards.read(keys), self.dtype)
@@ -298,7 +299,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     names = _check_layout(folder, net, shards)
     plan = plan_layers(net, config.weights) if config.weights is not None else {}
     parts = _parts(net, names, plan)
-    streamed = _Streamed(folder, shards, net, torch_dtype)
+    streamed = _Streamed(shards, net, torch_dtype)
     start, seconds = time.perf_counter(), {}
     with checkpoint.CheckpointWriter(output, type(net).__name__) as writer:
         kept, outside_stats = None, {}
