@@ -201,15 +201,25 @@ def test_atomic_save(tmp_path, monkeypatch):
     path = sixbit.save(model, tmp_path / "m.safetensors")
     before = path.read_bytes()
 
-    def half_write(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"partial")
+    def half_copy(src, dst, length=0):
+        dst.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr("sixbit._io.save_file", half_write)
+    monkeypatch.setattr("sixbit._io.shutil.copyfileobj", half_copy)
     with pytest.raises(OSError, match="disk full"):
         sixbit.save(model, path)
     assert path.read_bytes() == before  # the old file is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]  # no temporary left
     with pytest.raises(ValueError, match=".safetensors"):
         sixbit.save(model, tmp_path / "m.pt")
+
+
+@pytest.mark.parametrize("fmt", sixbit.formats.available())
+def test_expected_layout_of_every_format_matches_a_full_quantization(fmt):
+    """Loading checks each packed tensor against a layout extrapolated from 1–3 rows (a full
+    zero weight of a 14B model's layer would cost gigabytes): it must be the real one."""
+    from sixbit.checkpoint import _expected_layout
+
+    for out_features, in_features in ((5, 256), (48, 512), (33, 768)):
+        real = sixbit.formats.get(fmt).quantize(torch.zeros(out_features, in_features)).tensors()
+        assert _expected_layout(fmt, out_features, in_features) == {k: (tuple(v.shape), v.dtype) for k, v in real.items()}

@@ -16,11 +16,13 @@ from .calibration import CalibrationData, calibrate  # noqa: E402
 from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
 from .convert import Conversion, conversion_of, convert_model  # noqa: E402
+from .lora import load_lora, loras, set_lora_scale, unload_lora  # noqa: E402
 from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
 from .methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq  # noqa: E402
 from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info  # noqa: E402
 from .nn import ActMode, QuantLinear, debug_checks  # noqa: E402
 from .presets import PRESETS, ConvertConfig  # noqa: E402
+from .pretrained import StreamedConversion, convert_pretrained, load_pretrained  # noqa: E402
 from .runtime import track_steps  # noqa: E402
 
 __all__ = [
@@ -35,23 +37,30 @@ __all__ = [
     "QuantLinear",
     "Role",
     "StaticW8A8Config",
+    "StreamedConversion",
     "__version__",
     "apply_dmpq",
     "apply_static_w8a8",
     "calibrate",
     "conversion_of",
     "convert_model",
+    "convert_pretrained",
     "debug_checks",
     "disable_delta_cache",
     "enable_delta_cache",
     "fit_dmpq",
     "formats",
     "load",
+    "load_lora",
+    "load_pretrained",
+    "loras",
     "quantize",
     "range_parameters",
     "read_header",
     "save",
+    "set_lora_scale",
     "static_w8a8_info",
     "summary",
     "track_steps",
+    "unload_lora",
 ]

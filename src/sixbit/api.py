@@ -33,7 +33,7 @@ def _hadamard_block(limit: int | None, in_features: int) -> int | None:
     return max(fits) if fits else None
 
 
-def _plan(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None, str]]:
+def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None, str]]:
     """``{layer name: (format, hadamard block, role)}`` for every linear to quantize."""
     spec = spec_for(model)
     blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
@@ -96,7 +96,7 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
     config = config or QuantConfig()
     if not isinstance(config, QuantConfig):
         raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
-    plan = _plan(model, config)
+    plan = plan_layers(model, config)
     quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
     logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)
     return model

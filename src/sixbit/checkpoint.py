@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from . import __version__, formats
-from ._io import read_safetensors, save_safetensors_atomic
+from ._io import SafetensorsWriter, read_safetensors, tensor_bytes
 from .nn import QuantLinear
 
 FORMAT_VERSION = 1
@@ -68,17 +68,25 @@ def extensions() -> dict[str, CheckpointExtension]:
     return {ext.name: ext for ext in (static_w8a8, conversion)}
 
 
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
+def _digest(items) -> str:
+    """sha256 over every tensor's name, dtype and bytes, in name order.
+
+    ``items``: ``(name, dtype, chunks of bytes)`` sorted by name (a streamed checkpoint reads its
+    tensors back from disk in pieces; an in-memory one passes each tensor whole)."""
     h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous().reshape(-1)
+    for name, dtype, chunks in items:
         h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
+        h.update(str(dtype).encode())
+        for chunk in chunks:
+            h.update(chunk)
     return h.hexdigest()
 
 
-def _module_of(model) -> nn.Module:
+def _digest_of(tensors: dict[str, torch.Tensor]) -> str:
+    return _digest((name, tensors[name].dtype, (tensor_bytes(tensors[name]),)) for name in sorted(tensors))
+
+
+def module_of(model) -> nn.Module:
     """The transformer of a pipeline, or ``model`` itself."""
     if isinstance(model, nn.Module):
         return model
@@ -86,6 +94,53 @@ def _module_of(model) -> nn.Module:
     if isinstance(transformer, nn.Module):
         return transformer
     raise ValueError(f"expected a model (nn.Module) or a pipeline with a .transformer, got {type(model).__name__}")
+
+
+class CheckpointWriter:
+    """Write a checkpoint one module at a time: :func:`save` writes a whole model through it,
+    :func:`sixbit.convert_pretrained` one transformer block after another, so only the block
+    being written is in memory. Atomic: nothing appears at ``path`` unless :meth:`finish` succeeds.
+    """
+
+    def __init__(self, path: str | os.PathLike, model_class: str):
+        self.model_class = model_class
+        self.layers: dict[str, dict] = {}
+        self._writer = SafetensorsWriter(path)
+
+    def __enter__(self) -> "CheckpointWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._writer.__exit__(*exc)
+
+    def add(self, module: nn.Module, prefix: str = "", keys=None) -> None:
+        """Write ``module``'s state under ``prefix`` (only ``keys`` of it, if given) and record its
+        quantized layers."""
+        for name, t in module.state_dict(prefix=prefix).items():
+            if keys is None or name in keys:
+                self._writer.add(name, t)
+        for name, m in module.named_modules(prefix=prefix.rstrip(".")):
+            if isinstance(m, QuantLinear):
+                self.layers[name] = m.config()
+
+    def finish(self, stored: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> Path:
+        """Add the runtime methods' state (``{extension: (meta, tensors)}``), the header and the
+        checksum; move the file into place."""
+        for name, (_, extra) in stored.items():
+            for key, t in extra.items():
+                self._writer.add(f"{name}{_EXT_SEP}{key}", t)
+        entries = self._writer.entries
+        header = {
+            "format": "sixbit",
+            "format_version": FORMAT_VERSION,
+            "sixbit_version": __version__,
+            "model_class": self.model_class,
+            "layers": self.layers,
+            "sha256": _digest((n, entries[n][0], self._writer.chunks(n)) for n in sorted(entries)),
+        }
+        if stored:
+            header["extensions"] = {name: meta for name, (meta, _) in stored.items()}
+        return self._writer.finish({_META_KEY: json.dumps(header)})
 
 
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
@@ -101,34 +156,15 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         >>> p.suffix
         '.safetensors'
     """
-    model = _module_of(model)
-    tensors, seen = {}, set()
-    for name, t in model.state_dict().items():
-        t = t.detach().contiguous()
-        if t.numel() and t.data_ptr() in seen:  # safetensors refuses shared storage
-            t = t.clone()
-        seen.add(t.data_ptr())
-        tensors[name] = t.cpu()
+    model = module_of(model)
     stored = {}
     for name, ext in extensions().items():
         payload = ext.export(model)
-        if payload is None:
-            continue
-        meta, extra = payload
-        stored[name] = meta
-        for key, t in extra.items():
-            tensors[f"{name}{_EXT_SEP}{key}"] = t.detach().contiguous().cpu().clone()
-    header = {
-        "format": "sixbit",
-        "format_version": FORMAT_VERSION,
-        "sixbit_version": __version__,
-        "model_class": type(model).__name__,
-        "layers": {n: m.config() for n, m in model.named_modules() if isinstance(m, QuantLinear)},
-        "sha256": _digest(tensors),
-    }
-    if stored:
-        header["extensions"] = stored
-    return save_safetensors_atomic(tensors, path, {_META_KEY: json.dumps(header)})
+        if payload is not None:
+            stored[name] = payload
+    with CheckpointWriter(path, type(model).__name__) as writer:
+        writer.add(model)
+        return writer.finish(stored)
 
 
 def read_header(path: str | os.PathLike) -> dict:
@@ -150,7 +186,7 @@ def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             f"{str(path)!r} has checkpoint format version {version!r}; this sixbit "
             f"({__version__}) reads version {FORMAT_VERSION}: upgrade sixbit or re-save the model"
         )
-    if _digest(tensors) != header.get("sha256"):
+    if _digest_of(tensors) != header.get("sha256"):
         raise ValueError(f"{str(path)!r} is corrupted: its tensors do not match the stored checksum")
     return header, tensors
 
@@ -193,9 +229,23 @@ def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quan
 
 @functools.lru_cache(maxsize=None)
 def _expected_layout(fmt_name: str, out_features: int, in_features: int) -> dict:
-    """(shape, dtype) of each packed tensor, from quantizing a zero weight of that shape."""
-    q = formats.get(fmt_name).quantize(torch.zeros(out_features, in_features))
-    return {k: (tuple(v.shape), v.dtype) for k, v in q.tensors().items()}
+    """(shape, dtype) of each packed tensor of an ``out × in`` weight.
+
+    From zero weights of 1, 2 and 3 rows: every format packs row by row, so each dimension
+    grows linearly with the rows and the full shape follows. (Quantizing a full-size zero
+    weight would cost several times the layer's fp32 size in temporaries: gigabytes for a
+    14B model's feed-forward layers, at load, where memory should be the checkpoint's.)"""
+    fmt = formats.get(fmt_name)
+    rows = [{k: (tuple(v.shape), v.dtype) for k, v in fmt.quantize(torch.zeros(r, in_features)).tensors().items()}
+            for r in (1, 2, 3)]
+    layout = {}
+    for key, (shape, dtype) in rows[0].items():
+        step = [b - a for a, b in zip(shape, rows[1][key][0])]
+        if [a + 2 * d for a, d in zip(shape, step)] != list(rows[2][key][0]):  # not row-linear: measure it
+            full = fmt.quantize(torch.zeros(out_features, in_features)).tensors()
+            return {k: (tuple(v.shape), v.dtype) for k, v in full.items()}
+        layout[key] = (tuple(a + (out_features - 1) * d for a, d in zip(shape, step)), dtype)
+    return layout
 
 
 def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
@@ -216,7 +266,7 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         >>> sixbit.load("6bit_model.safetensors", pipe)   # doctest: +SKIP
     """
     target = model
-    model = _module_of(model)
+    model = module_of(model)
     path = Path(path)
     header, tensors = _open(path)
     stored, ext_tensors = _extension_parts(path, header, tensors)
@@ -281,10 +331,13 @@ def _check_remaining(path: Path, model: nn.Module, new_layers: dict, tensors) ->
     own = {k: v for k, v in tensors.items() if k.rsplit(".", 1)[0] not in new_layers}
     problems = [f"missing {k}" for k in sorted(set(expected) - set(own))]
     problems += [f"unexpected {k}" for k in sorted(set(own) - set(expected))]
+    # a model built on the meta device takes the file's dtypes (an empty model is fp32 whatever
+    # dtype its checkpoint was converted from); a materialized one must match them
     problems += [
         f"{k}: file {tuple(v.shape)} {v.dtype} vs model {tuple(expected[k].shape)} {expected[k].dtype}"
         for k, v in own.items()
-        if k in expected and (v.shape != expected[k].shape or v.dtype != expected[k].dtype)
+        if k in expected and (v.shape != expected[k].shape
+                              or (v.dtype != expected[k].dtype and expected[k].device.type != "meta"))
     ]
     if problems:
         raise ValueError(f"{str(path)!r} does not fit this model: {problems[:10]}")
@@ -320,4 +373,7 @@ def _swap_in(model: nn.Module, new_layers: dict[str, QuantLinear], own: dict[str
             if k not in on_meta:
                 state[k].copy_(v)
         if on_meta:  # built with empty weights: take the file's tensors as the parameters
-            model.load_state_dict(on_meta, strict=False, assign=True)
+            # Copied out of the file's mapping into ordinary (aligned) memory: a mapped tensor
+            # starts wherever the file puts it, and CPU matmul kernels round differently on
+            # unaligned inputs. The packed weights stay mapped (read when used, never copied).
+            model.load_state_dict({k: v.clone() for k, v in on_meta.items()}, strict=False, assign=True)

@@ -17,7 +17,7 @@ import torch
 from . import checkpoint
 from .api import summary
 from .convert import conversion_of, convert_model
-from .hub import load_pipeline, shapes_arch
+from .hub import SHIPPED, load_pipeline, shapes_arch
 from .presets import PRESETS, resolve
 from .methods.delta_cache import DeltaCacheConfig, enable_delta_cache
 
@@ -54,11 +54,27 @@ def _call_kwargs(args) -> dict:
     return kw
 
 
+def _streamable(args, config) -> bool:
+    """A local model folder converted with a calibration-free preset streams block by block."""
+    return (not config.needs_calibration and not args.stabilize_frames and Path(args.model).is_dir()
+            and args.model not in SHIPPED and args.calib is None)
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     config = resolve(args.config)
     output = Path(args.output)
     if output.suffix != ".safetensors":
         raise ValueError(f"-o {args.output!r}: the output must be a .safetensors file")
+    if _streamable(args, config):
+        from .pretrained import convert_pretrained
+
+        print(f"streaming {args.model} block by block with {args.config!r}: {config.description}")
+        result = convert_pretrained(args.model, config, output)
+        print(f"converted in {result.seconds:.1f} s ({max(result.part_seconds.values()):.1f} s for the slowest part)")
+        print(f"source weights {result.source_bytes / 2**20:.1f} MiB -> checkpoint {result.checkpoint_bytes / 2**20:.1f} MiB "
+              f"({result.source_bytes / result.checkpoint_bytes:.2f}x)")
+        print(f"wrote {result.path}")
+        return 0
     pipe = load_pipeline(args.model, progress_bar=True)
     calib = _calibration(args, pipe) if config.needs_calibration else None
     if config.dmpq is not None and config.dmpq.error_at == "video" and isinstance(calib, list):  # not a video folder
@@ -79,10 +95,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _prepare(args):
-    """Load the pipeline, then the quantized checkpoint / cache / memory options the flags ask for."""
-    pipe = load_pipeline(args.model, progress_bar=True)
-    if args.quantized:
-        checkpoint.load(args.quantized, pipe)
+    """Load the pipeline, then the quantized checkpoint / cache / memory options the flags ask for.
+
+    A checkpoint for a local pipeline folder is loaded onto a meta-device transformer
+    (:func:`sixbit.load_pretrained`): the folder's full-precision transformer weights are never read."""
+    if args.quantized and Path(args.model).is_dir():
+        from .pretrained import load_pretrained
+
+        pipe = load_pipeline(args.model, progress_bar=True, transformer=load_pretrained(args.quantized, args.model))
+    else:
+        pipe = load_pipeline(args.model, progress_bar=True)
+        if args.quantized:
+            checkpoint.load(args.quantized, pipe)
     if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
         t = args.cache_threshold
         enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
@@ -217,7 +241,10 @@ def register(sub) -> None:
     """Add convert, generate, eval and info to the ``sixbit`` sub-command parser."""
     model_help = "shapes-cogvideox, shapes-wan, a save_pretrained folder or a Hugging Face Hub id"
     p = sub.add_parser("convert", help="convert a model with a preset or JSON config and save it",
-                       description="Quantize and calibrate a diffusers video model, then save the converted transformer.")
+                       description="Quantize and calibrate a diffusers video model, then save the converted transformer. "
+                       "A local model or pipeline folder with a calibration-free preset (w8a8, w4a8-rtn, ...) is converted "
+                       "block by block straight from its safetensors shards: memory stays near one block, whatever the "
+                       "model's size.")
     p.add_argument("--model", required=True, help=model_help)
     p.add_argument("--config", default="balanced", help=f"preset ({', '.join(PRESETS)}) or a .json file (default balanced)")
     p.add_argument("--calib", help="calibration: a text file with one prompt per line or a folder of videos "

@@ -91,6 +91,9 @@ class QuantConfig:
         lowrank_bits: instead of a fixed rank, each layer's rank is the largest whose branch
             costs at most this many bits per weight (0.5 → r = 30 at 1920×1920, r = 3 at
             192×192). Default 0 (off); exclusive with ``lowrank_rank``.
+        lowrank_max_rank: with ``lowrank_bits``, the largest rank any layer gets (0: no cap,
+            default). The bits rule alone grows the rank with the width (r = 80 at 5120); a cap
+            keeps the branch's share of the bytes shrinking on big models instead.
         lowrank_iterations: alternating refinements of the branch against the quantized
             residual (default 2).
         smooth_alpha: ``None`` (default) or α in (0, 1): before the low-rank split, smooth each
@@ -120,6 +123,7 @@ class QuantConfig:
     gptq_damp: float = 0.01
     lowrank_rank: int = 0
     lowrank_bits: float = 0.0
+    lowrank_max_rank: int = 0
     lowrank_iterations: int = 2
     smooth_alpha: float | None = None
 
@@ -153,7 +157,7 @@ class QuantConfig:
             problems.append(f"gptq must be true or false, got {self.gptq!r}")
         if isinstance(self.gptq_damp, bool) or not isinstance(self.gptq_damp, (int, float)) or not 0 < self.gptq_damp < 1:
             problems.append(f"gptq_damp must be a number in (0, 1), got {self.gptq_damp!r}")
-        for field in ("lowrank_rank", "lowrank_iterations"):
+        for field in ("lowrank_rank", "lowrank_max_rank", "lowrank_iterations"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 problems.append(f"{field} must be an integer ≥ 0, got {value!r}")
@@ -179,6 +183,8 @@ class QuantConfig:
         """The branch rank of an ``in_features → out_features`` 4-bit layer (0: no branch)."""
         k, n = in_features, out_features
         rank = self.lowrank_rank or int(self.lowrank_bits * k * n // (16 * (k + n)))
+        if self.lowrank_bits and self.lowrank_max_rank:
+            rank = min(rank, self.lowrank_max_rank)
         return rank if rank <= min(k, n) // 2 else 0  # a branch as wide as the layer is no longer low-rank
 
     def format_for(self, role: Role | str) -> str | None:

@@ -24,6 +24,7 @@ from . import checkpoint
 from .api import quantize
 from .calibration import calibrate
 from .calibration.videos import read_videos, video_runner
+from .lora import attach_diffusers_methods
 from .methods.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
 from .methods.dmpq import DMPQ, DMPQPredictor, apply_dmpq, fit_dmpq, remove_dmpq
 from .methods.stabilize import DEFAULT_DEADZONE, FrameStabilizer, apply_stabilizer, remove_stabilizer
@@ -316,6 +317,7 @@ def convert_model(
             logger.exception("could not fully undo the failed conversion of %s", type(transformer).__name__)
         raise
     _attach_save(transformer)
+    attach_diffusers_methods(transformer)
     if pipe is not None and model is pipe:
         _attach_save(pipe)
     return model
@@ -323,8 +325,11 @@ def convert_model(
 
 def _export(model: nn.Module):
     conversion = _CONVERSIONS.get(model)
-    if conversion is None:
-        return None
+    return None if conversion is None else conversion_state(conversion)
+
+
+def conversion_state(conversion: Conversion) -> tuple[dict, dict]:
+    """The checkpoint extension's ``(meta, tensors)`` for ``conversion``."""
     meta = {
         "version": 1,
         "config": conversion.config.to_dict(),
@@ -349,6 +354,7 @@ def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> 
     _remove_methods(model)  # loading into a converted model replaces its methods
     _install(model, config, predictor, deadzone, meta.get("calibration"))
     _attach_save(model)
+    attach_diffusers_methods(model)
 
 
 EXTENSION = checkpoint.CheckpointExtension("conversion", _export, _restore)

@@ -24,8 +24,11 @@ def shapes_arch(pipe) -> str | None:
     return SHAPES_CLASSES.get(type(pipe).__name__)
 
 
-def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: bool = False):
+def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: bool = False, **components):
     """A diffusers pipeline for ``model`` (a shipped name, a ``save_pretrained`` folder or a hub id).
+
+    ``components`` replace the pipeline's own (e.g. ``transformer=`` a converted one, whose
+    full-precision weights are then never read).
 
     Example:
         >>> from sixbit.hub import load_pipeline
@@ -36,7 +39,7 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
     from .zoo import shapes
 
     if model in SHIPPED:
-        return shapes.load_pipeline(SHIPPED[model], torch_dtype=dtype, progress_bar=progress_bar)
+        return shapes.load_pipeline(SHIPPED[model], torch_dtype=dtype, progress_bar=progress_bar, **components)
     path = Path(model)
     if path.exists():
         index = path / "model_index.json"
@@ -47,10 +50,11 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{str(index)!r} is not valid JSON: {e}") from None
         if cls in SHAPES_CLASSES:
-            return shapes.load_pipeline(SHAPES_CLASSES[cls], path=path, torch_dtype=dtype, progress_bar=progress_bar)
+            return shapes.load_pipeline(SHAPES_CLASSES[cls], path=path, torch_dtype=dtype, progress_bar=progress_bar,
+                                        **components)
         from diffusers import DiffusionPipeline
 
-        pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+        pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True, **components)
         pipe.set_progress_bar_config(disable=not progress_bar)
         return pipe
     if model.count("/") != 1 or model.startswith(("/", ".")):
@@ -60,7 +64,7 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
     from diffusers import DiffusionPipeline
 
     try:
-        pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype)
+        pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype, **components)
     except (OSError, ValueError) as e:  # huggingface_hub: OSError/ValueError subclasses, network or missing repo
         raise ValueError(
             f"could not load {model!r} from the Hugging Face Hub ({type(e).__name__}: {str(e).splitlines()[0]}); "

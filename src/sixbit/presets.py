@@ -169,10 +169,14 @@ def _plain_from_dict(cls, data: dict[str, Any]):
 
 # The 4-bit weight recipe of every W4 preset, chosen by bench_weights.py (BENCHMARKS.md,
 # "4-bit weights"): NVFP4 with Hadamard 128, block scales searched by Hessian-weighted MSE, GPTQ
-# (needs calibration), a 16-bit low-rank branch of ≤ 0.5 bit per weight on the compute layers
-# (rank 3–4 at the shipped models' width 192, ~30 at 1920), and the modulation linears in NVFP4,
-# weight-only. Embedding and output layers stay in full precision: NVFP4 there cost 3–5 dB.
-W4_RECIPE: dict[str, Any] = dict(scale_rule="mse", gptq=True, lowrank_bits=0.5, role_formats={"modulation": "nvfp4"})
+# (needs calibration), a 16-bit low-rank branch of ≤ 0.5 bit per weight and rank ≤ 16 on the
+# compute layers (rank 3–4 at the shipped models' width 192; 16 from width ~1000 up, 0.27 bit at
+# 1920, 0.1 bit at 5120), and the modulation linears in NVFP4, weight-only. The rank cap is what
+# brings CogVideoX-2B to the paper's 3.3× fewer bytes than bf16 (uncapped, r = 30: 3.21×);
+# bench_real_size.py measures it. Embedding and output layers stay in full precision: NVFP4
+# there cost 3–7 dB on the shipped models.
+W4_RECIPE: dict[str, Any] = dict(scale_rule="mse", gptq=True, lowrank_bits=0.5, lowrank_max_rank=16,
+                                 role_formats={"modulation": "nvfp4"})
 
 
 def _w4(act: str, **quant) -> dict[str, Any]:
@@ -212,9 +216,12 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "w4a8-rtn": dict(**_w4_rtn("int8"), description="reference: NVFP4 weights rounded to nearest (Hadamard 128, attention and feed-forward only, no calibration), per-token INT8 activations"),
     "w4a4": dict(**_w4("nvfp4"), description="NVFP4 weights (GPTQ, searched scales, low-rank branch) and activations (emulated here)"),
     "w4a16": dict(**_w4("fp"), description="NVFP4 weights only (GPTQ, searched scales, low-rank branch), activations in full precision"),
+    # The modulation linears (weight-only INT8) take CogVideoX-2B from 1.64x to 1.98x fewer bytes
+    # than bf16 (they hold 20 % of its weights); measured on the shipped models at W8A16, 4 pairs:
+    # -0.6 dB (CogVideoX, 52.5 dB), 0.0 dB (Wan). Embedding/output layers in INT8 cost 3-5 dB more.
     "w8a8": dict(
-        weights=QuantConfig(weight_format="int8"), activations="int8",
-        description="INT8 weights (per channel) and activations (per token), real integer GEMM",
+        weights=QuantConfig(weight_format="int8", role_formats={"modulation": "int8"}), activations="int8",
+        description="INT8 weights (per channel; modulation layers weight-only) and activations (per token), real integer GEMM",
     ),
     "tdc": dict(
         weights=None, activations="fp", cache=DeltaCacheConfig(),

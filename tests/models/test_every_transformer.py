@@ -91,8 +91,21 @@ def _steps(config) -> int:
     return 4 if config.activations == "static" else 2
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("cls", CLASSES)
+# Presets whose code paths another preset already runs on every class (the W4 weight recipe:
+# balanced; NVFP4 activations: aggressive; INT8 activations: w8a8, high_quality) run on two
+# architectures only, one joint-attention and one cross-attention: the suite stays under
+# 10 minutes on 2 cores.
+COVERED = {"w4a6-dynamic": "balanced", "w4a8": "w8a8", "w4a4": "aggressive", "w4a16": "balanced"}
+CASES = [(cls, preset) for preset in PRESETS for cls in CLASSES
+         if preset not in COVERED or cls in ("CogVideoXTransformer3DModel", "WanTransformer3DModel")]
+
+
+def test_every_preset_runs_somewhere_and_covered_ones_have_a_runner():
+    assert set(COVERED) < set(PRESETS) and set(COVERED.values()) <= set(PRESETS) - set(COVERED)
+    assert {preset for _, preset in CASES} == set(PRESETS)
+
+
+@pytest.mark.parametrize(("cls", "preset"), CASES)
 def test_convert_sample_save_and_reload(cls, preset, tmp_path):
     if cls in SKIPPED:
         pytest.skip(SKIPPED[cls])

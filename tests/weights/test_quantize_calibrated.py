@@ -153,6 +153,10 @@ def test_config_checks_the_new_fields():
         QuantConfig(lowrank_rank=4, lowrank_bits=0.5)
     cfg = QuantConfig(lowrank_bits=0.5)
     assert cfg.lowrank_rank_for(1920, 1920) == 30 and cfg.lowrank_rank_for(192, 192) == 3
+    capped = QuantConfig(lowrank_bits=0.5, lowrank_max_rank=16)  # the W4 presets' rule
+    assert capped.lowrank_rank_for(1920, 1920) == 16 and capped.lowrank_rank_for(192, 192) == 3
+    with pytest.raises(ValueError, match="lowrank_max_rank"):
+        QuantConfig(lowrank_bits=0.5, lowrank_max_rank=-2)
     assert QuantConfig(lowrank_rank=20).lowrank_rank_for(32, 32) == 0  # wider than half the layer: none
     assert QuantConfig(gptq=True).needs_calibration and not QuantConfig(scale_rule="mse").needs_calibration
 

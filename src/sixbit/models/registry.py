@@ -47,6 +47,15 @@ class BlockIO:
             key = _positional_index(block, key)
         return args[key] if key is not None and key < len(args) else None
 
+    def with_input(self, block: nn.Module, args: tuple, kwargs: dict, value, stream: str = "hidden") -> tuple[tuple, dict]:
+        """``(args, kwargs)`` of a call ``block(*args, **kwargs)`` with its ``stream`` input replaced."""
+        key = self.hidden if stream == "hidden" else self.encoder
+        if isinstance(key, str):
+            if key in kwargs or _positional_index(block, key) is None or _positional_index(block, key) >= len(args):
+                return args, {**kwargs, key: value}
+            key = _positional_index(block, key)
+        return (*args[:key], value, *args[key + 1:]), kwargs
+
     def stream_output(self, output, stream: str = "hidden"):
         """The ``stream`` output of a block call (``None`` if the block does not return it)."""
         if stream not in self.returns:

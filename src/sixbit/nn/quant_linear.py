@@ -137,6 +137,7 @@ class QuantLinear(nn.Module):
         self.act_mode = act_mode
         self.cache_converted = cache_converted
         self._converted: dict[str, Quantized] = {}
+        self._loras: dict[str, float] = {}  # adapter name → scale; factors in buffers lora_<name>_down/_up
 
     @classmethod
     def from_linear(
@@ -233,6 +234,41 @@ class QuantLinear(nn.Module):
         (``cache_converted=True``); 0 otherwise."""
         return sum(q.nbytes for q in self._converted.values())
 
+    # ---------------------------------------------------------------- LoRA adapters
+
+    def add_lora(self, name: str, down: torch.Tensor, up: torch.Tensor, scale: float = 1.0) -> None:
+        """Add a LoRA as a 16-bit side branch: ``y += scale · up · (down · x)`` on the layer's
+        original input (not rotated or divided). ``down``: ``(r, in)``, ``up``: ``(out, r)``.
+        Its factors are non-persistent buffers: they follow ``.to()`` and are counted in
+        ``summary()``, but checkpoints never hold them (load the LoRA file again)."""
+        if name in self._loras:
+            raise ValueError(f"this layer already has a LoRA called {name!r}: unload it first")
+        r = down.shape[0]
+        if down.dim() != 2 or up.dim() != 2 or down.shape[1] != self.in_features or up.shape != (self.out_features, r):
+            raise ValueError(f"a LoRA for this {self.in_features}→{self.out_features} layer needs down (r, {self.in_features}) "
+                             f"and up ({self.out_features}, r), got {tuple(down.shape)} and {tuple(up.shape)}")
+        self.register_buffer(f"lora_{name}_down", down.detach().to(torch.float16).clone(), persistent=False)
+        self.register_buffer(f"lora_{name}_up", up.detach().to(torch.float16).clone(), persistent=False)
+        self._loras[name] = float(scale)
+
+    def set_lora_scale(self, name: str, scale: float) -> None:
+        """Change a LoRA's scale (0 switches it off: the layer then computes exactly as without it)."""
+        if name not in self._loras:
+            raise ValueError(f"no LoRA called {name!r} on this layer (it has {sorted(self._loras)})")
+        self._loras[name] = float(scale)
+
+    def remove_lora(self, name: str) -> None:
+        """Remove a LoRA and free its factors."""
+        if self._loras.pop(name, None) is None:
+            raise ValueError(f"no LoRA called {name!r} on this layer (it has {sorted(self._loras)})")
+        delattr(self, f"lora_{name}_down")
+        delattr(self, f"lora_{name}_up")
+
+    @property
+    def loras(self) -> dict[str, float]:
+        """The LoRAs on this layer: ``{name: scale}``."""
+        return dict(self._loras)
+
     def config(self) -> dict[str, Any]:
         """JSON-serialisable description used by checkpoints."""
         return {
@@ -318,6 +354,11 @@ class QuantLinear(nn.Module):
         if self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
             xb = x2 if divided or self.input_divisor is None else x2 / self.input_divisor.to(x2.dtype)
             y = y + F.linear(F.linear(xb, self.lowrank_down.to(xb.dtype)), self.lowrank_up.to(xb.dtype))
+        for name, scale in self._loras.items():
+            if scale:  # a LoRA at scale 0 adds nothing, not even rounding
+                down, up = getattr(self, f"lora_{name}_down"), getattr(self, f"lora_{name}_up")
+                xo = x.reshape(-1, self.in_features).to(y.dtype)
+                y = y + scale * F.linear(F.linear(xo, down.to(y.dtype)), up.to(y.dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)

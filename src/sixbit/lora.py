@@ -1,0 +1,236 @@
+"""LoRAs on converted models: each adapter becomes a 16-bit low-rank side branch of the layers it
+targets, beside the packed weight (never merged into it: re-quantizing would lose the LoRA's
+small update in the 4-bit rounding, and scale changes would need the original weights).
+
+:func:`load_lora` reads a LoRA file in diffusers / PEFT layout (``<module>.lora_A.weight`` and
+``<module>.lora_B.weight``, optionally prefixed with ``transformer.``; the scale ``alpha / r``
+from PEFT's ``lora_adapter_metadata`` or per-module ``.alpha`` entries, else 1). Quantized layers
+(:class:`~sixbit.nn.QuantLinear`) carry the branch themselves; full-precision ``nn.Linear``
+layers a LoRA also targets get it through a forward hook. Several adapters may be loaded at
+once, each with its own scale (:func:`set_lora_scale`; 0 switches one off exactly) and
+removed again (:func:`unload_lora`).
+
+diffusers' own entry points work on a converted transformer and go through here:
+``pipe.load_lora_weights(...)`` / ``transformer.load_lora_adapter(...)``,
+``pipe.set_adapters(names, weights)`` and ``pipe.unload_lora_weights()``.
+
+Example:
+    >>> sixbit.load_lora(pipe, "my_lora.safetensors", scale=0.8)          # doctest: +SKIP
+    >>> sixbit.set_lora_scale(pipe, 0.0)                                   # doctest: +SKIP
+    >>> sixbit.unload_lora(pipe)                                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import types
+import weakref
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ._io import read_safetensors
+from .checkpoint import module_of
+from .nn import QuantLinear
+
+_KEY = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.lora_(?P<part>A|B)(?:\.[\w-]+)?\.weight")
+_ALPHA = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.alpha")
+
+# full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}} and one hook each
+_LINEAR: "weakref.WeakKeyDictionary[nn.Linear, dict[str, list]]" = weakref.WeakKeyDictionary()
+_HOOKS: "weakref.WeakKeyDictionary[nn.Linear, object]" = weakref.WeakKeyDictionary()
+
+
+def _read(lora) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, PEFT adapter metadata or {}) of a LoRA file or state dict."""
+    if isinstance(lora, (str, os.PathLike)):
+        metadata, tensors = read_safetensors(lora, "LoRA file")
+        try:
+            meta = json.loads(metadata.get("lora_adapter_metadata", "{}"))
+        except json.JSONDecodeError:
+            raise ValueError(f"{str(lora)!r} has a corrupted lora_adapter_metadata entry (not JSON)") from None
+        return tensors, _own_metadata(meta)
+    if isinstance(lora, dict) and all(isinstance(v, torch.Tensor) for v in lora.values()):
+        return dict(lora), {}
+    raise ValueError(f"a LoRA is a .safetensors file or a state dict of tensors, got {type(lora).__name__}")
+
+
+def _own_metadata(meta: dict, prefix: str = "transformer") -> dict:
+    """The transformer's PEFT config: a pipeline's LoRA file prefixes each key with its component
+    (``transformer.lora_alpha``), as diffusers' ``save_lora_weights`` writes it."""
+    if any(k.startswith(f"{prefix}.") for k in meta):
+        return {k.removeprefix(f"{prefix}."): v for k, v in meta.items() if k.startswith(f"{prefix}.")}
+    return meta
+
+
+def _pairs(tensors: dict[str, torch.Tensor], meta: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+    """``{module: (down, up, alpha/r)}`` from a LoRA state dict (see the module doc)."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    alphas: dict[str, float] = {}
+    unknown = []
+    for key, t in tensors.items():
+        m = _KEY.fullmatch(key)
+        if m:
+            parts.setdefault(m["module"], {})[m["part"]] = t
+            continue
+        m = _ALPHA.fullmatch(key)
+        if m:
+            alphas[m["module"]] = float(t)
+            continue
+        unknown.append(key)
+    if unknown or not parts:
+        raise ValueError(
+            f"not a LoRA in diffusers / PEFT layout (<module>.lora_A.weight, <module>.lora_B.weight): "
+            f"{'no such keys' if not parts else f'unexpected keys {unknown[:3]}'}; convert other layouts (kohya "
+            "lora_down/lora_up) with diffusers' pipe.lora_state_dict first"
+        )
+    half = [m for m, p in parts.items() if set(p) != {"A", "B"}]
+    if half:
+        raise ValueError(f"LoRA modules {half[:3]} lack their lora_A or lora_B weight: is the file complete?")
+    out = {}
+    for module, p in parts.items():
+        down, up = p["A"], p["B"]
+        rank = down.shape[0]
+        alpha = alphas.get(module, meta.get("alpha_pattern", {}).get(module, meta.get("lora_alpha", rank)))
+        rank_of = meta.get("rank_pattern", {}).get(module, meta.get("r", rank))
+        out[module] = (down, up, float(alpha) / float(rank_of))
+    return out
+
+
+def load_lora(model_or_pipe, lora, scale: float = 1.0, adapter_name: str = "default"):
+    """Load a LoRA onto a (converted) transformer as 16-bit side branches.
+
+    Args:
+        model_or_pipe: the transformer or its pipeline.
+        lora: a ``.safetensors`` file or a state dict in diffusers / PEFT layout.
+        scale: multiplies the LoRA's own ``alpha / r`` (default 1.0; 0 loads it switched off).
+        adapter_name: its name, for :func:`set_lora_scale` / :func:`unload_lora` (default
+            ``"default"``); loading a second adapter under another name stacks them.
+
+    Everything is checked (every targeted module exists and is a linear layer of the LoRA's
+    shape; the name is free) before any layer changes. Returns ``model_or_pipe``.
+    """
+    _load(module_of(model_or_pipe), *_read(lora), scale, adapter_name)
+    return model_or_pipe
+
+
+def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale: float, adapter_name: str) -> None:
+    if not isinstance(adapter_name, str) or not adapter_name.isidentifier():
+        raise ValueError(f"adapter_name must be a Python identifier, got {adapter_name!r}")
+    if adapter_name in loras(model):
+        raise ValueError(f"a LoRA called {adapter_name!r} is already loaded: unload it or choose another adapter_name")
+    pairs = _pairs(tensors, meta)
+    modules = dict(model.named_modules())
+    problems = []
+    for name, (down, up, _) in pairs.items():
+        layer = modules.get(name)
+        if not isinstance(layer, (nn.Linear, QuantLinear)):
+            problems.append(f"{name}: {'not in the model' if layer is None else type(layer).__name__ + ', not a linear layer'}")
+        elif down.dim() != 2 or up.dim() != 2 or down.shape[1] != layer.in_features or up.shape != (layer.out_features, down.shape[0]):
+            problems.append(f"{name}: LoRA {tuple(down.shape)}/{tuple(up.shape)} vs layer {layer.in_features}→{layer.out_features}")
+    if problems:
+        raise ValueError(f"this LoRA does not fit {type(model).__name__}: {problems[:5]} (was it made for another model?)")
+    for name, (down, up, factor) in pairs.items():
+        layer = modules[name]
+        if isinstance(layer, QuantLinear):
+            layer.add_lora(adapter_name, down, up, scale * factor)
+        else:
+            _LINEAR.setdefault(layer, {})[adapter_name] = [down.detach().to(torch.float16).clone(),
+                                                           up.detach().to(torch.float16).clone(), scale * factor]
+            if layer not in _HOOKS:
+                _HOOKS[layer] = layer.register_forward_hook(_linear_hook)
+    _factors(model)[adapter_name] = {n: f for n, (_, _, f) in pairs.items()}
+
+
+def _linear_hook(module: nn.Linear, args, output):
+    x = args[0]
+    for down, up, scale in _LINEAR.get(module, {}).values():
+        if scale:
+            output = output + scale * F.linear(F.linear(x, down.to(x.dtype)), up.to(x.dtype))
+    return output
+
+
+_FACTORS: "weakref.WeakKeyDictionary[nn.Module, dict[str, dict[str, float]]]" = weakref.WeakKeyDictionary()
+
+
+def _factors(model: nn.Module) -> dict[str, dict[str, float]]:
+    """``{adapter: {module: alpha/r}}`` of the LoRAs loaded on ``model``."""
+    return _FACTORS.setdefault(model, {})
+
+
+def loras(model_or_pipe) -> list[str]:
+    """Names of the LoRAs loaded on the transformer, in load order."""
+    return list(_factors(module_of(model_or_pipe)))
+
+
+def _adapters(model: nn.Module, adapter_name: str | None) -> list[str]:
+    names = loras(model) if adapter_name is None else [adapter_name]
+    missing = [n for n in names if n not in _factors(model)]
+    if missing:
+        raise ValueError(f"no LoRA called {missing[0]!r} is loaded (loaded: {loras(model)})")
+    return names
+
+
+def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None) -> None:
+    """Set the scale of one LoRA (or of all, ``adapter_name=None``); 0 switches it off exactly."""
+    model = module_of(model_or_pipe)
+    modules = dict(model.named_modules())
+    for adapter in _adapters(model, adapter_name):
+        for name, factor in _factors(model)[adapter].items():
+            layer = modules[name]
+            if isinstance(layer, QuantLinear):
+                layer.set_lora_scale(adapter, scale * factor)
+            else:
+                _LINEAR[layer][adapter][2] = scale * factor
+
+
+def unload_lora(model_or_pipe, adapter_name: str | None = None) -> None:
+    """Remove one LoRA (or all, ``adapter_name=None``): the layers compute exactly as before it."""
+    model = module_of(model_or_pipe)
+    modules = dict(model.named_modules())
+    for adapter in _adapters(model, adapter_name):
+        for name in _factors(model).pop(adapter):
+            layer = modules[name]
+            if isinstance(layer, QuantLinear):
+                layer.remove_lora(adapter)
+                continue
+            del _LINEAR[layer][adapter]
+            if not _LINEAR[layer]:
+                del _LINEAR[layer]
+                _HOOKS.pop(layer).remove()
+
+
+def attach_diffusers_methods(model: nn.Module) -> None:
+    """Route diffusers' LoRA entry points on a converted transformer through this module
+    (PEFT cannot wrap a ``QuantLinear``): ``load_lora_adapter`` (which ``pipe.load_lora_weights``
+    calls), ``set_adapters`` and ``unload_lora`` (``pipe.unload_lora_weights``)."""
+
+    def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="transformer", adapter_name=None,
+                          metadata=None, network_alphas=None, weight_name=None, **kwargs):
+        source = pretrained_model_name_or_path_or_dict
+        if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):  # diffusers' folder + weight_name
+            source = os.path.join(source, weight_name or "pytorch_lora_weights.safetensors")
+        tensors, meta = _read(source)
+        alphas = {f"{k}": torch.tensor(float(v)) for k, v in (network_alphas or {}).items()}
+        tensors = {**tensors, **alphas}
+        if prefix and any(k.startswith(f"{prefix}.") for k in tensors):
+            tensors = {k.removeprefix(f"{prefix}."): v for k, v in tensors.items() if k.startswith(f"{prefix}.")}
+        meta = _own_metadata(metadata, prefix) if metadata else meta
+        _load(self, tensors, meta, 1.0, adapter_name or f"default_{len(loras(self))}")
+
+    def set_adapters(self, adapter_names, weights=None):
+        names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
+        if weights is None or isinstance(weights, (int, float)):
+            weights = [1.0 if weights is None else float(weights)] * len(names)
+        for name in loras(self):  # diffusers: the adapters not named are switched off
+            set_lora_scale(self, weights[names.index(name)] if name in names else 0.0, name)
+
+    def unload_all(self):
+        if loras(self):
+            unload_lora(self)
+
+    for attr, fn in (("load_lora_adapter", load_lora_adapter), ("set_adapters", set_adapters), ("unload_lora", unload_all)):
+        setattr(model, attr, types.MethodType(fn, model))

@@ -1,0 +1,357 @@
+"""Real-size models from their files: conversion streamed block by block from a diffusers model
+folder, and loading a checkpoint into a model that never holds full-precision weights.
+
+:func:`convert_pretrained` builds the transformer on the meta device from its ``config.json``,
+then, for the layers outside the blocks and for each block in turn, maps that part's tensors
+from the safetensors shards, quantizes its linears, appends the result to the checkpoint and
+frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
+the model's size (a 28 GB Wan2.1-14B converts on a 24 GB machine). The checkpoint is the one
+:func:`sixbit.save` writes, moved into place atomically at the end.
+
+**Calibrated weights (GPTQ: ``"w4a8"``, ``"w4a4"``, ``"w4a16"``, ``"aggressive"``).** The
+calibration generations run once on the full-precision model streamed from disk (each block
+mapped from the shards just before it computes and freed after), and every call's inputs to
+the first block are kept in memory. Then block by block: the block's input Hessians are
+recorded by replaying the kept calls, its layers are quantized (GPTQ), and the *quantized*
+block's outputs become the next block's kept inputs — so, as in the in-memory conversion,
+GPTQ sees the error the blocks before it pass on (here along the full-precision sampling
+trajectory; the in-memory conversion re-runs the whole generation per block instead, which a
+model larger than memory cannot afford). Kept inputs cost ``calls × tokens × width`` floats:
+calibrate with few, short generations. Presets that fit runtime methods on generations of the
+converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
+
+:func:`load_pretrained` builds the model on the meta device and loads a checkpoint into it:
+the packed weights map the file (read when used), and no full-precision copy of a quantized
+layer is ever made, so peak memory is about the checkpoint's size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import gc
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import checkpoint
+from ._io import SafetensorsFolder
+from .api import plan_layers
+from .calibration import hessians
+from .convert import Conversion, conversion_state
+from .models import block_index_of, iter_blocks, spec_for
+from .presets import resolve
+from .weights.sequential import build
+
+logger = logging.getLogger(__name__)
+
+
+def model_folder(path: str | os.PathLike) -> Path:
+    """The transformer's folder in ``path``: a diffusers model folder (``config.json`` and
+    safetensors weights) or a pipeline folder with a ``transformer/`` subfolder."""
+    path = Path(path)
+    for folder in (path / "transformer", path):
+        if (folder / "config.json").is_file():
+            return folder
+    raise ValueError(
+        f"{str(path)!r} is neither a diffusers model folder (config.json + *.safetensors) nor a pipeline "
+        "folder with a transformer/ subfolder: write one with save_pretrained"
+    )
+
+
+def empty_model(path: str | os.PathLike) -> nn.Module:
+    """The transformer of ``path`` (see :func:`model_folder`) built on the meta device from its
+    ``config.json``: no weights are read or allocated (buffers computed at construction, such as
+    positional tables, are real)."""
+    import accelerate
+    import diffusers
+
+    folder = model_folder(path)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{str(folder / 'config.json')!r} is not valid JSON: {e}") from None
+    name = config.get("_class_name")
+    cls = getattr(diffusers, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "from_config")):
+        raise ValueError(f"{str(folder / 'config.json')!r} names class {name!r}, which is not a diffusers model class")
+    with accelerate.init_empty_weights():
+        return cls.from_config(config)
+
+
+@dataclasses.dataclass
+class StreamedConversion:
+    """What :func:`convert_pretrained` did.
+
+    Attributes:
+        path: the checkpoint written.
+        model_class: the transformer's class name.
+        source_bytes: bytes of the source weights (the safetensors shards).
+        checkpoint_bytes: bytes of the checkpoint written.
+        seconds: wall time of the whole conversion.
+        part_seconds: ``{part: seconds}``: ``"calibration runs"`` (GPTQ presets), ``"outside
+            blocks"`` and each block's module name.
+    """
+
+    path: Path
+    model_class: str
+    source_bytes: int
+    checkpoint_bytes: int
+    seconds: float
+    part_seconds: dict[str, float]
+
+
+def _parts(model: nn.Module, keys: list[str], plan: dict) -> list[tuple[str, nn.Module, list[str], list[str]]]:
+    """``(part, module, state keys, planned layers)``: what lies outside the blocks first (the
+    module is then the model itself), then each block in execution order."""
+    blocks = {name: idx for idx, name, _, _ in iter_blocks(model)}
+    modules = dict(model.named_modules())
+    order = ["outside blocks"] + sorted(blocks, key=blocks.get)
+    state = {part: [] for part in order}
+    layers = {part: [] for part in order}
+    for group, names in ((state, keys), (layers, plan)):
+        for name in names:
+            idx = block_index_of(name, blocks)
+            group[order[0] if idx is None else order[idx + 1]].append(name)
+    return [(part, model if part == order[0] else modules[part], state[part], layers[part]) for part in order]
+
+
+def _materialize(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> None:
+    """Put the file's tensors in place of the meta ones, in ``dtype`` (``None``: the file's).
+
+    Copied out of the file's mapping: a mapped tensor starts wherever the file puts it, and CPU
+    kernels round differently on unaligned inputs (the streamed and the in-memory conversion
+    must compute the same); the mapping is released as soon as the copies are made."""
+    for key, t in tensors.items():
+        t = t.to(dtype, copy=True) if dtype is not None and t.is_floating_point() else t.clone()
+        owner, _, attr = key.rpartition(".")
+        module = model.get_submodule(owner)
+        if attr in module._parameters:
+            module._parameters[attr] = nn.Parameter(t, requires_grad=False)
+        else:
+            module._buffers[attr] = t
+
+
+def _release(module: nn.Module) -> None:
+    """Back to the meta device: the part's tensors are freed, and the allocator's free pages
+    given back to the system. (Measured on CogVideoX-2B: without the trim, glibc keeps ~0.1 GB
+    more per block — 3 GB over 30 blocks; with it, memory returns to the same level after
+    every block.)"""
+    module.to("meta")
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def _check_layout(folder: Path, model: nn.Module, shards: SafetensorsFolder) -> list[str]:
+    """The state keys of ``model``, checked against the shards (names and shapes)."""
+    state = model.state_dict()
+    missing = sorted(set(state) - set(shards.layout))
+    unexpected = sorted(set(shards.layout) - set(state))
+    wrong = [f"{k}: file {shards.layout[k][0]} vs model {tuple(state[k].shape)}"
+             for k in state if k in shards.layout and shards.layout[k][0] != tuple(state[k].shape)]
+    if missing or unexpected or wrong:
+        problems = [f"missing {k}" for k in missing[:5]] + [f"unexpected {k}" for k in unexpected[:5]] + wrong[:5]
+        raise ValueError(f"the weights in {str(folder)!r} do not fit its config.json: {problems}")
+    return list(state)
+
+
+class _Streamed:
+    """The model on the meta device and its shards: parts materialized on demand."""
+
+    def __init__(self, shards: SafetensorsFolder, net: nn.Module, dtype: torch.dtype | None):
+        self.shards, self.net, self.dtype = shards, net, dtype
+
+    def load(self, keys: list[str]) -> None:
+        _materialize(self.net, self.shards.read(keys), self.dtype)
+
+    def running_from_disk(self, parts):
+        """Hooks that map each block from the shards just before it computes and free it after:
+        the full-precision model runs with one block in memory. Returns the hook handles."""
+        handles = []
+        for _, module, keys, _ in parts[1:]:
+            handles.append(module.register_forward_pre_hook(lambda m, a, keys=keys: self.load(keys)))
+            handles.append(module.register_forward_hook(lambda m, a, o: _release(m)))
+        return handles
+
+
+class _KeptCalls:
+    """Every call's inputs to the first block, kept to replay block after block."""
+
+    def __init__(self, io):
+        self.io, self.calls = io, []  # [(args, kwargs)] in call order
+
+    def record(self, module, args, kwargs):
+        clone = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
+        self.calls.append((tuple(clone(a) for a in args), {k: clone(v) for k, v in kwargs.items()}))
+
+    def replay(self, block: nn.Module, advance: bool) -> None:
+        """Run ``block`` on every kept call; ``advance``: its outputs become the kept inputs."""
+        with torch.no_grad():
+            for i, (args, kwargs) in enumerate(self.calls):
+                out = block(*args, **kwargs)
+                if advance:
+                    for stream in ("hidden", "encoder"):
+                        value = self.io.stream_output(out, stream)
+                        if value is not None:
+                            args, kwargs = self.io.with_input(block, args, kwargs, value, stream)
+                    self.calls[i] = (args, kwargs)
+
+
+def _first_calls(streamed: _Streamed, parts, calibration: Callable[[nn.Module], object]) -> _KeptCalls:
+    """Run the calibration generations on the full-precision model streamed from disk; keep
+    the first block's inputs, after checking that each block feeds the next one directly."""
+    net = streamed.net
+    blocks = list(iter_blocks(net))
+    spec = spec_for(net)
+    if len(spec.block_lists) != 1:
+        raise ValueError(
+            f"{type(net).__name__} has {len(spec.block_lists)} block lists, with model code between them: a streamed "
+            "calibrated conversion replays each block on the previous block's outputs, which needs one list. Convert it "
+            "in memory (sixbit.convert_model) or choose a calibration-free preset (e.g. 'w4a8-rtn', 'w8a8')"
+        )
+    kept = _KeptCalls(blocks[0][3])
+    seen: dict[int, torch.Tensor] = {}  # block 0's output and block 1's input in the first call
+    handles = streamed.running_from_disk(parts)
+    handles.append(blocks[0][2].register_forward_pre_hook(kept.record, with_kwargs=True))
+
+    def output_of_first(module, args, kwargs, out) -> None:
+        seen.setdefault(0, kept.io.stream_output(out))
+
+    def input_of_second(module, args, kwargs) -> None:
+        seen.setdefault(1, kept.io.stream_input(module, args, kwargs))
+
+    if len(blocks) > 1:
+        handles.append(blocks[0][2].register_forward_hook(output_of_first, with_kwargs=True))
+        handles.append(blocks[1][2].register_forward_pre_hook(input_of_second, with_kwargs=True))
+    try:
+        calibration(net)
+    finally:
+        for h in handles:
+            h.remove()
+    if not kept.calls:
+        raise ValueError("the calibration callable never called the transformer it was given")
+    if len(blocks) > 1 and not (isinstance(seen.get(0), torch.Tensor) and isinstance(seen.get(1), torch.Tensor)
+                                and torch.equal(seen[0], seen[1])):
+        raise ValueError(
+            f"{type(net).__name__} changes the hidden states between its blocks, so a block cannot be replayed on the "
+            "previous block's outputs: convert it in memory (sixbit.convert_model) or choose a calibration-free preset"
+        )
+    return kept
+
+
+def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.PathLike,
+                       calibration: Callable[[nn.Module], object] | None = None, *,
+                       torch_dtype: torch.dtype | None = None, progress: bool = True) -> StreamedConversion:
+    """Convert a diffusers transformer from its files, one block at a time, into a checkpoint.
+
+    Args:
+        model: a diffusers model folder (``config.json`` + ``*.safetensors``, sharded or not) or a
+            pipeline folder with ``transformer/``.
+        quant_config: a preset name (``"w8a8"``, ``"w4a8-rtn"``, ``"w4a8"``, ...; not the DMPQ
+            or static-W8A8 ones, see the module doc), a JSON file, a ``ConvertConfig`` or a
+            ``QuantConfig`` (see :func:`sixbit.convert_model`).
+        output: the ``.safetensors`` checkpoint to write (atomically; an existing file is
+            replaced only if the conversion succeeds).
+        calibration: for GPTQ presets, a callable ``calibration(transformer)`` that runs a few
+            generations with the transformer it is given (e.g. your sampling loop, or
+            ``lambda t: pipe(prompts, num_inference_steps=8)`` with ``pipe`` built around ``t``).
+            The transformer computes in ``torch_dtype`` with its blocks streamed from disk.
+        torch_dtype: dtype the weights are loaded in (default ``None``: as stored). Unquantized
+            tensors are written in it.
+        progress: a progress bar over the parts (default ``True``).
+
+    Load the result with :func:`load_pretrained` (or :func:`sixbit.load` into any model of the
+    same configuration).
+
+    Example:
+        >>> sixbit.convert_pretrained("Wan2.1-T2V-14B-Diffusers", "w8a8", "wan14b-w8a8.safetensors")  # doctest: +SKIP
+        >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
+    """
+    from tqdm.auto import tqdm
+
+    config = resolve(quant_config)
+    if config.activations in ("dynamic", "static"):
+        raise ValueError(
+            f"activations={config.activations!r} is fitted on generations of the converted model, which a streamed "
+            "conversion does not run: choose a preset with fixed activations (e.g. 'w4a8', 'w8a8') or load the model "
+            "and use sixbit.convert_model"
+        )
+    if config.needs_calibration and not callable(calibration):
+        raise ValueError(
+            f"{config.calibration_reason()} needs calibration=<callable that runs generations with the transformer it "
+            "is given>; or choose a calibration-free preset (e.g. 'w4a8-rtn', 'w8a8')"
+        )
+    if not config.needs_calibration and calibration is not None:
+        logger.info("calibration is not used by %r", quant_config)
+    folder = model_folder(model)
+    shards = SafetensorsFolder(folder)
+    net = empty_model(folder)
+    spec_for(net)  # an architecture without recognizable blocks fails here, before any work
+    names = _check_layout(folder, net, shards)
+    plan = plan_layers(net, config.weights) if config.weights is not None else {}
+    parts = _parts(net, names, plan)
+    streamed = _Streamed(shards, net, torch_dtype)
+    start, seconds = time.perf_counter(), {}
+    with checkpoint.CheckpointWriter(output, type(net).__name__) as writer:
+        kept, outside_stats = None, {}
+        streamed.load(parts[0][2])
+        if config.needs_calibration:
+            logger.info("calibration generations on the full-precision model, streamed from disk")
+            outside = {name: net.get_submodule(name) for name in parts[0][3]}
+            runs: list[_KeptCalls] = []
+            outside_stats = hessians.collect(net, lambda: runs.append(_first_calls(streamed, parts, calibration)), outside)
+            kept = runs[0]
+            seconds["calibration runs"] = time.perf_counter() - start
+        bar = tqdm(parts, desc=f"converting {type(net).__name__}", unit="part", disable=not progress)
+        for part, module, keys, layers in bar:
+            t0 = time.perf_counter()
+            stats = outside_stats
+            if module is not net:
+                streamed.load(keys)
+                if kept is not None:
+                    stats = hessians.collect(module, lambda: kept.replay(module, advance=False),
+                                             {name: net.get_submodule(name) for name in layers})
+            for name in layers:
+                fmt, hb, role = plan[name]
+                parent, _, child = name.rpartition(".")
+                layer = build(net.get_submodule(name), fmt, hb, config.weights, role, stats.get(name))
+                setattr(net.get_submodule(parent), child, layer)
+            if module is net:  # the blocks are still on the meta device: everything else
+                in_blocks = {k for _, _, block_keys, _ in parts[1:] for k in block_keys}
+                writer.add(net, keys=set(net.state_dict()) - in_blocks)
+            else:
+                if kept is not None:
+                    kept.replay(module, advance=True)  # the quantized block's outputs feed the next one
+                writer.add(module, f"{part}.")
+                _release(module)
+            seconds[part] = time.perf_counter() - t0
+            bar.set_postfix_str(f"{seconds[part]:.1f} s/part")
+            logger.info("%s: %.1f s", part, seconds[part])
+        bar.close()
+        path = writer.finish({"conversion": conversion_state(Conversion(config))})
+    total = time.perf_counter() - start
+    logger.info("converted %s in %.1f s into %s", type(net).__name__, total, path)
+    return StreamedConversion(path, type(net).__name__, shards.nbytes(), path.stat().st_size, total, seconds)
+
+
+def load_pretrained(checkpoint_path: str | os.PathLike, model: str | os.PathLike) -> nn.Module:
+    """A converted transformer: built on the meta device from ``model``'s ``config.json`` (a
+    model or pipeline folder; its weights are not read) and loaded from ``checkpoint_path``.
+
+    The packed weights map the checkpoint file (read as they are used); no full-precision copy
+    of a quantized layer is made. Use it in a pipeline as diffusers allows:
+    ``DiffusionPipeline.from_pretrained(folder, transformer=load_pretrained(ckpt, folder))``.
+
+    Example:
+        >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
+    """
+    return checkpoint.load(checkpoint_path, empty_model(model))

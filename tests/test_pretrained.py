@@ -1,0 +1,182 @@
+"""Streamed conversion from a diffusers model folder and loading into a meta-device model.
+
+A streamed conversion must write the very checkpoint an in-memory conversion writes (same
+tensors, same header, same checksum) and the model loaded from it on the meta device must
+sample bit-exactly like the in-memory converted one. Peak memory at real sizes is measured by
+``benchmarks/bench_real_size.py``, not here.
+"""
+
+import copy
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+import sixbit
+from sixbit import checkpoint, pretrained
+from sixbit.cli import main
+from sixbit.models import iter_blocks
+from tiny_models import build_tiny, sample
+
+
+def _folder(tm, tmp_path, shard="8KB", dtype=None):
+    model = tm.model if dtype is None else copy.deepcopy(tm.model).to(dtype)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder, max_shard_size=shard)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["cogvideox", "wan"])
+@pytest.mark.parametrize("preset", ["w4a8-rtn", "w8a8"])
+def test_streamed_conversion_writes_the_in_memory_checkpoint(name, preset, tmp_path):
+    tm = build_tiny(name)
+    folder = _folder(tm, tmp_path)
+    assert len(list(folder.glob("*.safetensors"))) > 3  # really sharded
+    result = sixbit.convert_pretrained(folder, preset, tmp_path / "streamed.safetensors", progress=False)
+    assert result.model_class == type(tm.model).__name__
+    assert list(result.part_seconds) == ["outside blocks"] + [name for _, name, _, _ in iter_blocks(tm.model)]
+
+    reference = copy.deepcopy(tm)
+    sixbit.convert_model(reference.model, None, preset)
+    in_memory = sixbit.save(reference.model, tmp_path / "in_memory.safetensors")
+    assert checkpoint.read_header(result.path) == checkpoint.read_header(in_memory)  # the checksum covers every tensor
+
+    loaded = sixbit.load_pretrained(result.path, folder)
+    assert all(t.device.type == "cpu" for t in loaded.state_dict().values())
+    assert sixbit.conversion_of(loaded).config == sixbit.conversion_of(reference.model).config
+    assert torch.equal(sample(dataclasses.replace(tm, model=loaded), 2), sample(reference, 2))
+
+
+def test_a_pipeline_folder_and_bf16_shards(tmp_path):
+    """A pipeline folder's transformer/ is found; bf16 weights stay bf16 in the checkpoint (as
+    an in-memory conversion of the bf16 model keeps them) and a model built on the meta device
+    (fp32 parameters) takes them as they are."""
+    model = build_tiny("cogvideox").model.to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "pipe" / "transformer", max_shard_size="8KB")
+    (tmp_path / "pipe" / "model_index.json").write_text("{}")
+    result = sixbit.convert_pretrained(tmp_path / "pipe", "w8a8", tmp_path / "q.safetensors", progress=False)
+    sixbit.convert_model(model, None, "w8a8")
+    assert checkpoint.read_header(result.path) == checkpoint.read_header(sixbit.save(model, tmp_path / "m.safetensors"))
+    loaded = sixbit.load_pretrained(result.path, tmp_path / "pipe")
+    fp = {t.dtype for n, t in loaded.state_dict().items() if not n.rpartition(".")[2].startswith("weight_")}
+    assert fp == {torch.bfloat16}
+
+
+def test_refusals_change_nothing(tmp_path):
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(ValueError, match="needs calibration="):
+        sixbit.convert_pretrained(folder, "w4a8", out, progress=False)
+    with pytest.raises(ValueError, match="neither a diffusers model folder"):
+        sixbit.convert_pretrained(tmp_path / "nowhere", "w8a8", out, progress=False)
+    index = next(folder.glob("*.index.json"))
+    data = json.loads(index.read_text())
+    first = sorted(data["weight_map"])[0]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((folder / "config.json").read_text())
+    (bad / index.name).write_text(json.dumps({"weight_map": {**data["weight_map"], first: "gone.safetensors"}}))
+    with pytest.raises(ValueError, match="not in the folder"):
+        sixbit.convert_pretrained(bad, "w8a8", out, progress=False)
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((folder / "config.json").read_text())
+    (pickled / "diffusion_pytorch_model.bin").write_bytes(b"\x80")
+    with pytest.raises(ValueError, match="pickle files, which sixbit never loads"):
+        sixbit.convert_pretrained(pickled, "w8a8", out, progress=False)
+    other = tmp_path / "other"
+    build_tiny("wan", seed=0).model.save_pretrained(other)
+    config = json.loads((other / "config.json").read_text())
+    config["num_layers"] = 3  # the shards hold 2 blocks
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="do not fit its config.json"):
+        sixbit.convert_pretrained(other, "w8a8", out, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["bad", "model", "other", "pickled"]  # nothing written
+
+
+def test_a_failure_mid_stream_leaves_no_file(tmp_path, monkeypatch):
+    tm = build_tiny("cogvideox")
+    folder = _folder(tm, tmp_path)
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"previous")
+    built = []
+
+    def failing(*args, **kwargs):
+        built.append(1)
+        if len(built) > 8:
+            raise RuntimeError("disk full")
+        return real(*args, **kwargs)
+
+    real = pretrained.build
+    monkeypatch.setattr(pretrained, "build", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        sixbit.convert_pretrained(folder, "w8a8", out, progress=False)
+    assert out.read_bytes() == b"previous"
+    assert sorted(os.listdir(tmp_path)) == ["model", "out.safetensors"]  # no temporary file left
+
+
+def test_cli_streams_a_model_folder(tmp_path, capsys):
+    folder = _folder(build_tiny("wan"), tmp_path)
+    out = tmp_path / "q.safetensors"
+    assert main(["convert", "--model", str(folder), "--config", "w8a8", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "streaming" in text and "wrote" in text
+    assert checkpoint.read_header(out)["model_class"] == "WanTransformer3DModel"
+
+
+@pytest.mark.parametrize("name", ["cogvideox", "wan"])
+def test_streamed_gptq_matches_the_in_memory_first_block_and_stays_close(name, tmp_path):
+    """Block 0's Hessians come from the same full-precision calls in both conversions, so its
+    layers are bit-identical; later blocks see the full-precision trajectory (streamed) instead
+    of the re-run one (in memory): close, not equal."""
+    tm = build_tiny(name)
+    folder = _folder(tm, tmp_path)
+    runs = []
+
+    def calibration(transformer):
+        runs.append(transformer)
+        return sample(dataclasses.replace(tm, model=transformer), 2)
+
+    result = sixbit.convert_pretrained(folder, "w4a8", tmp_path / "s.safetensors", calibration, progress=False)
+    assert len(runs) == 1 and "calibration runs" in result.part_seconds
+    streamed = sixbit.load_pretrained(result.path, folder)
+    reference = copy.deepcopy(tm)
+    sixbit.convert_model(reference.model, lambda: sample(reference, 2), "w4a8")
+    (_, first, _, _), *_ = iter_blocks(reference.model)
+    s_state, r_state = streamed.state_dict(), reference.model.state_dict()
+    block0 = [k for k in r_state if k.startswith(f"{first}.")]
+    assert block0 and all(torch.equal(s_state[k], r_state[k]) for k in block0)
+    fp = sample(tm, 2)
+    err = lambda out: float((out - fp).norm() / fp.norm())  # noqa: E731
+    e_streamed, e_memory = err(sample(dataclasses.replace(tm, model=streamed), 2)), err(sample(reference, 2))
+    assert e_streamed < 2 * e_memory + 0.01, (e_streamed, e_memory)
+
+
+def test_streamed_calibration_refuses_what_it_cannot_replay(tmp_path):
+    tm = build_tiny("hunyuanvideo")  # dual-stream then single-stream blocks: model code between the lists
+    folder = _folder(tm, tmp_path)
+    with pytest.raises(ValueError, match="block lists"):
+        sixbit.convert_pretrained(folder, "w4a8", tmp_path / "o.safetensors",
+                                  lambda t: sample(dataclasses.replace(tm, model=t), 1), progress=False)
+    with pytest.raises(ValueError, match="needs calibration="):
+        sixbit.convert_pretrained(folder, "w4a8", tmp_path / "o.safetensors", progress=False)
+    with pytest.raises(ValueError, match="fitted on generations of the converted model"):
+        sixbit.convert_pretrained(folder, "balanced", tmp_path / "o.safetensors", progress=False)
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_a_loaded_model_generates_with_block_offloading(tmp_path):
+    """A model loaded onto the meta device works with block offloading to disk: the blocks wait
+    in a folder and are loaded (prefetched) as they compute; the video does not change."""
+    from sixbit.optimize import enable_memory_optimization
+
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    result = sixbit.convert_pretrained(folder, "w4a8-rtn", tmp_path / "q.safetensors", progress=False)
+    loaded = dataclasses.replace(tm, model=sixbit.load_pretrained(result.path, folder))
+    reference = sample(loaded, 2)
+    enable_memory_optimization(loaded.model, prefetch_depth=1, offload_device=tmp_path / "offload")
+    assert torch.equal(sample(loaded, 2), reference)
