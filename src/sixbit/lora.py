@@ -30,11 +30,11 @@ import weakref
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ._io import read_safetensors
 from .checkpoint import module_of
 from .nn import QuantLinear
+from .nn.quant_linear import branch_factors, low_rank
 
 _KEY = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.lora_(?P<part>A|B)(?:\.[\w-]+)?\.weight")
 _ALPHA = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.alpha")
@@ -138,8 +138,7 @@ def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale:
         if isinstance(layer, QuantLinear):
             layer.add_lora(adapter_name, down, up, scale * factor)
         else:
-            _LINEAR.setdefault(layer, {})[adapter_name] = [down.detach().to(torch.float16).clone(),
-                                                           up.detach().to(torch.float16).clone(), scale * factor]
+            _LINEAR.setdefault(layer, {})[adapter_name] = [*branch_factors(down, up), scale * factor]
             if layer not in _HOOKS:
                 _HOOKS[layer] = layer.register_forward_hook(_linear_hook)
     _factors(model)[adapter_name] = {n: f for n, (_, _, f) in pairs.items()}
@@ -149,7 +148,7 @@ def _linear_hook(module: nn.Linear, args, output):
     x = args[0]
     for down, up, scale in _LINEAR.get(module, {}).values():
         if scale:
-            output = output + scale * F.linear(F.linear(x, down.to(x.dtype)), up.to(x.dtype))
+            output = output + scale * low_rank(x, down, up)
     return output
 
 
@@ -214,7 +213,7 @@ def attach_diffusers_methods(model: nn.Module) -> None:
         if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):  # diffusers' folder + weight_name
             source = os.path.join(source, weight_name or "pytorch_lora_weights.safetensors")
         tensors, meta = _read(source)
-        alphas = {f"{k}": torch.tensor(float(v)) for k, v in (network_alphas or {}).items()}
+        alphas = {k: torch.tensor(float(v)) for k, v in (network_alphas or {}).items()}
         tensors = {**tensors, **alphas}
         if prefix and any(k.startswith(f"{prefix}.") for k in tensors):
             tensors = {k.removeprefix(f"{prefix}."): v for k, v in tensors.items() if k.startswith(f"{prefix}.")}

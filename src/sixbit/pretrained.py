@@ -210,8 +210,8 @@ def _first_calls(streamed: _Streamed, parts, calibration: Callable[[nn.Module], 
     """Run the calibration generations on the full-precision model streamed from disk; keep
     the first block's inputs, after checking that each block feeds the next one directly."""
     net = streamed.net
-    blocks = list(iter_blocks(net))
     spec = spec_for(net)
+    blocks = list(iter_blocks(net, spec))
     if len(spec.block_lists) != 1:
         raise ValueError(
             f"{type(net).__name__} has {len(spec.block_lists)} block lists, with model code between them: a streamed "

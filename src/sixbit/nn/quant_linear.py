@@ -247,8 +247,9 @@ class QuantLinear(nn.Module):
         if down.dim() != 2 or up.dim() != 2 or down.shape[1] != self.in_features or up.shape != (self.out_features, r):
             raise ValueError(f"a LoRA for this {self.in_features}→{self.out_features} layer needs down (r, {self.in_features}) "
                              f"and up ({self.out_features}, r), got {tuple(down.shape)} and {tuple(up.shape)}")
-        self.register_buffer(f"lora_{name}_down", down.detach().to(torch.float16).clone(), persistent=False)
-        self.register_buffer(f"lora_{name}_up", up.detach().to(torch.float16).clone(), persistent=False)
+        down, up = branch_factors(down, up)
+        self.register_buffer(f"lora_{name}_down", down, persistent=False)
+        self.register_buffer(f"lora_{name}_up", up, persistent=False)
         self._loras[name] = float(scale)
 
     def set_lora_scale(self, name: str, scale: float) -> None:
@@ -353,12 +354,12 @@ class QuantLinear(nn.Module):
         y = _PATHS[mode](self, x2)
         if self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
             xb = x2 if divided or self.input_divisor is None else x2 / self.input_divisor.to(x2.dtype)
-            y = y + F.linear(F.linear(xb, self.lowrank_down.to(xb.dtype)), self.lowrank_up.to(xb.dtype))
-        for name, scale in self._loras.items():
-            if scale:  # a LoRA at scale 0 adds nothing, not even rounding
-                down, up = getattr(self, f"lora_{name}_down"), getattr(self, f"lora_{name}_up")
-                xo = x.reshape(-1, self.in_features).to(y.dtype)
-                y = y + scale * F.linear(F.linear(xo, down.to(y.dtype)), up.to(y.dtype))
+            y = y + low_rank(xb, self.lowrank_down, self.lowrank_up)
+        if self._loras:  # on the layer's original input, not the rotated / divided one
+            xo = x.reshape(-1, self.in_features).to(y.dtype)
+            for name, scale in self._loras.items():
+                if scale:  # a LoRA at scale 0 adds nothing, not even rounding
+                    y = y + scale * low_rank(xo, getattr(self, f"lora_{name}_down"), getattr(self, f"lora_{name}_up"))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
@@ -407,6 +408,16 @@ class QuantLinear(nn.Module):
             f"bias={self.bias is not None}, weight={self.weight_format}{branch} ({bits:.2f} bits), "
             f"hadamard_block={self.hadamard_block}, act={self.execution()}"
         )
+
+
+def branch_factors(down: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A LoRA's factors as the layers keep them: fp16 copies."""
+    return down.detach().to(torch.float16).clone(), up.detach().to(torch.float16).clone()
+
+
+def low_rank(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``up · (down · x)`` in ``x``'s dtype: the low-rank branch and every LoRA."""
+    return F.linear(F.linear(x, down.to(x.dtype)), up.to(x.dtype))
 
 
 def _fits_int8_gemm(q: Quantized) -> bool:
