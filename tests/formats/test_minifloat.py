@@ -86,6 +86,14 @@ def test_result_is_a_nearest_grid_point(fmt):
     assert torch.equal((x - r).abs(), best)
 
 
+@pytest.mark.parametrize("fmt", list(ELEMENTS.values()), ids=list(ELEMENTS))
+def test_round_is_decode_of_encode_bit_for_bit(fmt):
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(50_000, generator=g) * fmt.max * scale for scale in (1e-6, 1e-2, 0.3, 3.0)]
+                  + [torch.tensor([0.0, -0.0, fmt.max, -fmt.max, 1e30, -1e30, 1e-40])])
+    assert torch.equal(fmt.round(x).view(torch.int32), fmt.decode(fmt.encode(x)).view(torch.int32))
+
+
 def test_element_unknown_name():
     with pytest.raises(ValueError, match="valid"):
         minifloat.element("e9m9")
