@@ -156,14 +156,41 @@ def child_write(name: str, folder: str, blocks: int | None) -> dict:
     return {"bytes": total, "seconds": time.perf_counter() - t0, "peak_gib": _peak_gib()}
 
 
-def child_convert(folder: str, preset: str, output: str) -> dict:
+def _calibration(folder: str, frames: int, side: int):
+    """For GPTQ presets: ``calibration(transformer)`` runs two transformer calls (two timesteps, as
+    the two CFG branches of two steps would) on random latents of ``frames`` × ``side`` × ``side``
+    and random text embeddings: with random weights there is no video to calibrate on; what this
+    measures is the streamed GPTQ's memory and time at the model's real width."""
+    import torch
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    cogvideox = config["_class_name"].startswith("CogVideoX")
+    text = torch.randn(2, TEXT_TOKENS[config["_class_name"]], config.get("text_embed_dim") or config["text_dim"],
+                       generator=torch.Generator().manual_seed(1))
+
+    def calibration(transformer):
+        dtype = next(p.dtype for p in transformer.parameters() if p.device.type != "meta")
+        g = torch.Generator().manual_seed(0)
+        c = config["in_channels"]
+        shape = (2, frames, c, side, side) if cogvideox else (2, c, frames, side, side)
+        with torch.no_grad():
+            for t in (900, 300):
+                transformer(hidden_states=torch.randn(shape, generator=g).to(dtype),
+                            encoder_hidden_states=text.to(dtype), timestep=torch.tensor([t, t]), return_dict=False)
+
+    return calibration
+
+
+def child_convert(folder: str, preset: str, output: str, frames: int, side: int) -> dict:
     import torch
 
     import sixbit
 
     torch.set_num_threads(1)
     base = _rss_gib()
-    result = sixbit.convert_pretrained(folder, _config(preset), output, progress=False)
+    config = _config(preset)
+    calibration = _calibration(folder, frames, side) if config.needs_calibration else None
+    result = sixbit.convert_pretrained(folder, config, output, calibration, progress=False)
     from sixbit._io import read_safetensors
 
     _, tensors = read_safetensors(output)
@@ -323,6 +350,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="block timing ('' to skip)")
     parser.add_argument("--tokens", type=int, default=64, help="video tokens of the timed block call (default 64)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--calib-frames", type=int, default=2, help="GPTQ presets: latent frames of the calibration calls")
+    parser.add_argument("--calib-side", type=int, default=16, help="GPTQ presets: latent height and width of the calibration calls")
     parser.add_argument("--workdir", default="/tmp/sixbit-real-size")
     parser.add_argument("--keep", action="store_true", help="keep the random folders and checkpoints")
     parser.add_argument("--rss-limit-gib", type=float, default=20.0)
@@ -353,7 +382,8 @@ def main(argv=None) -> int:
         for preset in [p for p in args.presets.split(",") if p]:
             ckpt = Path(args.workdir) / f"{name}-{preset.replace(' ', '_')}.safetensors"
             log(f"{name}: converting with {preset}")
-            r.setdefault("convert", {})[preset] = c = _run_child(["convert", str(folder), preset, str(ckpt)], args.rss_limit_gib, log)
+            r.setdefault("convert", {})[preset] = c = _run_child(
+                ["convert", str(folder), preset, str(ckpt), str(args.calib_frames), str(args.calib_side)], args.rss_limit_gib, log)
             log(f"{name} {preset}: {c}")
             if "error" not in c:
                 r.setdefault("load", {})[preset] = ld = _run_child(["load", str(folder), str(ckpt)], args.rss_limit_gib, log)
