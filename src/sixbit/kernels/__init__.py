@@ -1,5 +1,26 @@
-"""Fast paths per backend; each has a reference twin and a test that they agree."""
+"""Fast paths per backend; each has a reference twin and a test that they agree.
+
+:func:`available` says which path each precision takes on a device.
+"""
 
 from .cpu import int8_matmul, int8_matmul_backend, int8_matmul_reference
+from .cuda import (
+    available,
+    fp4_supported,
+    fp8_linear,
+    fp8_linear_reference,
+    fused_int8,
+    int8_linear,
+    int8_linear_reference,
+    nvfp4_linear,
+    nvfp4_linear_reference,
+    weight4_fused,
+)
+from .triton.gemm import weight4_linear, weight4_linear_reference, weight4_supported
 
-__all__ = ["int8_matmul", "int8_matmul_backend", "int8_matmul_reference"]
+__all__ = [
+    "available", "fp4_supported", "fp8_linear", "fp8_linear_reference", "fused_int8", "int8_linear",
+    "int8_linear_reference", "int8_matmul", "int8_matmul_backend", "int8_matmul_reference", "nvfp4_linear",
+    "nvfp4_linear_reference", "weight4_fused", "weight4_linear", "weight4_linear_reference",
+    "weight4_supported",
+]

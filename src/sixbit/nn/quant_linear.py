@@ -56,6 +56,7 @@ from torch import nn
 
 from .. import formats
 from ..formats import Quantized, check_finite, integer, nvfp4
+from .. import kernels
 from ..kernels import int8_matmul, int8_matmul_backend
 from ..transforms import hadamard
 from . import precision
@@ -343,6 +344,10 @@ class QuantLinear(nn.Module):
             check_finite(x, "the input of a quantized linear layer")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        if self._fused_int8(mode, x2):  # CUDA: one Triton kernel rotates and quantizes the input
+            w_codes, w_scale = self.int8_weight()
+            y = kernels.int8_linear(x2, w_codes, w_scale, self.hadamard_block)
+            return self._finish(x, y, lead)
         if mode is not ActMode.FP:
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
         if self.hadamard_block is not None:
@@ -355,6 +360,10 @@ class QuantLinear(nn.Module):
         if self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
             xb = x2 if divided or self.input_divisor is None else x2 / self.input_divisor.to(x2.dtype)
             y = y + low_rank(xb, self.lowrank_down, self.lowrank_up)
+        return self._finish(x, y, lead)
+
+    def _finish(self, x: torch.Tensor, y: torch.Tensor, lead) -> torch.Tensor:
+        """LoRAs, bias, and the output in the input's dtype and shape."""
         if self._loras:  # on the layer's original input, not the rotated / divided one
             xo = x.reshape(-1, self.in_features).to(y.dtype)
             for name, scale in self._loras.items():
@@ -364,8 +373,17 @@ class QuantLinear(nn.Module):
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
+    def _fused_int8(self, mode: ActMode, x: torch.Tensor) -> bool:
+        """Whether this call takes the fused Triton INT8 path (CUDA; nothing between the rotation
+        and the quantization: no divisor, static quantizer or low-rank branch)."""
+        return (mode is ActMode.INT8 and self.act_quantizer is None and self.input_divisor is None
+                and self.lowrank_up is None and kernels.fused_int8(x.device))
+
     def _forward_fp(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.quantized_weight().dequantize(x.dtype))
+        stored = self.quantized_weight()
+        if kernels.weight4_fused(x.device) and kernels.weight4_supported(stored):
+            return kernels.weight4_linear(x, stored)  # the 4-bit weight decoded inside the GEMM
+        return F.linear(x, stored.dequantize(x.dtype))
 
     def _forward_int8(self, x: torch.Tensor) -> torch.Tensor:
         if self.act_quantizer is not None:
@@ -382,6 +400,8 @@ class QuantLinear(nn.Module):
         return acc.float().mul_(xq.scale).mul_(w_scale.reshape(1, -1))
 
     def _forward_nvfp4(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.fp4_supported(x.device):  # FP4 tensor cores
+            return kernels.nvfp4_linear(x, self._weight_as("nvfp4"), torch.float32)
         # Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32.
         return F.linear(nvfp4.quantize(x, check=False).dequantize(), self._weight_as("nvfp4").dequantize())
 
@@ -390,14 +410,19 @@ class QuantLinear(nn.Module):
         if self.weight_only:
             return "fp (weight-only layer: dequantize + matmul)"
         mode = self._act_mode if mode is None else precision.act_mode(mode)
+        device = next(self.buffers()).device
         if mode is ActMode.INT8:
-            device = next(self.buffers()).device
             backend = int8_matmul_backend(device, 4096, self.in_features, self.out_features)
             if self.act_quantizer is not None:
                 return f"{self.act_quantizer.describe()} (real, {backend})"
-            return f"int8 (real, {backend})"
+            fused = " + Triton fused quantize" if kernels.fused_int8(device) else ""
+            return f"int8 (real, {backend}{fused})"
         if mode is ActMode.NVFP4:
+            if kernels.fp4_supported(device):
+                return "nvfp4 (real, torch._scaled_mm FP4)"
             return "nvfp4 (emulated: dequantize + fp32 matmul)"
+        if kernels.weight4_fused(device) and kernels.weight4_supported(self.quantized_weight()):
+            return "fp (weight-only: Triton dequantize-in-the-GEMM)"
         return "fp (weight-only: dequantize + matmul)"
 
     def extra_repr(self) -> str:

@@ -1,0 +1,183 @@
+"""GEMMs through the ops torch already has, and which one runs where.
+
+===============  ===========================================================================
+INT8 W8A8        ``torch._int_mm`` (cuBLASLt on CUDA, oneDNN on CPU); on CUDA with Triton the
+                 per-token quantization of the input (with the online Hadamard rotation) and
+                 the scale epilogue are Triton kernels (:mod:`.triton`).
+FP8 W8A8         ``torch._scaled_mm`` with E4M3 operands and row-wise fp32 scales (CUDA sm_89+;
+                 it also runs on CPU, which is how it is tested).
+NVFP4 × NVFP4    ``torch._scaled_mm`` with ``float4_e2m1fn_x2`` operands and E4M3 block scales
+                 in cuBLAS's swizzled layout (:func:`swizzle_block_scales`): sm_100 / sm_120.
+W4A16            the Triton dequantize-in-the-GEMM kernel (NVFP4 or INT4 weights) on CUDA.
+===============  ===========================================================================
+
+Every function has a reference twin (``*_reference``): the same result computed by dequantizing
+and multiplying in fp32. :func:`available` says which path each precision takes on a device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..formats import nvfp4
+from . import triton as tri
+from .cpu import int8_matmul, int8_matmul_backend
+from .triton.gemm import int8_epilogue, int8_epilogue_reference, weight4_linear
+from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
+
+F8_MAX = 448.0
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def fused_int8(device: torch.device | str) -> bool:
+    """Whether :func:`int8_linear` uses the Triton quantize/epilogue kernels on ``device``
+    (CUDA with Triton; not the interpreter, which is for tests)."""
+    device = torch.device(device)
+    return device.type == "cuda" and tri.runs_on(device)
+
+
+def fp8_supported(device: torch.device | str) -> bool:
+    """Whether ``torch._scaled_mm`` takes E4M3 operands with row-wise scales on ``device``."""
+    device = torch.device(device)
+    cap = _capability(device)
+    return device.type == "cpu" or (cap is not None and cap >= (8, 9))
+
+
+def fp4_supported(device: torch.device | str) -> bool:
+    """Whether ``torch._scaled_mm`` has NVFP4 × NVFP4 on ``device`` (Blackwell: sm_100, sm_120)."""
+    cap = _capability(torch.device(device))
+    return cap is not None and cap[0] in (10, 12) and hasattr(torch, "float4_e2m1fn_x2")
+
+
+def weight4_fused(device: torch.device | str) -> bool:
+    """Whether 4-bit weights multiply through the Triton dequantize-in-the-GEMM kernel on ``device``."""
+    cap = _capability(torch.device(device))
+    return cap is not None and cap >= (8, 0) and tri.installed()
+
+
+# ---------------------------------------------------------------- INT8
+
+def int8_linear_reference(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
+                          hadamard_block: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reference twin of :func:`int8_linear`, in torch ops."""
+    codes, scale = quantize_rows_int8_reference(x, hadamard_block)
+    return int8_epilogue_reference(int8_matmul(codes, w_codes), scale, w_scale, None, dtype)
+
+
+def int8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
+                hadamard_block: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(x·H) @ Wᵀ`` with per-token INT8 activations and per-channel INT8 weights ``(N, K)``:
+    Triton quantize (rotation fused) → ``torch._int_mm`` → Triton epilogue wherever Triton
+    runs (CUDA; CPU under the interpreter), the reference ops elsewhere."""
+    if not tri.runs_on(x.device):
+        return int8_linear_reference(x, w_codes, w_scale, hadamard_block, dtype)
+    codes, scale = quantize_rows_int8(x, hadamard_block)
+    return int8_epilogue(int8_matmul(codes, w_codes), scale, w_scale, None, dtype)
+
+
+# ---------------------------------------------------------------- FP8
+
+def fp8_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise E4M3: codes ``(M, K)`` float8_e4m3fn and fp32 scales ``(M, 1)`` (amax / 448)."""
+    amax = x.float().abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / F8_MAX, torch.ones_like(amax))
+    return (x.float() / scale).clamp_(-F8_MAX, F8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def fp8_linear_reference(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reference twin of :func:`fp8_linear`: dequantize both operands, fp32 matmul."""
+    xq, xs = fp8_quantize_rows(x)
+    return ((xq.float() * xs) @ (w_codes.float() * w_scale.reshape(-1, 1)).t()).to(dtype)
+
+
+def fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``x @ Wᵀ`` with row-wise E4M3 activations and E4M3 weights ``(N, K)`` with per-row
+    scales ``(N,)``, through ``torch._scaled_mm``. ``dtype``: fp32, bf16 or fp16."""
+    if not fp8_supported(x.device):
+        raise RuntimeError(f"FP8 GEMMs need CUDA sm_89+ or a CPU, not {x.device}: use fp8_linear_reference")
+    if w_codes.dtype != torch.float8_e4m3fn or x.dim() != 2 or x.shape[1] != w_codes.shape[1]:
+        raise ValueError(f"fp8_linear needs x (M, K) and float8_e4m3fn weights (N, K), got {tuple(x.shape)} and "
+                         f"{w_codes.dtype}{tuple(w_codes.shape)}")
+    xq, xs = fp8_quantize_rows(x)
+    return torch._scaled_mm(xq, w_codes.t(), scale_a=xs, scale_b=w_scale.float().reshape(1, -1).contiguous(),
+                            out_dtype=dtype)
+
+
+# ---------------------------------------------------------------- NVFP4
+
+def swizzle_block_scales(scales: torch.Tensor) -> torch.Tensor:
+    """E4M3 block scales ``(rows, K/16)`` in cuBLAS's block-scaled layout, flat.
+
+    The scale matrix is padded to whole 128 × 4 tiles; tiles are stored row-major over
+    (row tile, column tile), and inside a tile the scale of row ``r`` and column ``c`` sits at
+    ``(r mod 32)·16 + (r div 32)·4 + c`` — four 32-row strips interleaved, as the tensor
+    cores read them.
+    """
+    rows, cols = scales.shape
+    rt, ct = -(-rows // 128), -(-cols // 4)
+    padded = scales.new_zeros(rt * 128, ct * 4)
+    padded[:rows, :cols] = scales
+    tiles = padded.view(rt, 4, 32, ct, 4)  # (row tile, strip, row in strip, column tile, column)
+    return tiles.permute(0, 3, 2, 1, 4).reshape(-1)
+
+
+def unswizzle_block_scales(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of :func:`swizzle_block_scales`."""
+    rt, ct = -(-rows // 128), -(-cols // 4)
+    tiles = flat.view(rt, ct, 32, 4, 4).permute(0, 3, 2, 1, 4)
+    return tiles.reshape(rt * 128, ct * 4)[:rows, :cols]
+
+
+def nvfp4_operands(q: nvfp4.NVFP4Quantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """An NVFP4 tensor ``(rows, K)`` as ``_scaled_mm`` takes it: ``float4_e2m1fn_x2`` codes
+    ``(rows, K/2)`` (element 2i in the low nibble, as sixbit packs them) and swizzled scales."""
+    rows, k = q.shape
+    return q.codes.reshape(rows, k // 2).view(torch.float4_e2m1fn_x2), swizzle_block_scales(q.scales.reshape(rows, k // 16))
+
+
+def nvfp4_linear_reference(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reference twin of :func:`nvfp4_linear`: NVFP4 activations, both operands dequantized, fp32 matmul."""
+    return F.linear(nvfp4.quantize(x.float(), check=False).dequantize(), w.dequantize()).to(dtype)
+
+
+def nvfp4_linear(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``x @ Wᵀ`` with dynamic NVFP4 activations on FP4 tensor cores (``torch._scaled_mm``)."""
+    if not fp4_supported(x.device):
+        raise RuntimeError(f"NVFP4 × NVFP4 GEMMs need a Blackwell GPU (sm_100/sm_120), not {x.device}: "
+                           "use nvfp4_linear_reference (emulation)")
+    xq = nvfp4.quantize(x.float(), check=False)
+    a, sa = nvfp4_operands(xq)
+    b, sb = nvfp4_operands(w)
+    y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    return (y * (xq.global_scale * w.global_scale)).to(dtype)
+
+
+# ---------------------------------------------------------------- which path runs where
+
+def available(device: torch.device | str | None = None) -> dict[str, str]:
+    """Which path each precision takes on ``device`` (default: CUDA when present, else CPU).
+
+    Example:
+        >>> from sixbit.kernels import available
+        >>> available("cpu")["int8"]
+        'real: torch._int_mm'
+    """
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    int8 = int8_matmul_backend(device, 4096, 4096, 4096)
+    paths = {
+        "int8": f"real: {int8}" + (" + Triton fused quantize (Hadamard fused) and epilogue" if fused_int8(device) else ""),
+        "fp8": "real: torch._scaled_mm (row-wise E4M3)" if fp8_supported(device) else "not available (needs sm_89+)",
+        "nvfp4": "real: torch._scaled_mm (FP4 tensor cores)" if fp4_supported(device)
+        else "emulated: dequantize + fp32 matmul (no FP4 GEMM on this device)",
+        "w4a16": "real: Triton dequantize-in-the-GEMM" if weight4_fused(device)
+        else "dequantize the weight, then a 16-bit matmul",
+    }
+    return paths

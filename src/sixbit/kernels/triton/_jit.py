@@ -1,0 +1,94 @@
+"""The Triton kernels themselves (``@triton.jit``), imported only when a kernel is first called;
+their wrappers, reference twins and docs are in :mod:`.quantize` and :mod:`.gemm`."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def int8_rows(x_ptr, h_ptr, q_ptr, s_ptr, M, K, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+              ROTATE: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    row_ok = rows[:, None] < M
+    if ROTATE:
+        h = tl.load(h_ptr + cols[:, None] * BLOCK + cols[None, :])
+    amax = tl.zeros((ROWS,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        ok = row_ok & (k0 + cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * K + k0 + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        if ROTATE:
+            x = tl.dot(x, h, input_precision="ieee")
+        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+    scale = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
+    tl.store(s_ptr + rows, scale, mask=rows < M)
+    for k0 in range(0, K, BLOCK):
+        ok = row_ok & (k0 + cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * K + k0 + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        if ROTATE:
+            x = tl.dot(x, h, input_precision="ieee")
+        y = tl.math.div_rn(x, scale[:, None])
+        y = (y + 12582912.0) - 12582912.0  # 1.5·2^23: rounds |y| < 2^22 to nearest even
+        y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+        tl.store(q_ptr + rows[:, None] * K + k0 + cols[None, :], y.to(tl.int8), mask=ok)
+
+
+@triton.jit
+def e4m3(bits):
+    """fp32 value of E4M3 bit patterns (uint8): decoded arithmetically, so no FP8 hardware is needed."""
+    b = bits.to(tl.int32)
+    e = (b >> 3) & 15
+    m = (b & 7).to(tl.float32)
+    v = tl.where(e == 0, m * 0.001953125, (8.0 + m) * tl.exp2((e - 10).to(tl.float32)))
+    return tl.where((b & 128) != 0, -v, v)
+
+@triton.jit
+def nibbles(byte, SIGNED_INT: tl.constexpr):
+    """fp32 values of 4-bit codes: E2M1 (NVFP4) or two's-complement INT4."""
+    c = byte.to(tl.int32) & 15
+    if SIGNED_INT:
+        return tl.where(c >= 8, c - 16, c).to(tl.float32)
+    mag = c & 7
+    e = mag >> 1
+    half = (mag & 1).to(tl.float32) * 0.5
+    v = tl.where(e == 0, half, (1.0 + half) * tl.exp2((e - 1).to(tl.float32)))
+    return tl.where(c >= 8, -v, v)
+
+@triton.jit
+def weight4(x_ptr, c_ptr, s_ptr, g_ptr, y_ptr, M, N, K, G, TM: tl.constexpr, TN: tl.constexpr,
+            TK: tl.constexpr, GROUP: tl.constexpr, NVFP4: tl.constexpr):
+    rm = tl.program_id(0) * TM + tl.arange(0, TM)
+    rn = tl.program_id(1) * TN + tl.arange(0, TN)
+    half = tl.arange(0, TK // 2)
+    ks = tl.arange(0, TK)
+    acc = tl.zeros((TM, TN), dtype=tl.float32)
+    gscale = tl.load(g_ptr)
+    for k0 in range(0, K, TK):
+        x = tl.load(x_ptr + rm[:, None] * K + k0 + ks[None, :], mask=rm[:, None] < M, other=0.0)
+        byte = tl.load(c_ptr + rn[:, None] * (K // 2) + k0 // 2 + half[None, :], mask=rn[:, None] < N, other=0)
+        lo = nibbles(byte, not NVFP4)
+        hi = nibbles(byte >> 4, not NVFP4)
+        w = tl.reshape(tl.join(lo, hi), (TN, TK))  # element 2i in the low nibble
+        if GROUP >= TK:
+            sidx = (k0 // GROUP) + tl.zeros((1,), dtype=tl.int32)
+            s = tl.load(s_ptr + rn[:, None] * G + sidx[None, :], mask=rn[:, None] < N, other=0)
+        else:
+            sidx = k0 // GROUP + tl.arange(0, TK) // GROUP
+            s = tl.load(s_ptr + rn[:, None] * G + sidx[None, :], mask=rn[:, None] < N, other=0)
+        if NVFP4:
+            s = e4m3(s) * gscale
+        w = (w * s).to(x.dtype)
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+    tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+@triton.jit
+def epilogue(a_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, M, N, TM: tl.constexpr, TN: tl.constexpr, BIAS: tl.constexpr):
+    rm = tl.program_id(0) * TM + tl.arange(0, TM)
+    rn = tl.program_id(1) * TN + tl.arange(0, TN)
+    ok = (rm[:, None] < M) & (rn[None, :] < N)
+    acc = tl.load(a_ptr + rm[:, None] * N + rn[None, :], mask=ok, other=0).to(tl.float32)
+    y = acc * tl.load(xs_ptr + rm, mask=rm < M, other=0.0)[:, None] * tl.load(ws_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    if BIAS:
+        y += tl.load(b_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=ok)

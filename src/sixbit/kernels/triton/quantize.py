@@ -1,0 +1,58 @@
+"""Fused per-token INT8 quantization of a linear layer's input, optionally rotated first.
+
+``quantize_rows_int8(x, hadamard)`` returns what ``sixbit.formats.integer.quantize(x·H, bits=8,
+granularity="token")`` returns — codes ``(M, K)`` int8 and scales ``(M, 1)`` fp32 (an all-zero
+row gets scale 1) — in one kernel: each program takes 16 rows, reads them twice (abs-max, then
+codes), and applies the block-diagonal rotation ``H`` (its ``b × b`` block, fp32) tile by tile on
+the fly, so the rotated input never goes to memory. Rounding is to nearest, ties to even, like
+``torch.round``. Without a rotation the result is bit-identical to the reference; with one, the
+fp32 rotation sums in another order than torch's matmul, so a code can differ by one where the
+value sits on a rounding boundary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...formats import integer
+from ...transforms import hadamard
+from . import require
+
+
+def _jit():
+    from . import _jit
+
+    return _jit
+
+_ROWS = 16  # rows per program (tl.dot needs ≥ 16)
+
+
+def quantize_rows_int8_reference(x: torch.Tensor, hadamard_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference twin: ``(codes (M, K) int8, scale (M, 1) fp32)`` of ``x`` (2-D), rotated when asked."""
+    x = x.float()
+    if hadamard_block is not None:
+        x = hadamard.rotate(x, hadamard_block)
+    q = integer.quantize(x, bits=8, granularity="token", check=False)
+    return q.values(), q.scale
+
+
+def quantize_rows_int8(x: torch.Tensor, hadamard_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton kernel: per-token INT8 codes and scales of ``x`` (2-D, any float dtype), with the
+    block-diagonal Hadamard rotation of size ``hadamard_block`` fused in when given."""
+    require(x.device)
+    if x.dim() != 2:
+        raise ValueError(f"quantize_rows_int8 needs a 2-D input, got shape {tuple(x.shape)}")
+    m, k = x.shape
+    block = hadamard_block or min(64, 1 << max(4, (k - 1).bit_length()))
+    if hadamard_block is not None:
+        hadamard.check_block(k, hadamard_block)
+        h = hadamard.hadamard_matrix(hadamard_block, torch.float32, x.device).contiguous()
+    else:
+        h = torch.empty(0, device=x.device)
+    x = x.contiguous()
+    codes = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    if m:
+        _jit().int8_rows[(-(-m // _ROWS),)](x, h, codes, scale, m, k, ROWS=_ROWS, BLOCK=block,
+                                            ROTATE=hadamard_block is not None)
+    return codes, scale

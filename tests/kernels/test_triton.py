@@ -1,0 +1,101 @@
+"""Triton kernels ≡ their reference twins, on CPU under the interpreter (small shapes).
+
+The interpreter mis-handles bfloat16 tensors, so 16-bit inputs here are fp16; the GPU benchmark
+(``benchmarks/gpu/run.py``) checks bf16 on a real GPU.
+"""
+
+import pytest
+import torch
+
+from sixbit import formats
+from sixbit.kernels import triton as tri
+
+pytestmark = pytest.mark.skipif(not tri.runs_on("cpu"), reason="needs triton with TRITON_INTERPRET=1")
+
+
+@pytest.mark.parametrize("m,k", [(1, 16), (5, 64), (37, 192), (17, 100)])
+def test_int8_rows_match_reference_bit_for_bit(m, k):
+    from sixbit.kernels.triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
+
+    x = torch.randn(m, k) * torch.logspace(-3, 3, m).reshape(-1, 1)
+    x[0] = 0  # an all-zero row gets scale 1
+    codes, scale = quantize_rows_int8(x)
+    ref_codes, ref_scale = quantize_rows_int8_reference(x)
+    assert torch.equal(scale, ref_scale) and torch.equal(codes, ref_codes)
+    assert scale[0].item() == 1.0 and not codes[0].any()
+
+
+@pytest.mark.parametrize("k,block", [(64, 16), (256, 128), (96, 32)])
+def test_int8_rows_with_fused_hadamard_match_rotate_then_quantize(k, block):
+    from sixbit.kernels.triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
+
+    x = torch.randn(20, k, dtype=torch.float16)
+    codes, scale = quantize_rows_int8(x, block)
+    ref_codes, ref_scale = quantize_rows_int8_reference(x, block)
+    # the rotation sums in another order than torch's matmul: scales agree to an fp32 ulp or
+    # two, a code may move by one where its value sits on a rounding boundary
+    torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
+    diff = (codes.int() - ref_codes.int()).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-2
+
+
+@pytest.mark.parametrize("fmt,k", [("nvfp4", 96), ("int4", 64), ("int4-g64", 128), ("int4-g16", 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_weight4_linear_matches_dequantize_then_linear(fmt, k, dtype):
+    from sixbit.kernels import weight4_linear, weight4_linear_reference
+
+    w = formats.get(fmt).quantize(torch.randn(40, k))
+    x = torch.randn(7, k).to(dtype)
+    y, ref = weight4_linear(x, w), weight4_linear_reference(x, w)
+    assert y.dtype == dtype and y.shape == (7, 40)
+    # the same products summed in fp32 in another order, rounded once to the output dtype
+    tol = 1e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
+
+
+def test_weight4_linear_rejects_what_it_cannot_read():
+    from sixbit.kernels import weight4_linear
+
+    with pytest.raises(ValueError, match="NVFP4 or symmetric"):
+        weight4_linear(torch.randn(2, 64), formats.get("int8").quantize(torch.randn(8, 64)))
+    with pytest.raises(ValueError, match="x of shape"):
+        weight4_linear(torch.randn(2, 32), formats.get("nvfp4").quantize(torch.randn(8, 64)))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_epilogue_matches_reference(bias):
+    from sixbit.kernels.triton.gemm import int8_epilogue, int8_epilogue_reference
+
+    acc = torch.randint(-40000, 40000, (19, 33), dtype=torch.int32)
+    xs, ws = torch.rand(19, 1), torch.rand(33)
+    b = torch.randn(33) if bias else None
+    assert torch.equal(int8_epilogue(acc, xs, ws, b, torch.float32), int8_epilogue_reference(acc, xs, ws, b, torch.float32))
+
+
+@pytest.mark.parametrize("block", [None, 32])
+def test_int8_linear_fused_path_matches_reference(block):
+    from sixbit.kernels import int8_linear, int8_linear_reference
+
+    w = formats.get("int8").quantize(torch.randn(24, 64))
+    x = torch.randn(9, 64)
+    y = int8_linear(x, w.values(), w.scale.reshape(-1), block)
+    ref = int8_linear_reference(x, w.values(), w.scale.reshape(-1), block)
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_quant_linear_takes_the_triton_paths_where_they_run(monkeypatch):
+    """With the CUDA switches on (here: the interpreter), QuantLinear routes INT8 calls through
+    the fused quantize (rotation included) and weight-only calls through the 4-bit GEMM, with
+    the reference path's numerics."""
+    import sixbit.kernels as kernels
+    from sixbit.nn import QuantLinear
+    from sixbit.nn.precision import ActMode
+
+    q = QuantLinear.from_linear(torch.nn.Linear(64, 40), "nvfp4", hadamard_block=32, act_mode="int8")
+    x = torch.randn(2, 5, 64)
+    ref_int8, ref_fp = q(x), q(x, mode=ActMode.FP)
+    monkeypatch.setattr(kernels, "fused_int8", lambda device: True)
+    monkeypatch.setattr(kernels, "weight4_fused", lambda device: True)
+    assert "Triton" in q.execution() and "Triton" in q.execution("fp")
+    torch.testing.assert_close(q(x), ref_int8, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q(x, mode=ActMode.FP), ref_fp, rtol=1e-5, atol=1e-5)
