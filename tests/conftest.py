@@ -1,3 +1,9 @@
+import os
+
+# Triton kernels run on CPU tensors in Triton's interpreter, which Triton reads when it is first
+# imported (torch imports it early): set before anything else.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 

@@ -6,7 +6,12 @@ import torch
 from sixbit import formats
 from sixbit.formats import nvfp4
 from sixbit.kernels import available, fp8_linear, fp8_linear_reference, nvfp4_linear
-from sixbit.kernels.cuda import fp8_quantize_rows, nvfp4_operands, swizzle_block_scales, unswizzle_block_scales
+from sixbit.kernels.cuda import (
+    fp8_quantize_rows,
+    nvfp4_operands,
+    swizzle_block_scales,
+    unswizzle_block_scales,
+)
 
 
 def test_fp8_scaled_mm_matches_dequantized_matmul():

@@ -15,7 +15,10 @@ pytestmark = pytest.mark.skipif(not tri.runs_on("cpu"), reason="needs triton wit
 
 @pytest.mark.parametrize("m,k", [(1, 16), (5, 64), (37, 192), (17, 100)])
 def test_int8_rows_match_reference_bit_for_bit(m, k):
-    from sixbit.kernels.triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
+    from sixbit.kernels.triton.quantize import (
+        quantize_rows_int8,
+        quantize_rows_int8_reference,
+    )
 
     x = torch.randn(m, k) * torch.logspace(-3, 3, m).reshape(-1, 1)
     x[0] = 0  # an all-zero row gets scale 1
@@ -27,7 +30,10 @@ def test_int8_rows_match_reference_bit_for_bit(m, k):
 
 @pytest.mark.parametrize("k,block", [(64, 16), (256, 128), (96, 32)])
 def test_int8_rows_with_fused_hadamard_match_rotate_then_quantize(k, block):
-    from sixbit.kernels.triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
+    from sixbit.kernels.triton.quantize import (
+        quantize_rows_int8,
+        quantize_rows_int8_reference,
+    )
 
     x = torch.randn(20, k, dtype=torch.float16)
     codes, scale = quantize_rows_int8(x, block)
@@ -87,7 +93,7 @@ def test_quant_linear_takes_the_triton_paths_where_they_run(monkeypatch):
     """With the CUDA switches on (here: the interpreter), QuantLinear routes INT8 calls through
     the fused quantize (rotation included) and weight-only calls through the 4-bit GEMM, with
     the reference path's numerics."""
-    import sixbit.kernels as kernels
+    from sixbit import kernels
     from sixbit.nn import QuantLinear
     from sixbit.nn.precision import ActMode
 
