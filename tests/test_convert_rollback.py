@@ -30,8 +30,10 @@ def _one_thread():
 
 def _config(preset: str):
     config = resolve(preset)
-    if config.dmpq is not None:  # one grid cell: record, base, cell and refine runs, in that order
-        config = dataclasses.replace(config, dmpq=dataclasses.replace(config.dmpq, step_groups=1, block_groups=1))
+    if config.dmpq is not None:  # one grid cell: record, base, cell and refine runs, in that order;
+        # NVFP4 on this CPU too (balanced maps DMPQ to INT8 where FP4 GEMMs are missing), so DMPQ runs
+        config = dataclasses.replace(config, dmpq=dataclasses.replace(config.dmpq, step_groups=1, block_groups=1,
+                                                                      low="nvfp4"))
     return config
 
 

@@ -103,3 +103,24 @@ def test_bad_specs_name_the_fix(tmp_path):
 def test_quant_config_becomes_weights_with_its_act_mode():
     cfg = resolve(sixbit.QuantConfig(weight_format="int8", act_mode="int8"))
     assert cfg.activations == "int8" and cfg.cache is None and cfg.weights.weight_format == "int8"
+
+
+def test_balanced_runs_the_fastest_real_path_of_the_device(monkeypatch):
+    from sixbit import presets
+
+    config, note = presets.for_device(resolve("balanced"), "cpu")
+    assert config.activations == "int8" and config.dmpq is None and "no real GEMM on cpu" in note
+    assert config.weights == resolve("balanced").weights and config.cache == resolve("balanced").cache
+    # an explicit choice runs as configured (emulated where it must be)
+    for name in ("w4a6-dynamic", "aggressive", "w8a8"):
+        assert presets.for_device(resolve(name), "cpu") == (resolve(name), None)
+    # with FP4 GEMMs (Blackwell), DMPQ keeps NVFP4
+    monkeypatch.setattr(presets, "fp4_supported", lambda device: True)
+    assert presets.for_device(resolve("balanced"), "cuda") == (resolve("balanced"), None)
+
+
+def test_dmpq_low_is_checked():
+    from sixbit.methods.dmpq import DMPQConfig
+
+    with pytest.raises(ValueError, match='low must be "nvfp4" or "auto"'):
+        DMPQConfig(low="int4")

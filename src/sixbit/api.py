@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -124,12 +124,15 @@ class Summary:
             e.g. static W8A8's extra weight variants; shared storage counted once).
         converted_bytes: weight copies quantized layers keep converted for another activation
             mode (``cache_converted=True``), not in any buffer.
+        notes: what the conversion's preset became on this device
+            (:func:`sixbit.presets.for_device`), when anything did.
     """
 
     model: str
     layers: list[LayerInfo]
     tensor_bytes: int = 0
     converted_bytes: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -176,6 +179,7 @@ class Summary:
             f"{(self.tensor_bytes - self.bytes_after) / 2**20:.2f}, converted weight copies "
             f"{self.converted_bytes / 2**20:.2f})"
         )
+        lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -209,5 +213,9 @@ def summary(model: nn.Module) -> Summary:
             rows.append(LayerInfo(name, spec.role_of(name).value, "fp", mod.in_features, mod.out_features,
                                   size, size, f"{str(mod.weight.dtype).removeprefix('torch.')} (not quantized)"))
     converted = sum(m.converted_nbytes() for m in model.modules() if isinstance(m, QuantLinear))
-    return Summary(type(model).__name__, rows, _tensor_bytes(model), converted)
+    from .convert import conversion_of  # convert builds on this module
+
+    conversion = conversion_of(model)
+    notes = [conversion.hardware] if conversion is not None and conversion.hardware else []
+    return Summary(type(model).__name__, rows, _tensor_bytes(model), converted, notes)
 

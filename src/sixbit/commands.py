@@ -18,8 +18,8 @@ from . import checkpoint
 from .api import summary
 from .convert import conversion_of, convert_model
 from .hub import SHIPPED, load_pipeline, shapes_arch
-from .presets import PRESETS, resolve
 from .methods.delta_cache import DeltaCacheConfig, enable_delta_cache
+from .presets import PRESETS, for_device, resolve
 
 DEFAULT_SEED = 0
 
@@ -76,9 +76,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"wrote {result.path}")
         return 0
     pipe = load_pipeline(args.model, progress_bar=True)
-    calib = _calibration(args, pipe) if config.needs_calibration else None
-    if config.dmpq is not None and config.dmpq.error_at == "video" and isinstance(calib, list):  # not a video folder
-        runs = 3 + config.dmpq.step_groups * config.dmpq.block_groups
+    runs_as, hardware = for_device(config, pipe.transformer.device)  # what convert_model will do here
+    if hardware:
+        print(hardware)
+    calib = _calibration(args, pipe) if runs_as.needs_calibration else None
+    if runs_as.dmpq is not None and runs_as.dmpq.error_at == "video" and isinstance(calib, list):  # not a video folder
+        runs = 3 + runs_as.dmpq.step_groups * runs_as.dmpq.block_groups
         print(f"fitting DMPQ to what NVFP4 costs the videos: the calibration prompts run up to {runs} times")
     t0 = time.perf_counter()
     convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=_call_kwargs(args))
@@ -227,6 +230,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {cfg['description']}")
         if conv.get("calibration"):
             print(f"  calibrated on {json.dumps(conv['calibration'])}")
+        if conv.get("hardware"):
+            print(f"  {conv['hardware']}")
         if conv.get("predictor"):
             p = conv["predictor"]
             print(f"  DMPQ predictor over {len(p['blocks'])} blocks, threshold {p['threshold']:.4g}")

@@ -14,8 +14,9 @@ import os
 import types
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,11 +28,16 @@ from .calibration.videos import read_videos, video_runner
 from .lora import attach_diffusers_methods
 from .methods.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
 from .methods.dmpq import DMPQ, DMPQPredictor, apply_dmpq, fit_dmpq, remove_dmpq
-from .methods.stabilize import DEFAULT_DEADZONE, FrameStabilizer, apply_stabilizer, remove_stabilizer
+from .methods.stabilize import (
+    DEFAULT_DEADZONE,
+    FrameStabilizer,
+    apply_stabilizer,
+    remove_stabilizer,
+)
 from .methods.static_w8a8 import apply_static_w8a8
 from .models.registry import spec_for
 from .nn.precision import ACT_BITS, ActMode, Level, act_mode, average_bits
-from .presets import ConvertConfig, resolve
+from .presets import ConvertConfig, for_device, resolve
 from .runtime.blocks import quant_linears
 from .runtime.context import HOOK_NAME as STEP_HOOK_NAME
 from .runtime.context import track_steps, tracker_of
@@ -51,6 +57,8 @@ class Conversion:
         cache: the installed delta cache (``.report()``: skip map, skip share, cache bytes).
         stabilizer: the frame stabilizer (``stabilize_frames=True``).
         default: the configured activation precision's policy (``"int8"``, ``"nvfp4"``, ``"fp"``).
+        hardware: what the preset's intent became on the device it was converted on
+            (:func:`sixbit.presets.for_device`), or ``None`` when it runs as configured.
     """
 
     config: ConvertConfig
@@ -59,7 +67,8 @@ class Conversion:
     dmpq: DMPQ | None = None
     cache: DeltaCache | None = None
     stabilizer: FrameStabilizer | None = None
-    default: "DefaultPrecision | None" = None
+    default: DefaultPrecision | None = None
+    hardware: str | None = None
 
     def average_act_bits(self) -> float:
         """GEMM-FLOP-weighted activation bits of the last run under DMPQ (PDR's full-precision
@@ -88,7 +97,7 @@ class DefaultPrecision:
         return self.mode
 
 
-_CONVERSIONS: "weakref.WeakKeyDictionary[nn.Module, Conversion]" = weakref.WeakKeyDictionary()
+_CONVERSIONS: weakref.WeakKeyDictionary[nn.Module, Conversion] = weakref.WeakKeyDictionary()
 
 
 def _transformer_of(model_or_pipe) -> tuple[nn.Module, Any]:
@@ -147,7 +156,7 @@ def _attach_save(obj) -> None:
         """Write the converted transformer (weights, predictor, cache and calibration state) to ``path``."""
         return checkpoint.save(transformer, path)
 
-    setattr(obj, "save", types.MethodType(save, obj))
+    obj.save = types.MethodType(save, obj)
 
 
 def _deadzone(stabilize_frames) -> float | None:
@@ -162,9 +171,9 @@ def _deadzone(stabilize_frames) -> float | None:
 
 
 def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor | None, deadzone: float | None,
-             calibration: dict | None) -> Conversion:
+             calibration: dict | None, hardware: str | None = None) -> Conversion:
     """Install the runtime methods of an already quantized model and remember the conversion."""
-    conversion = Conversion(config, calibration, predictor)
+    conversion = Conversion(config, calibration, predictor, hardware=hardware)
     _CONVERSIONS[model] = conversion  # first: a failure below is undone through it
     if config.activations in ("int8", "nvfp4", "fp"):
         conversion.default = DefaultPrecision(config.activations)
@@ -290,8 +299,11 @@ def convert_model(
         ...                      calibration_kwargs={"num_inference_steps": 8})  # doctest: +SKIP
         >>> pipe.save("6bit_model.safetensors")                                   # doctest: +SKIP
     """
-    config = resolve(quant_config)
     transformer, pipe = _transformer_of(model)
+    device = next((p.device for p in transformer.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    config, hardware = for_device(resolve(quant_config), device)
+    if hardware:
+        logger.info("%s", hardware)
     pipe = pipe if pipe is not None else pipeline
     deadzone = _deadzone(stabilize_frames)
     _check(config, transformer, deadzone)
@@ -309,7 +321,7 @@ def convert_model(
     tracked = tracker_of(transformer) is not None  # a step tracker the caller installed survives a rollback
     try:
         predictor = _quantize_and_fit(transformer, config, run, calibration)
-        _install(transformer, config, predictor, deadzone, calibration)
+        _install(transformer, config, predictor, deadzone, calibration, hardware)
     except BaseException:
         try:
             _undo(transformer, originals, tracked)
@@ -336,6 +348,7 @@ def conversion_state(conversion: Conversion) -> tuple[dict, dict]:
         "calibration": conversion.calibration,
         "predictor": None if conversion.predictor is None else conversion.predictor.to_dict(),
         "stabilize_frames": None if conversion.stabilizer is None else conversion.stabilizer.deadzone,
+        "hardware": conversion.hardware,
     }
     return meta, {}
 
@@ -352,11 +365,11 @@ def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> 
     if deadzone is not None and not isinstance(deadzone, (int, float)):
         raise ValueError(f"the conversion state has an invalid stabilize_frames value {deadzone!r}")
     _remove_methods(model)  # loading into a converted model replaces its methods
-    _install(model, config, predictor, deadzone, meta.get("calibration"))
+    _install(model, config, predictor, deadzone, meta.get("calibration"), meta.get("hardware"))
     _attach_save(model)
     attach_diffusers_methods(model)
 
 
 EXTENSION = checkpoint.CheckpointExtension("conversion", _export, _restore)
 
-__all__ = ["Conversion", "DefaultPrecision", "convert_model", "conversion_of"]
+__all__ = ["Conversion", "DefaultPrecision", "conversion_of", "convert_model"]

@@ -35,7 +35,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .config import QuantConfig
+from .kernels import fp4_supported
 from .methods.delta_cache import DeltaCacheConfig
 from .methods.dmpq import DMPQConfig
 from .methods.static_w8a8 import StaticW8A8Config
@@ -120,7 +123,7 @@ class ConvertConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ConvertConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ConvertConfig:
         """Build from ``to_dict()``'s shape; every problem (unknown keys included) in one error."""
         if not isinstance(data, dict):
             raise ValueError(f"a ConvertConfig must be a JSON object, got {type(data).__name__}")
@@ -193,8 +196,8 @@ def _w4_rtn(act: str) -> dict[str, Any]:
 # block calls of the full-precision shapes models at 20 steps; 0.3 reaches ≈ 50–55 %.
 _PRESETS: dict[str, dict[str, Any]] = {
     "balanced": dict(
-        **_w4("dynamic"), dmpq=DMPQConfig(target_bits=6.0), cache=DeltaCacheConfig(),
-        description="the full method: NVFP4 weights (GPTQ, searched scales, low-rank branch), DMPQ activations (NVFP4/INT8 per block and step, target 6 bits; INT8 right after skips), delta cache with PDR",
+        **_w4("dynamic"), dmpq=DMPQConfig(target_bits=6.0, low="auto"), cache=DeltaCacheConfig(),
+        description="the full method: NVFP4 weights (GPTQ, searched scales, low-rank branch), DMPQ activations (NVFP4/INT8 per block and step, target 6 bits, where the device has FP4 GEMMs; INT8 elsewhere), delta cache with PDR",
     ),
     "high_quality": dict(
         weights=QuantConfig(weight_format="int8", boundary_blocks=1, boundary_format=None), activations="int8",
@@ -293,7 +296,7 @@ def from_json_dict(data: Any) -> ConvertConfig:
     return ConvertConfig.from_dict(data)
 
 
-def resolve(spec: "str | os.PathLike | dict | ConvertConfig | QuantConfig") -> ConvertConfig:
+def resolve(spec: str | os.PathLike | dict | ConvertConfig | QuantConfig) -> ConvertConfig:
     """Turn what a user passes as ``quant_config`` into a validated :class:`ConvertConfig`.
 
     ``spec``: a preset name (:data:`PRESETS`), a path to a ``.json`` file, a dict in either JSON
@@ -326,3 +329,26 @@ def resolve(spec: "str | os.PathLike | dict | ConvertConfig | QuantConfig") -> C
         f"quant_config must be a preset name, a .json path, a dict, a ConvertConfig or a QuantConfig, "
         f"got {type(spec).__name__}"
     )
+
+
+def for_device(config: ConvertConfig, device: torch.device | str) -> tuple[ConvertConfig, str | None]:
+    """``config`` as it runs on ``device``, and a note saying what changed (``None``: nothing).
+
+    A preset names an intent; its low-bit arithmetic takes the device's fastest real path.
+    DMPQ with ``low="auto"`` (the ``balanced`` preset) chooses NVFP4 activations for speed, which
+    only FP4 tensor cores deliver (:func:`sixbit.kernels.available`); on any other device NVFP4
+    would be emulated — slower than INT8 — so every call runs at INT8 (a real integer GEMM) and
+    no DMPQ predictor is fitted. Everything else runs as configured.
+
+    Example:
+        >>> config, note = for_device(resolve("balanced"), "cpu")
+        >>> config.activations, note.startswith("DMPQ")
+        ('int8', True)
+    """
+    device = torch.device(device)
+    if config.activations != "dynamic" or config.dmpq.low != "auto" or fp4_supported(device):
+        return config, None
+    note = (f"DMPQ's low precision is NVFP4, which has no real GEMM on {device.type} "
+            "(sixbit.kernels.available()): every call runs at INT8, the fastest real low-bit GEMM here")
+    return dataclasses.replace(config, activations="int8", dmpq=None,
+                               description=f"{config.description} [on {device.type}: INT8 activations everywhere]"), note

@@ -59,6 +59,11 @@ class DMPQConfig:
         step_groups: contiguous step ranges of the ``"video"`` grid (default 5).
         block_groups: contiguous block ranges of the ``"video"`` grid (default 4; models with
             fewer blocks use one per block).
+        low: ``"nvfp4"`` (default): the low precision is NVFP4 on every device (emulated where
+            there is no FP4 GEMM). ``"auto"``: NVFP4 where the device has an FP4 GEMM; elsewhere
+            DMPQ's choice would be emulated, slower than INT8, so the conversion runs every call
+            at INT8 — the fastest real low-bit GEMM there — and fits no predictor
+            (:func:`sixbit.presets.for_device`; the ``balanced`` preset uses it).
     """
 
     target_bits: float = 6.0
@@ -67,9 +72,12 @@ class DMPQConfig:
     error_at: str = "video"
     step_groups: int = 5
     block_groups: int = 4
+    low: str = "nvfp4"
 
     def __post_init__(self):
         problems = []
+        if self.low not in ("nvfp4", "auto"):
+            problems.append(f'low must be "nvfp4" or "auto", got {self.low!r}')
         if not ACT_BITS[ActMode.NVFP4] <= self.target_bits <= ACT_BITS[ActMode.INT8]:
             problems.append(f"target_bits must be within [4.5, 8], got {self.target_bits!r}")
         if self.threshold is not None and not self.threshold >= 0:
