@@ -17,6 +17,7 @@ from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
 from .convert import Conversion, conversion_of, convert_model  # noqa: E402
 from .lora import load_lora, loras, set_lora_scale, unload_lora  # noqa: E402
+from .methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant  # noqa: E402
 from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
 from .methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq  # noqa: E402
 from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info  # noqa: E402
@@ -27,6 +28,7 @@ from .runtime import track_steps  # noqa: E402
 
 __all__ = [
     "ActMode",
+    "AttentionQuantConfig",
     "CalibrationData",
     "Conversion",
     "ConvertConfig",
@@ -39,6 +41,7 @@ __all__ = [
     "StaticW8A8Config",
     "StreamedConversion",
     "__version__",
+    "apply_attention_quant",
     "apply_dmpq",
     "apply_static_w8a8",
     "calibrate",
@@ -57,6 +60,7 @@ __all__ = [
     "quantize",
     "range_parameters",
     "read_header",
+    "remove_attention_quant",
     "save",
     "set_lora_scale",
     "static_w8a8_info",

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import logging
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -112,6 +113,7 @@ def _apply_preset(name, ablation: str = "", **cache_changes):
 
     def apply(pipe, ctx, value):
         import sixbit
+
         from ..presets import preset
 
         config = preset(name)
@@ -134,11 +136,20 @@ def _apply_preset(name, ablation: str = "", **cache_changes):
     return apply
 
 
+def _emulated(config) -> bool:
+    """Whether ``config`` runs NVFP4 activations emulated on this machine's device."""
+    from ..kernels import fp4_supported
+    from ..presets import for_device
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return for_device(config, device)[0].activations in ("nvfp4", "dynamic") and not fp4_supported(device)
+
+
 def _preset_method(name: str) -> Method:
     from ..presets import preset
 
     config = preset(name)
-    emulated = config.activations in ("nvfp4", "dynamic")
+    emulated = _emulated(config)
     return Method(
         name, "sixbit", config.description or name, _apply_preset(name),
         param="threshold" if config.cache is not None else None, emulated=emulated,
@@ -147,13 +158,27 @@ def _preset_method(name: str) -> Method:
 
 if "balanced" in _preset_names():  # issue 7's ablations
     register(Method("balanced-nopdr", "sixbit", "balanced without PDR (DMPQ + delta cache only)",
-                    _apply_preset("balanced", "PDR off", pdr=False), param="threshold", emulated=True))
+                    _apply_preset("balanced", "PDR off", pdr=False), param="threshold",
+                    emulated=_preset_method("balanced").emulated))
     register(Method("aggressive-nopdr", "sixbit", "aggressive without PDR (its refreshes stay NVFP4)",
                     _apply_preset("aggressive", "PDR off", pdr=False), param="threshold", emulated=True))
     register(Method("tdc-perblock", "sixbit", "the delta cache with each block deciding alone",
                     _apply_preset("tdc", "blocks decide alone", decide_per_block=True), param="threshold"))
     register(Method("tdc-nodrift", "sixbit", "the delta cache replaying residuals unchanged (no drift term)",
                     _apply_preset("tdc", "no drift term", drift=0.0), param="threshold"))
+
+
+def _apply_int8_attention(pipe, ctx, value):
+    from ..methods.attention import AttentionQuantConfig, apply_attention_quant
+
+    start = None if value is None else int(value)
+    state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(steps=(start, None)))
+    return f"INT8 QKᵀ (K smoothed) + FP16 PV, {'every step' if start is None else f'from step {start}'}; {state.path}"
+
+
+register(Method("int8-attention", "sixbit", "quantized attention (SageAttention's method) on the full-precision model",
+                _apply_int8_attention, param="first quantized step",
+                emulated=not torch.cuda.is_available() or importlib.util.find_spec("sageattention") is None))
 
 
 # ------------------------------------------------------------------------ diffusers caches

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..formats import nvfp4
 from . import triton as tri
 from .cpu import int8_matmul, int8_matmul_backend
-from .triton.gemm import int8_epilogue, int8_epilogue_reference, weight4_linear
+from .triton.gemm import int8_epilogue, int8_epilogue_reference
 from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
 
 F8_MAX = 448.0

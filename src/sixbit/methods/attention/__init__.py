@@ -1,0 +1,12 @@
+"""Quantized attention (INT8 Q·Kᵀ with smoothed K, FP16 P·V) per block and step."""
+
+from .method import (
+    AttentionQuantConfig,
+    AttentionQuantState,
+    apply_attention_quant,
+    attention_quant_of,
+    remove_attention_quant,
+)
+
+__all__ = ["AttentionQuantConfig", "AttentionQuantState", "apply_attention_quant", "attention_quant_of",
+           "remove_attention_quant"]

@@ -1,0 +1,160 @@
+"""Quantized attention per block and step (SageAttention's method; seed 000's low-bit attention).
+
+:func:`apply_attention_quant` hooks every attention module (one with a diffusers processor)
+inside the model's blocks. While a selected block runs at a selected step, the processor's
+``F.scaled_dot_product_attention`` calls (directly, or through diffusers' attention dispatcher's
+native backend) go to :func:`sixbit.kernels.attention.int8_attention`: INT8 Q·Kᵀ after smoothing
+K by its token mean, FP16 P·V. Calls it cannot take (a mask, dropout, causal, grouped heads) run
+unchanged and are counted. **Emulated** on CPU and on GPUs without the ``sageattention`` package
+(see :func:`sixbit.kernels.attention.int8_attention_path`): the method's numerics, not INT8 speed.
+
+Config → state → hook → ``apply_attention_quant`` / ``remove_attention_quant``.
+
+Example:
+    >>> state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(steps=(2, None)))  # doctest: +SKIP
+    >>> pipe("a red circle moving right"); state.quantized_calls > 0                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from diffusers.hooks import HookRegistry, ModelHook
+
+from ...kernels.attention import int8_attention, int8_attention_path
+from ...models import iter_blocks, spec_for
+from ...runtime.context import track_steps
+
+HOOK_NAME = "sixbit_attention_quant"
+
+
+@dataclasses.dataclass
+class AttentionQuantConfig:
+    """Where attention is quantized.
+
+    Args:
+        blocks: ``(start, stop)`` block indices (``stop`` excluded; ``None`` = open end), or
+            ``None`` for every block.
+        steps: ``(start, stop)`` denoising step indices likewise, or ``None`` for every step.
+    """
+
+    blocks: tuple[int | None, int | None] | None = None
+    steps: tuple[int | None, int | None] | None = None
+
+    def __post_init__(self):
+        for name in ("blocks", "steps"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if (not isinstance(value, (tuple, list)) or len(value) != 2
+                    or not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in value)):
+                raise ValueError(f"{name} must be None or (start, stop) with integers ≥ 0 or None, got {value!r}")
+            setattr(self, name, tuple(value))
+
+    def selects(self, block: int, step: int) -> bool:
+        return _within(self.blocks, block) and _within(self.steps, step)
+
+
+def _within(span, i: int) -> bool:
+    return span is None or ((span[0] is None or i >= span[0]) and (span[1] is None or i < span[1]))
+
+
+@dataclasses.dataclass
+class AttentionQuantState:
+    """Counts of the attention calls since the last :meth:`reset`."""
+
+    config: AttentionQuantConfig
+    path: str = ""
+    quantized_calls: int = 0
+    full_precision_calls: int = 0  # outside the selected blocks / steps
+    unsupported_calls: int = 0  # a mask, dropout, causal or grouped heads: run unchanged
+
+    def reset(self) -> None:
+        self.quantized_calls = self.full_precision_calls = self.unsupported_calls = 0
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+class _QuantSDPA(TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` to the INT8 method while active."""
+
+    def __init__(self, state: AttentionQuantState):
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            call = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+            q, k, v = call["query"], call["key"], call["value"]
+            if (call.get("attn_mask") is None and not call.get("dropout_p") and not call.get("is_causal")
+                    and not call.get("enable_gqa") and q.shape[:-2] == k.shape[:-2]):
+                self.state.quantized_calls += 1
+                return int8_attention(q, k, v, call.get("scale"))
+            self.state.unsupported_calls += 1
+        return func(*args, **kwargs)
+
+
+class _AttentionHook(ModelHook):
+    """Runs an attention module with quantized attention when its block and the step are selected."""
+
+    def __init__(self, block: int, state: AttentionQuantState, tracker):
+        super().__init__()
+        self.block, self.state, self.tracker = block, state, tracker
+
+    def new_forward(self, module, *args, **kwargs):
+        info = self.tracker.info
+        if self.state.config.selects(self.block, 0 if info is None else info.step):
+            with _QuantSDPA(self.state):
+                return self.fn_ref.original_forward(*args, **kwargs)
+        self.state.full_precision_calls += 1
+        return self.fn_ref.original_forward(*args, **kwargs)
+
+
+def _attention_modules(model: nn.Module):
+    """(block index, module) of every attention module (one with a diffusers processor) in the blocks."""
+    for index, _, block, _ in iter_blocks(model, spec_for(model)):
+        for module in block.modules():
+            if callable(getattr(module, "processor", None)):
+                yield index, module
+
+
+def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None = None) -> AttentionQuantState:
+    """Quantize the attention of ``model``'s blocks where ``config`` selects (default: everywhere)."""
+    config = config or AttentionQuantConfig()
+    if not isinstance(config, AttentionQuantConfig):
+        raise ValueError(f"config must be an AttentionQuantConfig, got {type(config).__name__}")
+    modules = list(_attention_modules(model))
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no attention modules with a processor inside its blocks")
+    remove_attention_quant(model)
+    state = AttentionQuantState(config, int8_attention_path(next(model.parameters()).device))
+    tracker = track_steps(model)
+    for index, module in modules:
+        HookRegistry.check_if_exists_or_initialize(module).register_hook(_AttentionHook(index, state, tracker), HOOK_NAME)
+    return state
+
+
+def _hooks(model: nn.Module):
+    for module in model.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        hook = registry.get_hook(HOOK_NAME) if registry is not None else None
+        if hook is not None:
+            yield module, hook
+
+
+def remove_attention_quant(model: nn.Module) -> None:
+    """Run attention in full precision again (a no-op where it was not quantized)."""
+    for module, _ in list(_hooks(model)):
+        module._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
+
+
+def attention_quant_of(model: nn.Module) -> AttentionQuantState | None:
+    """The state of the quantized attention installed on ``model``, if any."""
+    return next((hook.state for _, hook in _hooks(model)), None)

@@ -1,0 +1,84 @@
+"""Quantized attention: the kernel's reference against exact attention, and the method per block and step."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sixbit.kernels.attention import _int8_blocks, int8_attention, int8_attention_reference
+from sixbit.methods.attention import (
+    AttentionQuantConfig,
+    apply_attention_quant,
+    attention_quant_of,
+    remove_attention_quant,
+)
+from sixbit.zoo.shapes import load_pipeline
+
+
+def test_int8_blocks_scale_each_block_by_its_abs_max():
+    x = torch.tensor([[1.0, -2.0], [0.5, 0.0], [0.0, 0.0], [127.0, 3.0], [0.25, 0.0]])  # 5 tokens, blocks of 2
+    codes, scale = _int8_blocks(x, 2)
+    assert scale.reshape(-1).tolist() == pytest.approx([2 / 127, 2 / 127, 1.0, 1.0, 0.25 / 127])
+    assert codes.tolist() == [[64.0, -127.0], [32.0, 0.0], [0.0, 0.0], [127.0, 3.0], [127.0, 0.0]]
+
+
+def test_int8_attention_is_close_to_exact_attention_and_ignores_a_key_offset():
+    q, k, v = torch.randn(2, 3, 150, 64), torch.randn(2, 3, 150, 64), torch.randn(2, 3, 150, 64)
+    exact = F.scaled_dot_product_attention(q, k, v)
+    y = int8_attention_reference(q, k, v)
+    assert ((y - exact).norm() / exact.norm()) < 0.03
+    # K's shared offset (large in DiTs) is smoothed away: a large one costs nothing
+    offset = 40 * torch.randn(1, 1, 1, 64)
+    torch.testing.assert_close(int8_attention_reference(q, k + offset, v), y, rtol=0, atol=2e-3)
+    assert ((F.scaled_dot_product_attention(q, k + offset, v) - exact).abs().max() < 1e-3)  # softmax ignores it too
+    # chunking the queries changes nothing; on CPU the dispatcher runs the reference
+    assert torch.equal(int8_attention_reference(q, k, v, chunk=128), y)
+    assert torch.equal(int8_attention(q, k, v), y)
+
+
+def test_int8_attention_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="same leading dims"):
+        int8_attention_reference(torch.randn(1, 2, 5, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8))
+
+
+def _generate(pipe, steps=4):
+    return pipe("a red circle moving right", num_inference_steps=steps, generator=torch.Generator().manual_seed(3)).frames
+
+
+@pytest.mark.parametrize("arch", ["cogvideox", "wan"])
+def test_attention_quant_per_block_and_step_and_removal(arch):
+    pipe = load_pipeline(arch)
+    reference = _generate(pipe)
+    blocks = len(list(pipe.transformer.modules()))  # any large bound
+    state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(blocks=(1, None), steps=(2, None)))
+    video = _generate(pipe)
+    assert state.path.startswith("emulated") and attention_quant_of(pipe.transformer) is state
+    # steps 2, 3 of 4 in blocks 1… quantized; the rest (and steps 0, 1 everywhere) in full precision
+    assert state.quantized_calls > 0 and state.full_precision_calls > state.quantized_calls // 2
+    assert state.unsupported_calls == 0
+    assert not np.array_equal(video, reference) and np.abs(video - reference).max() < 0.2
+    # nothing selected: bit-identical to full precision
+    state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(blocks=(blocks, None)))
+    assert np.array_equal(_generate(pipe), reference) and state.quantized_calls == 0
+    remove_attention_quant(pipe.transformer)
+    assert attention_quant_of(pipe.transformer) is None and np.array_equal(_generate(pipe), reference)
+
+
+def test_attention_quant_leaves_masked_calls_alone():
+    from sixbit.methods.attention.method import AttentionQuantState, _QuantSDPA
+
+    state = AttentionQuantState(AttentionQuantConfig())
+    q = torch.randn(1, 2, 6, 8)
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    with _QuantSDPA(state):
+        y = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        F.scaled_dot_product_attention(query=q, key=q, value=q)
+    assert torch.equal(y, F.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+    assert (state.unsupported_calls, state.quantized_calls) == (1, 1)
+
+
+def test_attention_quant_config_is_checked():
+    with pytest.raises(ValueError, match="blocks must be None or"):
+        AttentionQuantConfig(blocks=(1,))
+    with pytest.raises(ValueError, match="steps must be None or"):
+        AttentionQuantConfig(steps=(-1, 3))
