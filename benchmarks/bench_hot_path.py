@@ -534,8 +534,9 @@ def compile_section(args, log) -> str:
         "the same seed (pixels in [0, 1]). *graph breaks*: `torch._dynamo.explain` on one transformer call "
         "(the first call of a generation, its inputs captured): its `graph_break_count`, with its `graph_count` and "
         "the number of break sites it lists (`break_reasons`) in brackets. INT8 rows run "
-        "`torch._int_mm`; `balanced` runs NVFP4 activations emulated (dequantize + fp32 matmul) on the steps "
-        "DMPQ gives NVFP4.",
+        "`torch._int_mm`; `balanced` runs as it does on a CPU (`sixbit.presets.for_device`): DMPQ's NVFP4 has no "
+        "real GEMM here, so every call is INT8, with the delta cache (its skip decisions are the graph breaks: "
+        "data-dependent, behind `torch.compiler.disable`).",
         "",
         *lines,
     ]
