@@ -97,6 +97,14 @@ def _apply_fp(pipe, ctx, value):
 register(Method("fp", "reference", "the shipped model in full precision (reference of PSNR/SSIM)", _apply_fp))
 
 
+def _apply_bf16(pipe, ctx, value):
+    pipe.transformer.to(torch.bfloat16)
+    return "bfloat16 transformer: what a user runs where bf16 is the fastest full-precision dtype"
+
+
+register(Method("bf16", "reference", "the shipped transformer in bfloat16", _apply_bf16))
+
+
 # ------------------------------------------------------------------------ ours (sixbit presets)
 
 
