@@ -15,7 +15,11 @@ threads to help a single generation):
   offloading; it runs two threads, so it waits until shapes-wan's timings are done);
 * lane 2: ``sixbit bench`` on shapes-wan, then ``bench_dmpq.py`` (DMPQ vs W4A4/W4A8 and
   random assignment), then ``bench_weights.py`` on shapes-wan (4-bit weight algorithms and peers;
-  its shapes-cogvideox half runs in lane 1 before ``bench_memory.py``).
+  its shapes-cogvideox half runs in lane 1 before ``bench_memory.py``), then
+  ``bench_attention.py`` (quantized attention on both models).
+
+``bench_real_size.py`` (hours of CPU) and ``benchmarks/gpu/run.py`` (a GPU) are not run here:
+a full run keeps their sections from the existing file.
 
 ``--only STEP …`` runs some steps and updates only their sections of the existing file.
 
@@ -52,7 +56,9 @@ SWEEP = "tdc-0.3,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.
 CACHES = ("tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache")  # method names: family-knob
 ORDER = ["shapes-adherence", "cache-check", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "weights",
          "stabilize-frames", "memory",
-         "hot-path-linear", "hot-path-compile"]
+         "hot-path-linear", "hot-path-compile", "attention", "real-size", "gpu"]
+# Sections no step here writes (hours of CPU, or a GPU): a full run keeps them from the existing file.
+KEPT = ("real-size", "gpu")
 # The sections each step writes (``--only`` updates just these).
 SECTIONS_OF = {
     "bench shapes-cogvideox": ("bench-shapes-cogvideox", "cache-check"),
@@ -64,6 +70,7 @@ SECTIONS_OF = {
     "bench_hot_path.py": ("hot-path-linear", "hot-path-compile"),
     "bench_memory.py": ("memory",),
     "bench_dmpq.py": ("dmpq",),
+    "bench_attention.py": ("attention",),
     "bench_weights.py cogvideox": ("weights",),
     "bench_weights.py wan": ("weights",),
 }
@@ -116,6 +123,8 @@ def _lanes(args, parts: Path) -> list[list[tuple[str, list[str]]]]:
                            "--steps", str(args.steps), "--target-bits", "6.0", "--draws", "3", "--out", str(parts / "dmpq.md")]),
         ("bench_weights.py wan", weights + ["--archs", "wan", "--json", str(parts / "weights_wan.json"),
                                             "--output", str(parts / "weights_wan.md")]),
+        ("bench_attention.py", [py, str(ROOT / "benchmarks" / "bench_attention.py"), "--prompts", str(args.prompts),
+                                "--steps", str(args.steps), "--output", str(parts / "attention.md")]),
     ]
     if args.only:
         lane1, lane2 = ([step for step in lane if step[0] in args.only] for lane in (lane1, lane2))
@@ -252,8 +261,10 @@ def main(argv=None) -> int:
         "hot-path-linear": _section(parts / "hot_path.md", "hot-path-linear"),
         "hot-path-compile": _section(parts / "hot_path.md", "hot-path-compile"),
         "weights": _weights_section(parts),
+        "attention": _section(parts / "attention.md", "attention"),
     }
     out = Path(args.out)
+    bodies.update({name: _section(out, name) for name in KEPT})
     if args.only:
         names = [n for n in ORDER if any(n in SECTIONS_OF[step] for step in args.only)]
         for name in names:
@@ -273,6 +284,8 @@ def main(argv=None) -> int:
     )
     for name in ORDER:
         body = bodies[name]
+        if body is None and name in KEPT:
+            continue
         if body is None:
             body = f"*Section `{name}` was not written: its step failed in this run (see the logs in `benchmarks/results/_parts/`).*"
         update_section(out, name, body)

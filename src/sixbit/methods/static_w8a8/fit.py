@@ -168,11 +168,13 @@ def fit_layer(
         # Store per-range weights only where they pay: otherwise one shared copy (ASQ) is kept.
         if tsq_min_gain > 0 and (err_shared <= 0 or (err_shared - err) / err_shared < tsq_min_gain):
             per_range_s, err = shared, err_shared
-    # One stored weight per distinct smoothing vector.
+    # One stored weight per distinct smoothing vector. Vectors equal up to float rounding are one
+    # (a range's statistics are weighted sums over steps, whose last bits depend on the CPU's
+    # reduction order): they share the first one's weight.
     divisors: list[torch.Tensor] = []
     range_variant = []
     for s in per_range_s:
-        hit = next((i for i, d in enumerate(divisors) if torch.equal(d, s)), None)
+        hit = next((i for i, d in enumerate(divisors) if torch.allclose(d, s, rtol=1e-6, atol=0.0)), None)
         if hit is None:
             divisors.append(s)
             hit = len(divisors) - 1
