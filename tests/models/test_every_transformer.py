@@ -112,10 +112,11 @@ def test_convert_sample_save_and_reload(cls, preset, tmp_path):
         pytest.skip(SKIPPED[cls])
     tm = build_tiny(BUILDER[cls])
     config, before = _config(preset), spec_for(tm.model)
+    runs_as = sixbit.presets.for_device(config, "cpu")[0]  # balanced: INT8 on this CPU
     steps = _steps(config)
     calibration = (lambda: sample(tm, steps)) if config.needs_calibration else None
     assert sixbit.convert_model(tm.model, calibration, config) is tm.model
-    assert sixbit.conversion_of(tm.model).config == sixbit.presets.for_device(config, "cpu")[0]
+    assert sixbit.conversion_of(tm.model).config == runs_as
     assert spec_for(tm.model) == before  # the same blocks are found on the converted model
     blocks = list(iter_blocks(tm.model))
     in_blocks = any(isinstance(m, sixbit.QuantLinear) for _, _, block, _ in blocks for m in block.modules())
@@ -132,7 +133,7 @@ def test_convert_sample_save_and_reload(cls, preset, tmp_path):
     path = sixbit.save(tm.model, tmp_path / "model.safetensors")
     fresh = build_tiny(BUILDER[cls], seed=1)  # other weights: everything must come from the file
     sixbit.load(path, fresh.model)
-    assert sixbit.conversion_of(fresh.model).config == config
+    assert sixbit.conversion_of(fresh.model).config == runs_as
     reloaded = sample(dataclasses.replace(tm, model=fresh.model), steps)
     assert torch.equal(reloaded, video)
 
