@@ -54,9 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import formats
+from .. import formats, kernels
 from ..formats import Quantized, check_finite, integer, nvfp4
-from .. import kernels
 from ..kernels import int8_matmul, int8_matmul_backend
 from ..transforms import hadamard
 from . import precision
