@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
-MAIN = ("fp,w8a8,high_quality,w8a8-static,w4a8,w4a6-dynamic,balanced,balanced-nopdr,aggressive,aggressive-nopdr,"
+MAIN = ("fp,bf16,w8a8,high_quality,w8a8-static,w4a8,w4a6-dynamic,balanced,balanced-nopdr,aggressive,aggressive-nopdr,"
         "tdc,tdc-perblock,tdc-nodrift,fbcache-0.2,magcache,taylorseer-3,pab-2,fastercache-2,torchao-int8dq,"
         "quanto-qint8,quanto-qint4")
 SWEEP = "tdc-0.3,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.3"
