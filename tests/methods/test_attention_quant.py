@@ -5,7 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sixbit.kernels.attention import _int8_blocks, int8_attention, int8_attention_reference
+from sixbit.kernels.attention import (
+    _int8_blocks,
+    int8_attention,
+    int8_attention_reference,
+)
 from sixbit.methods.attention import (
     AttentionQuantConfig,
     apply_attention_quant,

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 import torch.nn.functional as F
+from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 from torch.overrides import TorchFunctionMode
-
-from diffusers.hooks import HookRegistry, ModelHook
 
 from ...kernels.attention import int8_attention, int8_attention_path
 from ...models import iter_blocks, spec_for
