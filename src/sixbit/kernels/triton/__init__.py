@@ -44,3 +44,10 @@ def require(device: torch.device | str) -> None:
     if not runs_on(device):
         raise RuntimeError(f"Triton kernels run on CUDA tensors (got {torch.device(device)}); on CPU set "
                            "TRITON_INTERPRET=1 before importing Triton, or call the *_reference twin")
+
+
+def jit():
+    """The ``@triton.jit`` kernels (:mod:`._jit`), imported on first use."""
+    from . import _jit
+
+    return _jit

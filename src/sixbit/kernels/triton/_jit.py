@@ -42,6 +42,7 @@ def e4m3(bits):
     v = tl.where(e == 0, m * 0.001953125, (8.0 + m) * tl.exp2((e - 10).to(tl.float32)))
     return tl.where((b & 128) != 0, -v, v)
 
+
 @triton.jit
 def nibbles(byte, SIGNED_INT: tl.constexpr):
     """fp32 values of 4-bit codes: E2M1 (NVFP4) or two's-complement INT4."""
@@ -53,6 +54,7 @@ def nibbles(byte, SIGNED_INT: tl.constexpr):
     half = (mag & 1).to(tl.float32) * 0.5
     v = tl.where(e == 0, half, (1.0 + half) * tl.exp2((e - 1).to(tl.float32)))
     return tl.where(c >= 8, -v, v)
+
 
 @triton.jit
 def weight4(x_ptr, c_ptr, s_ptr, g_ptr, y_ptr, M, N, K, G, TM: tl.constexpr, TN: tl.constexpr,
@@ -81,6 +83,7 @@ def weight4(x_ptr, c_ptr, s_ptr, g_ptr, y_ptr, M, N, K, G, TM: tl.constexpr, TN:
         acc += tl.dot(x, tl.trans(w), input_precision="ieee")
     tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
+
 
 @triton.jit
 def epilogue(a_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, M, N, TM: tl.constexpr, TN: tl.constexpr, BIAS: tl.constexpr):

@@ -17,13 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ...formats import integer, nvfp4
-from . import require
-
-
-def _jit():
-    from . import _jit
-
-    return _jit
+from . import jit, require
 
 _TILE_M, _TILE_N, _TILE_K = 16, 32, 32
 
@@ -46,16 +40,14 @@ def weight4_supported(w) -> bool:
 
 
 def _weight4_operands(w, k: int):
-    """(codes (N, K/2) uint8, scales (N, K/G) fp32-or-uint8, global scale, group, NVFP4?)."""
-    if isinstance(w, nvfp4.NVFP4Quantized) and k % _TILE_K == 0:
+    """(codes (N, K/2) uint8, scales (N, K/G) as uint8 E4M3 bits or fp32, global scale, group, NVFP4?)
+    of a weight :func:`weight4_supported` accepts."""
+    if isinstance(w, nvfp4.NVFP4Quantized):
         return w.codes.reshape(-1, k // 2), w.scales.reshape(-1, k // 16).view(torch.uint8), \
             w.global_scale.reshape(1).float(), 16, True
-    if weight4_supported(w):
-        group = w.group_size or k
-        return w.codes.reshape(-1, k // 2), w.scale.reshape(-1, k // group).float().contiguous(), \
-            torch.ones(1, device=w.codes.device), group, False
-    raise ValueError(f"weight4_linear takes NVFP4 or symmetric per-channel/per-group INT4 weights, K a multiple of 32, "
-                     f"got {type(w).__name__} {getattr(w, 'bits', '')} {getattr(w, 'granularity', '')}")
+    group = w.group_size or k
+    return w.codes.reshape(-1, k // 2), w.scale.reshape(-1, k // group).float().contiguous(), \
+        torch.ones(1, device=w.codes.device), group, False
 
 
 def weight4_linear(x: torch.Tensor, w) -> torch.Tensor:
@@ -63,7 +55,9 @@ def weight4_linear(x: torch.Tensor, w) -> torch.Tensor:
     require(x.device)
     n, k = w.shape
     if not weight4_supported(w):
-        _weight4_operands(w, k)  # raises, naming what it got
+        raise ValueError(f"weight4_linear takes NVFP4 or symmetric per-channel/per-group INT4 weights, K a multiple "
+                         f"of {_TILE_K}, got {type(w).__name__} {getattr(w, 'bits', '')} {getattr(w, 'granularity', '')}"
+                         f" of shape {tuple(w.shape)}")
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"weight4_linear needs x of shape (M, {k}), got {tuple(x.shape)}")
     codes, scales, global_scale, group, is_nvfp4 = _weight4_operands(w, k)
@@ -72,17 +66,17 @@ def weight4_linear(x: torch.Tensor, w) -> torch.Tensor:
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
         grid = (-(-m // _TILE_M), -(-n // _TILE_N))
-        _jit().weight4[grid](x, codes, scales, global_scale, y, m, n, k, k // group,
-                                    TM=_TILE_M, TN=_TILE_N, TK=_TILE_K, GROUP=group, NVFP4=is_nvfp4)
+        jit().weight4[grid](x, codes, scales, global_scale, y, m, n, k, k // group,
+                            TM=_TILE_M, TN=_TILE_N, TK=_TILE_K, GROUP=group, NVFP4=is_nvfp4)
     return y
 
 
 def int8_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                             bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """Reference twin of :func:`int8_epilogue`."""
-    y = acc.float() * x_scale.reshape(-1, 1) * w_scale.reshape(1, -1)
+    y = acc.float().mul_(x_scale.reshape(-1, 1)).mul_(w_scale.reshape(1, -1))
     if bias is not None:
-        y = y + bias.float()
+        y = y.add_(bias.float())
     return y.to(dtype)
 
 
@@ -95,7 +89,7 @@ def int8_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tenso
     if m and n:
         b = bias.float().contiguous() if bias is not None else x_scale
         grid = (-(-m // _TILE_M), -(-n // _TILE_N))
-        _jit().epilogue[grid](acc.contiguous(), x_scale.float().reshape(-1).contiguous(),
-                                     w_scale.float().reshape(-1).contiguous(), b, y, m, n,
-                                     TM=_TILE_M, TN=_TILE_N, BIAS=bias is not None)
+        jit().epilogue[grid](acc.contiguous(), x_scale.float().reshape(-1).contiguous(),
+                             w_scale.float().reshape(-1).contiguous(), b, y, m, n,
+                             TM=_TILE_M, TN=_TILE_N, BIAS=bias is not None)
     return y

@@ -16,13 +16,7 @@ import torch
 
 from ...formats import integer
 from ...transforms import hadamard
-from . import require
-
-
-def _jit():
-    from . import _jit
-
-    return _jit
+from . import jit, require
 
 _ROWS = 16  # rows per program (tl.dot needs ≥ 16)
 
@@ -53,6 +47,6 @@ def quantize_rows_int8(x: torch.Tensor, hadamard_block: int | None = None) -> tu
     codes = torch.empty(m, k, dtype=torch.int8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
-        _jit().int8_rows[(-(-m // _ROWS),)](x, h, codes, scale, m, k, ROWS=_ROWS, BLOCK=block,
+        jit().int8_rows[(-(-m // _ROWS),)](x, h, codes, scale, m, k, ROWS=_ROWS, BLOCK=block,
                                             ROTATE=hadamard_block is not None)
     return codes, scale
