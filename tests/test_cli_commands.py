@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from sixbit import read_header
+from sixbit import commands, read_header
 from sixbit.cli import main
 
 
@@ -85,5 +85,52 @@ def test_every_command_has_help(cmd, capsys):
 
 def test_errors_exit_2_without_traceback_from_the_shell():
     proc = subprocess.run([sys.executable, "-m", "sixbit.cli", "info", "missing.safetensors"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no checkpoint" in proc.stderr
+
+
+# ---- issue 22: an output that cannot be written is refused before the work, and never reported as written ----
+
+
+def _no_loading(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("the output should have been refused before the pipeline loads")
+
+    monkeypatch.setattr(commands, "load_pipeline", boom)
+
+
+@pytest.mark.parametrize("cmd, name", [
+    (["generate", "--model", "shapes-wan", "--prompt", "a red circle moving right"], "video.mp4"),
+    (["convert", "--model", "shapes-wan", "--config", "w8a8"], "model.safetensors"),
+])
+def test_output_that_is_a_folder_is_refused_up_front(cmd, name, tmp_path, monkeypatch, capsys):
+    _no_loading(monkeypatch)
+    (tmp_path / name).mkdir()
+    assert main([*cmd, "-o", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"-o '{tmp_path / name}': it is a folder" in err and "give a file path" in err
+
+
+def test_output_in_an_unwritable_folder_is_refused_up_front(tmp_path, monkeypatch, capsys):
+    import os
+
+    _no_loading(monkeypatch)
+    locked, real_access = tmp_path / "locked", os.access
+    locked.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode: os.path.abspath(p) != str(locked) and real_access(p, mode))
+    assert main(["generate", "--model", "shapes-wan", "--prompt", "a red circle moving right",
+                 "-o", str(locked / "sub" / "v.mp4")]) == 2
+    err = capsys.readouterr().err
+    assert "not writable" in err and str(locked) in err and not (locked / "sub").exists()
+
+
+def test_a_write_that_fails_after_generating_is_an_error_not_success(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(commands, "check_output_file", lambda *a, **k: None)  # reach the writer itself
+    target = tmp_path / "v.mp4"
+    target.mkdir()
+    (target.with_suffix(".gif")).mkdir()
+    assert main(["generate", "--model", "shapes-wan", "--prompt", "a red circle moving right", "--steps", "1",
+                 "-o", str(target)]) == 2
+    captured = capsys.readouterr()
+    last = captured.err.strip().splitlines()[-1]  # after the progress bars
+    assert "generated" not in captured.out and last.startswith("sixbit: error: cannot write") and "is a folder" in last

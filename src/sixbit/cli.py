@@ -78,13 +78,25 @@ def _cmd_formats(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .zoo.shapes.demo import run_demo
 
+    commands.check_output_folder(args.output)  # before the model loads
     result = run_demo(args.arch, prompt=args.prompt, seed=args.seed, steps=args.steps, out_dir=args.output)
     print(result)
     return 0
 
 
+class UsageError(ValueError):
+    """A flag argparse refused (unknown, missing, out of range): reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``sixbit: error: argument --steps: ...; see `sixbit generate --help```."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message}; see `{self.prog} --help`")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sixbit", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="sixbit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"sixbit {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -96,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--arch", choices=["cogvideox", "wan"], default="cogvideox", help="which shipped model (default cogvideox)")
     p.add_argument("--prompt", help='e.g. "a red circle moving right" (words from the shapes vocabulary)')
-    p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
-    p.add_argument("--steps", type=int, help="sampling steps (default 20)")
+    p.add_argument("--seed", type=commands.seed_type, default=0, help="noise seed, 0 to 2**63-1 (default 0)")
+    p.add_argument("--steps", type=commands.steps_type, help=f"sampling steps, 1-{commands.MAX_STEPS} (default 20)")
     p.add_argument("-o", "--output", default="sixbit-demo", help="output folder (default ./sixbit-demo)")
     p.set_defaults(func=_cmd_demo)
     p = sub.add_parser("formats", help="list every number format with its bits and measured error")
@@ -110,7 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        print(f"sixbit: error: {e}", file=sys.stderr)
+        return 2
     # Other libraries' import-time warnings (e.g. torchao's optional kernels) are noise here:
     # only errors from them, warnings from sixbit; --debug shows everything.
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")

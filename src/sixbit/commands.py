@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import time
 from pathlib import Path
 
@@ -22,6 +24,87 @@ from .methods.delta_cache import DeltaCacheConfig, enable_delta_cache
 from .presets import PRESETS, for_device, resolve
 
 DEFAULT_SEED = 0
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; eval adds the prompt index
+MAX_STEPS = 10_000
+MAX_SCALE = 32  # a 32-px video becomes 1024 px
+MAX_GUIDANCE = 1000.0
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 24 else text[:21] + "...")
+
+
+def int_in(low: int, high: int, note: str = "", multiple_of: int = 1):
+    """An argparse ``type=``: a whole number in ``low..high`` (argparse names the flag in its error).
+
+    A bad value ends the command at parse time, before anything loads:
+    ``sixbit: error: argument --steps: must be a whole number from 1 to 10000, got '0'; see `sixbit generate --help```.
+    """
+    span = f"a whole number from {low} to {high}" + (f", a multiple of {multiple_of}" if multiple_of > 1 else "")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {span}{note}, got {_shown(text)}") from None
+        if not low <= value <= high or value % multiple_of:
+            raise argparse.ArgumentTypeError(f"must be {span}{note}, got {_shown(text)}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def float_in(low: float, high: float, note: str = ""):
+    """An argparse ``type=``: a finite number in ``[low, high]`` (no nan, no inf)."""
+    span = f"a number from {low:g} to {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {span}{note}, got {_shown(text)}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"must be {span}{note}, got {_shown(text)}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+steps_type = int_in(1, MAX_STEPS)
+seed_type = int_in(0, MAX_SEED)
+guidance_type = float_in(0.0, MAX_GUIDANCE, " (≤ 1: no classifier-free guidance)")
+
+
+def check_output_file(path: str, flag: str = "-o", video: bool = False) -> None:
+    """Refuse, before the pipeline loads, an output file that cannot be written; nothing is created.
+
+    With ``video``, the file :func:`~sixbit.eval.media.write_video` writes for ``path`` (its
+    suffix replaced) is checked too. The error names ``flag``:
+    ``-o 'out.mp4': it is a folder; give a file path such as 'out.mp4/out.mp4'``.
+    """
+    from .eval.media import check_writable, video_path
+
+    try:
+        check_writable(path, create=False)
+        if video:
+            check_writable(video_path(path), create=False)
+    except ValueError as e:
+        cause = str(e).removeprefix(f"cannot write {str(Path(path))!r}: ")  # the path is named once
+        raise ValueError(f"{flag} {path!r}: {cause}") from None
+
+
+def check_output_folder(path: str, flag: str = "-o") -> None:
+    """Refuse, before any work, an output folder that is a file or cannot be made; nothing is created."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{flag} {path!r} is a file, not a folder: give a folder path (it is created if missing)")
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))  # made if missing
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path!r}: {str(existing)!r} is a file, not a folder; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: the folder {str(existing)!r} is not writable; choose a folder you can write to")
 
 
 def _read_prompts(path: str) -> list[str]:
@@ -47,7 +130,7 @@ def _calibration(args, pipe):
 
 def _call_kwargs(args) -> dict:
     kw = {}
-    if getattr(args, "steps", None):
+    if getattr(args, "steps", None) is not None:
         kw["num_inference_steps"] = args.steps
     if getattr(args, "guidance", None) is not None:
         kw["guidance_scale"] = args.guidance
@@ -65,6 +148,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if output.suffix != ".safetensors":
         raise ValueError(f"-o {args.output!r}: the output must be a .safetensors file")
+    check_output_file(args.output)
     if _streamable(args, config):
         from .pretrained import convert_pretrained
 
@@ -113,11 +197,11 @@ def _prepare(args):
     if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
         t = args.cache_threshold
         enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
-    if getattr(args, "use_cpu_offload", False) or getattr(args, "tile_size", None):
+    if getattr(args, "use_cpu_offload", False) or getattr(args, "tile_size", None) is not None:
         from .optimize import enable_memory_optimization
 
         mode = "cpu_offload" if args.use_cpu_offload else "none"
-        print(enable_memory_optimization(pipe, tile_size=args.tile_size or 256, mode=mode))
+        print(enable_memory_optimization(pipe, tile_size=256 if args.tile_size is None else args.tile_size, mode=mode))
     return pipe
 
 
@@ -138,6 +222,7 @@ def _frames(pipe, prompts, seed: int, kwargs: dict) -> np.ndarray:
 def cmd_generate(args: argparse.Namespace) -> int:
     from .eval.media import write_video
 
+    check_output_file(args.output, video=True)  # before the pipeline loads
     pipe = _prepare(args)
     t0 = time.perf_counter()
     video = _frames(pipe, [args.prompt], args.seed, _call_kwargs(args))[0]
@@ -254,8 +339,9 @@ def register(sub) -> None:
     p.add_argument("--config", default="balanced", help=f"preset ({', '.join(PRESETS)}) or a .json file (default balanced)")
     p.add_argument("--calib", help="calibration: a text file with one prompt per line or a folder of videos "
                    "(default for the shapes models: 8 of their prompts)")
-    p.add_argument("--steps", type=int, help="sampling steps of the calibration runs (default: the pipeline's)")
-    p.add_argument("--stabilize-frames", nargs="?", type=float, const=True, default=False, metavar="DEADZONE",
+    p.add_argument("--steps", type=steps_type, help=f"sampling steps of the calibration runs, 1-{MAX_STEPS} "
+                   "(default: the pipeline's)")
+    p.add_argument("--stabilize-frames", nargs="?", type=float_in(0.0, 100.0), const=True, default=False, metavar="DEADZONE",
                    help="steadier frames: temporal mean and deviation apart, near-still tokens held (default dead zone 0.3)")
     p.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
     p.set_defaults(func=cmd_convert)
@@ -263,19 +349,22 @@ def register(sub) -> None:
     def add_runtime(p):
         p.add_argument("--model", required=True, help=model_help)
         p.add_argument("--quantized", help="a checkpoint written by `sixbit convert` (default: full precision)")
-        p.add_argument("--steps", type=int, help="sampling steps (default: the pipeline's)")
-        p.add_argument("--guidance", type=float, help="CFG scale (default: the pipeline's)")
-        p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="noise seed (default 0)")
+        p.add_argument("--steps", type=steps_type, help=f"sampling steps, 1-{MAX_STEPS} (default: the pipeline's)")
+        p.add_argument("--guidance", type=guidance_type,
+                       help="CFG scale ≥ 0; ≤ 1 turns guidance off (default: the pipeline's)")
+        p.add_argument("--seed", type=seed_type, default=DEFAULT_SEED, help="noise seed, 0 to 2**63-1 (default 0)")
         p.add_argument("--cache", choices=["none", "tdc"], default="none", help="skip stable blocks with the delta cache")
-        p.add_argument("--cache-threshold", type=float, help="delta-cache threshold (default 0.2; the error budget follows at 3×)")
+        p.add_argument("--cache-threshold", type=float_in(0.0, 100.0), help="delta-cache threshold (default 0.2; the error budget follows at 3×)")
         p.add_argument("--use-cpu-offload", action="store_true", help="keep the model on the CPU, move it to the accelerator per module")
-        p.add_argument("--tile-size", type=int, help="VAE tile size in pixels (pipelines with a VAE)")
+        p.add_argument("--tile-size", type=int_in(8, 16384, multiple_of=8),
+                       help="VAE tile size in pixels, a multiple of 8 (pipelines with a VAE; default 256 when tiling)")
 
     p = sub.add_parser("generate", help="generate a video, optionally with a converted checkpoint",
                        description="Generate one video and write it as MP4 (GIF without an encoder).")
     add_runtime(p)
     p.add_argument("--prompt", required=True, help="the text prompt")
-    p.add_argument("--scale", type=int, default=1, help="upscale factor of the written video (default 1)")
+    p.add_argument("--scale", type=int_in(1, MAX_SCALE), default=1,
+                   help=f"nearest-neighbour upscale factor of the written video, 1-{MAX_SCALE} (default 1)")
     p.add_argument("-o", "--output", default="video.mp4", help="output file (default video.mp4)")
     p.set_defaults(func=cmd_generate)
 
@@ -285,7 +374,7 @@ def register(sub) -> None:
     add_runtime(p)
     p.add_argument("--config", help="convert now with this preset or .json instead of --quantized")
     p.add_argument("--calib", help="calibration prompts file or video folder for --config")
-    p.add_argument("--prompts", type=int, default=8, help="held-out prompts of a shapes model (default 8)")
+    p.add_argument("--prompts", type=int_in(1, 48), default=8, help="held-out prompts of a shapes model, 1-48 (default 8)")
     p.add_argument("--prompts-file", help="prompts to evaluate, one per line")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_eval)

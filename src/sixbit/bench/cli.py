@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..commands import MAX_STEPS, check_output_folder, guidance_type, int_in
+
 DEFAULT_METHODS = "fp,w8a8,w8a8-static,w4a8,w4a6-dynamic,tdc,balanced,fbcache-0.2,magcache,torchao-int8dq,quanto-qint8"
 
 
@@ -18,11 +20,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             knob = f"  (-VALUE sets {method.param})" if method is not None and method.param else ""
             print(f"{name}{knob}")
         return 0
+    check_output_folder(args.output)  # before hours of work, not after
     settings = BenchSettings(
-        args.model, args.methods.split(","), prompts=args.prompts, steps=args.steps, guidance=args.guidance,
-        runs=args.runs, calibration_prompts=args.calibration_prompts, video_prompts=args.video_prompts,
+        args.model, (args.methods or DEFAULT_METHODS).split(","), prompts=args.prompts, steps=args.steps,
+        guidance=args.guidance, runs=args.runs, calibration_prompts=args.calibration_prompts,
+        video_prompts=args.video_prompts,
     )
-    if args.threads:
+    if args.methods is None and not args.yes:
+        print(plan(settings, args.output))
+        return 0
+    if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
@@ -39,6 +46,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def plan(settings, output: str) -> str:
+    """What ``sixbit bench`` would run for ``settings``, with its size in generated videos, and how to start it."""
+    n, prompts, runs = len(settings.methods), settings.prompts, settings.runs
+    # fp: a warm-up, `runs` timed, `runs` more at the end; every other method: a warm-up, one FP probe, `runs` timed
+    videos = prompts * ((1 + runs) + (runs if n > 1 else 0) + (n - 1) * (2 + runs))
+    return "\n".join([
+        f"sixbit bench would run {n} methods on {settings.model}: {', '.join(settings.methods)}",
+        (f"  {prompts} prompts × {settings.steps} steps (guidance {settings.guidance:g}), a warm-up and {runs} timed "
+         f"runs per method: about {videos} videos of {settings.steps} steps, plus calibration; results into {output}/"),
+        "not started: add --yes to run it, or name the methods (--methods fp,w4a8,tdc; --list-methods shows them all)",
+    ])
+
+
 def register(subparsers) -> None:
     """Add the ``bench`` command to the CLI's subparsers."""
     p = subparsers.add_parser(
@@ -48,18 +68,27 @@ def register(subparsers) -> None:
         "results.csv, results.json, PNG plots and index.html with the videos into -o. Method names: fp, the "
         "sixbit presets (balanced, w8a8-static, w4a6-dynamic, tdc, …) and peers (fbcache, magcache, taylorseer, "
         "pab, fastercache, torchao-int8dq, quanto-qint8, quanto-qint4); append -VALUE to set a method's knob, "
-        "e.g. fbcache-0.2 (threshold), pab-3 (skip range), tdc-0.25 (threshold). --list-methods shows them all.",
+        "e.g. fbcache-0.2 (threshold), pab-3 (skip range), tdc-0.25 (threshold). --list-methods shows them all. "
+        "A run starts when it names its --methods or is confirmed with --yes; bare `sixbit bench` only prints "
+        "what it would run (every default method: a long run).",
     )
     p.add_argument("--model", default="shapes-cogvideox",
                    help="shapes-cogvideox (default), shapes-wan, or a saved shapes pipeline folder")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated (default {DEFAULT_METHODS})")
-    p.add_argument("--prompts", type=int, default=8, help="held-out prompts, each with its own seed (default 8, max 48)")
-    p.add_argument("--steps", type=int, default=20, help="denoising steps (default 20)")
-    p.add_argument("--guidance", type=float, default=4.0, help="CFG scale (default 4)")
-    p.add_argument("--runs", type=int, default=3, help="timed runs per method after a warm-up; median (default 3)")
-    p.add_argument("--calibration-prompts", type=int, default=8, help="prompts for calibrating methods (default 8)")
-    p.add_argument("--video-prompts", type=int, default=2, help="prompts whose videos go in index.html (default 2)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--methods", help=f"comma-separated; naming them starts the run (default {DEFAULT_METHODS}, "
+                   "which needs --yes)")
+    p.add_argument("-y", "--yes", action="store_true", help="start the run with the default methods (without it, "
+                   "bare `sixbit bench` prints what it would run and exits)")
+    p.add_argument("--prompts", type=int_in(1, 48), default=8,
+                   help="held-out prompts, each with its own seed, 1-48 (default 8)")
+    p.add_argument("--steps", type=int_in(2, MAX_STEPS), default=20, help=f"denoising steps, 2-{MAX_STEPS} (default 20)")
+    p.add_argument("--guidance", type=guidance_type, default=4.0, help="CFG scale ≥ 0; ≤ 1 turns guidance off (default 4)")
+    p.add_argument("--runs", type=int_in(3, 1000), default=3,
+                   help="timed runs per method after a warm-up, at least 3; median (default 3)")
+    p.add_argument("--calibration-prompts", type=int_in(1, 1000), default=8,
+                   help="prompts for calibrating methods (default 8)")
+    p.add_argument("--video-prompts", type=int_in(0, 48), default=2,
+                   help="prompts whose videos go in index.html, 0 for none (default 2)")
+    p.add_argument("--threads", type=int_in(1, 4096), help="torch CPU threads (default: torch's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--list-methods", action="store_true", help="print every method name and exit")
     p.add_argument("-o", "--output", default="sixbit-bench", help="output folder (default ./sixbit-bench)")

@@ -14,6 +14,9 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
+import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -43,38 +46,114 @@ def mp4_available() -> bool:
     return True
 
 
+def video_path(path) -> Path:
+    """The file :func:`write_video` writes for ``path``: its suffix becomes ``.mp4`` (``.gif`` without an encoder)."""
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise ValueError(f"cannot write {str(path)!r}: it names no file; give a file path such as 'video.mp4'")
+    return path.with_suffix(".mp4" if mp4_available() else ".gif")
+
+
+def check_writable(path, create: bool = True) -> Path:
+    """Refuse a file that cannot be written at ``path``; with ``create``, make its missing folders.
+
+    Without ``create`` nothing is changed: missing folders pass when they could be made (the
+    nearest existing one is writable), so a command can check its output before any work.
+    Raises ``ValueError`` naming the path and the cause: ``path`` is a folder, a file stands
+    where a folder should be, or the folder is not writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        example = str(path / ("out" + (path.suffix or ".mp4")))
+        raise ValueError(f"cannot write {str(path)!r}: it is a folder; give a file path such as {example!r}")
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise ValueError(f"cannot write {str(path)!r}: {str(folder)!r} is a file, not a folder; choose another path")
+    if create:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"cannot write {str(path)!r}: its folder {str(path.parent)!r} cannot be created "
+                             f"({e.strerror or e}); choose a folder you can write to") from None
+        folder = path.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {str(path)!r}: the folder {str(folder)!r} is not writable; "
+                         "choose a folder you can write to")
+    return path
+
+
+# What ffmpeg prints besides the error itself: the banner (version, build, configuration, library
+# versions), stream descriptions, progress, and its generic closing lines.
+_FFMPEG_NOISE = re.compile(
+    r"^(ffmpeg version|built with|configuration:|lib[a-z0-9]+\s+\d|Input #|Output #|Stream #|Stream mapping|"
+    r"Duration:|Metadata:|encoder\s*:|Press \[q\]|frame=|size=|video:|Conversion failed!?$|Exiting normally)",
+    re.IGNORECASE,
+)
+
+
+def last_meaningful_line(stderr: str) -> str:
+    """The last line of a tool's stderr that says what went wrong (banner, progress and ``[tag @ 0x…]`` removed)."""
+    for line in reversed(stderr.splitlines()):
+        line = line.strip()
+        if not line or _FFMPEG_NOISE.match(line):
+            continue
+        line = re.sub(r"^\[[^\]]*@\s*0x[0-9a-fA-F]+\]\s*", "", line)
+        return line[:200]
+    return ""
+
+
+def _write_mp4(arr: np.ndarray, out: Path, fps: int) -> None:
+    """H.264 through the ffmpeg of ``imageio-ffmpeg``; raises ``ValueError`` unless a non-empty file is written."""
+    import imageio_ffmpeg
+
+    h, w = arr.shape[1:3]
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
+           "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{w}x{h}", "-pix_fmt", "rgb24", "-r", str(fps), "-i", "-",
+           "-an", "-vcodec", "libx264", "-pix_fmt", "yuv420p", "-crf", "10"]
+    if w % 16 or h % 16:  # H.264 players want multiples of 16
+        cmd += ["-vf", f"scale={-(-w // 16) * 16}:{-(-h // 16) * 16}:flags=neighbor"]
+    cmd.append("file:" + str(out))  # "file:": a name like "a:b.mp4" is never read as a protocol
+    proc = subprocess.run(cmd, input=np.ascontiguousarray(arr).tobytes(), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, check=False)
+    if proc.returncode != 0:
+        if out.is_file() and out.stat().st_size == 0:
+            out.unlink()
+        cause = last_meaningful_line(proc.stderr.decode(errors="replace")) or f"exit code {proc.returncode}"
+        raise ValueError(f"cannot write the video {str(out)!r}: ffmpeg failed ({cause}); "
+                         "check that the folder is writable and the disk not full")
+    if not out.is_file() or out.stat().st_size == 0:
+        raise ValueError(f"cannot write the video {str(out)!r}: ffmpeg exited without writing it; "
+                         "check that the folder is writable and the disk not full")
+
+
 def write_video(frames, path, fps: int = 8, scale: int = 8) -> Path:
     """Write ``frames`` as MP4 at ``path``; without an encoder, as GIF next to it (suffix .gif).
 
     Args:
         frames: (F, H, W, 3) in [0, 1] or uint8 (see :func:`sixbit.eval.shapes.as_frames`).
-        path: target file; its suffix is replaced by ``.mp4`` or ``.gif``.
+        path: target file; its suffix is replaced by ``.mp4`` or ``.gif`` (:func:`video_path`);
+            missing folders are created.
         fps (int, default 8): playback rate; the shapes world's 8 frames last one second.
         scale (int, default 8): nearest-neighbour upscale (32 px -> 256 px, a multiple of 16 as
             H.264 wants).
     Returns the path actually written.
-    """
-    arr = to_uint8(frames, scale)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if mp4_available():
-        import imageio_ffmpeg
 
-        out = path.with_suffix(".mp4")
-        h, w = arr.shape[1:3]
-        writer = imageio_ffmpeg.write_frames(
-            str(out), (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", quality=8,
-            macro_block_size=16, output_params=["-loglevel", "error"],
-        )
-        writer.send(None)
-        for frame in arr:
-            writer.send(np.ascontiguousarray(frame).tobytes())
-        writer.close()
+    Raises:
+        ValueError: the file cannot be written (the path is a folder, the folder is not
+            writable, the encoder failed): one line naming the path and the cause.
+    """
+    out = check_writable(video_path(path))
+    arr = to_uint8(frames, scale)
+    if out.suffix == ".mp4":
+        _write_mp4(arr, out, fps)
         return out
     logger.info("imageio-ffmpeg is not installed; writing a GIF instead of an MP4")
-    out = path.with_suffix(".gif")
     images = [PIL.Image.fromarray(f) for f in arr]
-    images[0].save(out, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    try:
+        images[0].save(out, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    except OSError as e:
+        raise ValueError(f"cannot write the video {str(out)!r}: {e.strerror or e}; "
+                         "check that the folder is writable and the disk not full") from None
     return out
 
 
@@ -85,7 +164,10 @@ def write_contact_sheet(frames, path, scale: int = 4, gap: int = 2) -> Path:
     sheet = np.full((h, f * w + (f - 1) * gap, 3), 255, dtype=np.uint8)
     for i, frame in enumerate(arr):
         sheet[:, i * (w + gap): i * (w + gap) + w] = frame
-    path = Path(path).with_suffix(".png")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    PIL.Image.fromarray(sheet).save(path)
+    path = check_writable(Path(path).with_suffix(".png"))
+    try:
+        PIL.Image.fromarray(sheet).save(path)
+    except OSError as e:
+        raise ValueError(f"cannot write the contact sheet {str(path)!r}: {e.strerror or e}; "
+                         "check that the folder is writable and the disk not full") from None
     return path
