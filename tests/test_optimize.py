@@ -13,9 +13,14 @@ import torch
 from safetensors import safe_open
 
 import sixbit
-from sixbit.models import iter_blocks
-from sixbit.optimize import HOOK_NAME, MemoryMode, disable_memory_optimization, enable_memory_optimization
 from sixbit.methods.dmpq import RandomAssignment, apply_dmpq
+from sixbit.models import iter_blocks
+from sixbit.optimize import (
+    HOOK_NAME,
+    MemoryMode,
+    disable_memory_optimization,
+    enable_memory_optimization,
+)
 from sixbit.zoo.shapes import load_pipeline
 
 PROMPT = "a red circle moving right"
@@ -61,7 +66,7 @@ def _hard_cases(decisions) -> int:
                for (br, st, bl), d in decisions.items() if bl % 2 == 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(arch: str):
     """Output, cache decisions and weights of the same setup without memory optimization."""
     pipe = _setup(arch, deep=True)
@@ -76,7 +81,7 @@ def test_offload_with_quant_dmpq_and_cache_is_bit_exact(arch, memory_first, tmp_
     assert _hard_cases(decisions) > 0  # the run really contains the hard case
 
     pipe = _setup(arch, deep=True)
-    kwargs = dict(prefetch_depth=1, blocks_per_group=2, onload_device="cpu", offload_device=tmp_path)
+    kwargs = {"prefetch_depth": 1, "blocks_per_group": 2, "onload_device": "cpu", "offload_device": tmp_path}
     if memory_first:
         memory = enable_memory_optimization(pipe, **kwargs)
         cache = _runtime(pipe)
@@ -125,7 +130,7 @@ def test_packed_quantlinear_buffers_are_offloaded_and_restored(tmp_path):
     dtypes = set()
     for path in files:
         with safe_open(str(path), "pt") as f:  # the file this call wrote, not a user's file
-            dtypes |= {f.get_slice(k).get_dtype() for k in f.keys()}
+            dtypes |= {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 — safe_open is not iterable
     assert "U8" in dtypes  # packed NVFP4 codes travel as buffers, in packed form
     assert "disk" in memory.offload
     assert "skipped: no VAE" in memory.tiling
@@ -176,17 +181,17 @@ def test_vae_tiling_uses_tile_size_and_is_restored():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(mode="turbo"), "unknown mode"),
-        (dict(tile_size=0), "tile_size"),
-        (dict(tile_size=-256), "tile_size"),
-        (dict(tile_size=100), "multiple of 8"),
-        (dict(prefetch_depth=0), "prefetch_depth"),
-        (dict(prefetch_depth=1.5), "prefetch_depth"),
-        (dict(blocks_per_group=0), "blocks_per_group"),
-        (dict(onload_device="cpu", offload_device="cpu"), "offload to disk"),
-        (dict(onload_device="warp-drive", offload_device="/tmp/x"), "onload_device"),
-        (dict(offload_device=3), "offload_device"),
-        (dict(offload_device="cuda"), "offload_device"),
+        ({"mode": "turbo"}, "unknown mode"),
+        ({"tile_size": 0}, "tile_size"),
+        ({"tile_size": -256}, "tile_size"),
+        ({"tile_size": 100}, "multiple of 8"),
+        ({"prefetch_depth": 0}, "prefetch_depth"),
+        ({"prefetch_depth": 1.5}, "prefetch_depth"),
+        ({"blocks_per_group": 0}, "blocks_per_group"),
+        ({"onload_device": "cpu", "offload_device": "cpu"}, "offload to disk"),
+        ({"onload_device": "warp-drive", "offload_device": "/tmp/x"}, "onload_device"),
+        ({"offload_device": 3}, "offload_device"),
+        ({"offload_device": "cuda"}, "offload_device"),
     ],
 )
 def test_bad_input_raises_and_changes_nothing(kwargs, message):

@@ -36,6 +36,18 @@ video transformer:
 
        On a CPU-only machine offloading to ``"cpu"`` would move nothing; pass a folder
        (``offload_device="/tmp/offload"``): weights are written once to a fresh subfolder.
+       What counts as a folder: a ``pathlib.Path``, or a string with a path separator, a
+       leading ``~`` or ``.``, or naming an existing directory; a string torch reads as a
+       device is a device, and anything else (``"cpu0"``) or an existing *file* is refused
+       (:mod:`sixbit.optimize.devices`).
+
+       **The folder is the only copy of the offloaded weights** until ``disable()``: the
+       offloaded blocks hold zero placeholders in memory. Deleting or emptying it breaks the
+       model for good — every later call raises :class:`OffloadedWeightsLost` (never computes
+       on the placeholders), ``disable()`` raises it too, and :func:`offload_problem` says so;
+       reload the model. For the same reason ``state_dict()`` (and ``sixbit.save``) of a
+       disk-offloaded model must run inside :func:`resident_weights`, which reads every group
+       back first.
 
    ``"cpu_offload"`` / ``"sequential_cpu_offload"``
        diffusers' ``pipe.enable_model_cpu_offload()`` / ``enable_sequential_cpu_offload()``
@@ -62,7 +74,6 @@ import inspect
 import logging
 import shutil
 import tempfile
-import weakref
 from pathlib import Path
 
 import torch
@@ -71,13 +82,28 @@ from diffusers.hooks.group_offloading import GroupOffloadingHook, ModuleGroup
 from torch import nn
 
 from ..models import iter_blocks, spec_for
-from .offload import GROUP_ARGS, OffloadStats, block_groups, OffloadHook, release, Scheduler
+from .devices import accelerator as _accelerator
+from .devices import parse_devices as _devices
+from .devices import split as _split
+from .offload import HANDLES as _HANDLES
+from .offload import (
+    OffloadedWeightsLost,
+    OffloadHook,
+    OffloadStats,
+    Scheduler,
+    block_groups,
+    release,
+)
+from .weights import offload_problem, resident_weights
+
+__all__ = [
+    "HOOK_NAME", "MemoryMode", "MemoryOptimization", "OffloadStats", "OffloadedWeightsLost",
+    "disable_memory_optimization", "enable_memory_optimization", "offload_problem", "resident_weights",
+]
 
 logger = logging.getLogger(__name__)
 
 HOOK_NAME = "sixbit_offload"
-
-_HANDLES: "weakref.WeakKeyDictionary[nn.Module, MemoryOptimization]" = weakref.WeakKeyDictionary()
 
 
 class MemoryMode(str, enum.Enum):
@@ -125,9 +151,18 @@ class MemoryOptimization:
         Disk offload: block weights are read back to the onload device and the folder this
         call wrote is deleted. CPU-memory offload: the whole transformer ends on the offload
         device (move it where you want it).
+
+        Raises:
+            OffloadedWeightsLost: disk offload whose files are gone (the folder was deleted or
+                emptied). Nothing else changes: the hooks stay, so every call of the model keeps
+                failing with the same message instead of computing on placeholder weights, and
+                :func:`offload_problem` reports it. Reload the model. (If the files are put back,
+                a later ``disable()`` succeeds.)
         """
         if not self._active:
             return
+        if self._scheduler is not None and self._folder is not None:
+            self._scheduler.load_all()  # first, so that a lost folder changes nothing
         self._active = False
         if self._scheduler is not None:
             for _, _, block, _ in iter_blocks(self._model):
@@ -148,45 +183,10 @@ class MemoryOptimization:
             del _HANDLES[self._model]
 
 
-def _split(obj) -> tuple[object | None, nn.Module | None, nn.Module | None]:
-    """``(pipeline, transformer, vae)`` of a diffusers pipeline or a bare model."""
-    from diffusers import DiffusionPipeline
-
-    if isinstance(obj, DiffusionPipeline):
-        transformer = getattr(obj, "transformer", None)
-        return obj, transformer if isinstance(transformer, nn.Module) else None, getattr(obj, "vae", None)
-    if isinstance(obj, nn.Module):
-        return None, obj, None
-    raise ValueError(
-        f"enable_memory_optimization needs a diffusers pipeline or a transformer (torch.nn.Module), "
-        f"got {type(obj).__name__}; pass e.g. `pipe` or `pipe.transformer`"
-    )
-
-
 def _positive_int(name: str, value, minimum: int, why: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer ≥ {minimum} ({why}), got {value!r}")
     return value
-
-
-def _device_or_folder(value) -> torch.device | Path:
-    """``"cpu"``, ``"cuda:0"``, a ``torch.device`` → device; anything else → a folder for disk offload."""
-    if isinstance(value, torch.device):
-        return value
-    if isinstance(value, str):
-        try:
-            return torch.device(value)
-        except RuntimeError:
-            pass
-    if isinstance(value, (str, Path)):
-        return Path(value)
-    raise ValueError(f"offload_device must be a device (\"cpu\") or a folder path for disk offload, got {value!r}")
-
-
-def _accelerator() -> torch.device | None:
-    if torch.accelerator.is_available():
-        return torch.accelerator.current_accelerator()
-    return None
 
 
 def _check_no_foreign_offload(model: nn.Module) -> None:
@@ -195,7 +195,7 @@ def _check_no_foreign_offload(model: nn.Module) -> None:
         if registry is not None and any(isinstance(h, GroupOffloadingHook) for h in registry.hooks.values()):
             raise ValueError(
                 f"{type(model).__name__} already has diffusers group offloading (on {name or 'the model'}); "
-                "remove it first (`model.disable_group_offload()` or reload the model)"
+                "reload the model (this diffusers has no call that removes it) and enable sixbit's offloading alone"
             )
         if hasattr(module, "_hf_hook"):
             raise ValueError(
@@ -249,9 +249,12 @@ def enable_memory_optimization(
         mode ("group" | "cpu_offload" | "sequential_cpu_offload" | "none", default "group"): see
             the module docstring.
         onload_device (default None: the accelerator if torch sees one, else "cpu"): where blocks
-            compute.
-        offload_device (default "cpu"): where blocks wait — a device, or a folder path for disk
-            offload (a fresh subfolder is created in it and removed by :meth:`~MemoryOptimization.disable`).
+            compute; a device this torch can use (``"cuda"`` on a CPU-only build is refused).
+        offload_device (default "cpu"): where blocks wait — ``"cpu"``, or a folder for disk
+            offload: a ``Path``, or a string with a path separator, a leading ``~``/``.``, or
+            naming an existing directory (``"cpu0"`` is a typo, not a folder; an existing file
+            is refused). A fresh subfolder is created in it and removed by
+            :meth:`~MemoryOptimization.disable`; leave it alone until then.
         blocks_per_group (int ≥ 1, default 1): blocks moved together. Larger: fewer, bigger
             transfers; more memory per resident group.
 
@@ -259,9 +262,13 @@ def enable_memory_optimization(
         a :class:`MemoryOptimization` describing what was done (``str()`` reads well).
 
     Raises:
-        ValueError: an unknown mode, a bad size, an object that is no model or pipeline, a mode
-            that would change nothing on this machine (``cpu`` → ``cpu``; CPU offload without an
-            accelerator) or a model already under another offloading scheme. Nothing is changed.
+        ValueError: an unknown mode, a bad size, an object that is no model or pipeline, an
+            ``offload_device`` that is neither a device nor a usable folder, an ``onload_device``
+            this torch lacks, a mode that would change nothing on this machine (``cpu`` → ``cpu``;
+            CPU offload without an accelerator) or a model already under another offloading
+            scheme. Nothing is changed.
+        OffloadedWeightsLost: the model's previous disk offload lost its folder (its
+            ``disable()`` raises; reload the model).
 
     Example:
         >>> import tempfile, torch, sixbit
@@ -317,23 +324,6 @@ def _mode(mode) -> MemoryMode:
         raise ValueError(f"unknown mode {mode!r}; valid: {[m.value for m in MemoryMode]}") from None
 
 
-def _devices(onload_device, offload_device) -> tuple[torch.device, torch.device | Path, Path | None]:
-    """(onload device, offload device or folder, the folder for disk offload or None), checked."""
-    offload = _device_or_folder(offload_device)
-    folder = offload if isinstance(offload, Path) else None
-    if folder is not None and "offload_to_disk_path" not in GROUP_ARGS:
-        raise ValueError("disk offload needs a diffusers release whose group offloading writes to disk "
-                         "(offload_to_disk_path); upgrade diffusers (`pip install -U diffusers`) or offload to \"cpu\"")
-    if folder is None and offload.type != "cpu":
-        raise ValueError(f"offload_device must be \"cpu\" or a folder path (disk), got {str(offload)!r}: weights wait "
-                         "there and an accelerator is where they compute (onload_device)")
-    try:
-        onload = torch.device(onload_device) if onload_device is not None else (_accelerator() or torch.device("cpu"))
-    except (RuntimeError, TypeError):
-        raise ValueError(f"onload_device must be a device such as \"cuda\" or \"cpu\", got {onload_device!r}") from None
-    return onload, offload, folder
-
-
 def _check_mode(mode: MemoryMode, pipe, model, onload, offload, folder) -> None:
     """Refuse a mode that cannot apply to what was passed, or would change nothing here."""
     accelerator = _accelerator()
@@ -371,7 +361,7 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
     members, groups, rest = block_groups(model, blocks_per_group, onload, offload, handle._folder)
     handle._rest = rest
     rest.onload_()  # weights outside the blocks stay on the compute device
-    scheduler = Scheduler(groups, prefetch_depth)
+    scheduler = Scheduler(groups, prefetch_depth, handle._folder)
     scheduler.state = ["resident"] * len(groups)  # true until each group's first offload (disable relies on it)
     handle._scheduler = scheduler
     for index, group in enumerate(groups):
@@ -392,7 +382,7 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
 
 def disable_memory_optimization(model_or_pipe) -> None:
     """Undo :func:`enable_memory_optimization` on ``model_or_pipe`` (no-op when none is installed)."""
-    _, model, _ = _split(model_or_pipe)
+    _, model, _ = _split(model_or_pipe, "disable_memory_optimization")
     handle = _HANDLES.get(model) if model is not None else None
     if handle is not None:
         handle.disable()
