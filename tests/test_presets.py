@@ -5,6 +5,7 @@ import json
 import pytest
 
 import sixbit
+from sixbit import QuantConfig
 from sixbit.presets import PRESETS, ConvertConfig, preset, resolve
 
 
@@ -124,3 +125,64 @@ def test_dmpq_low_is_checked():
 
     with pytest.raises(ValueError, match='low must be "nvfp4" or "auto"'):
         DMPQConfig(low="int4")
+
+
+# ---------------------------------------------------------------- hostile configs (issue 22)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"weights": None, "activations": "fp", "cache": {"pdr": "no"}}, ["pdr must be true or false, got 'no'"]),
+    ({"weights": {"include": "attn"}, "activations": "int8"}, ["include must be a list", "got 'attn'"]),
+    ({"weights": None, "activations": "fp", "cache": {"threshold": "0.1", "max_skips": -1}},
+     ["threshold must be a finite number, got '0.1' (a string: write the value without quotes",
+      "max_skips must be an integer ≥ 0, got -1"]),
+    ({"weights": {"gptq_damp": float("nan"), "boundary_blocks": 1.5}, "activations": "int8"},
+     ["gptq_damp must be a finite number", "boundary_blocks must be an integer"]),
+    ({"weights": {"act_mode": "nvfp4"}, "activations": "int8"}, ["contradicts activations='int8'"]),
+    ({"weights": {"lowrank_max_rank": 8}, "activations": "int8"}, ["set lowrank_bits too"]),
+    ({"weights": {"weight_formt": "int8"}, "activations": "int8"}, ["did you mean 'weight_format'?"]),
+    ({"weight": {}, "activations": "int8"}, ["did you mean 'weights'?"]),
+    ({"attention": {"bits": 8}, "treshold": 0.1}, ["short shape", "did you mean 'threshold'?"]),
+    ({"attention": {"bits": 8}, "activations": "int8"}, ["mixes the short shape"]),
+    ({}, ["config is empty", "balanced"]),
+])
+def test_every_wrong_field_is_named_at_once(spec, expected):
+    with pytest.raises(ValueError) as e:
+        resolve(spec)
+    for text in expected:
+        assert text in str(e.value)
+
+
+def test_type_errors_name_the_field_from_python_too():
+    from sixbit.methods.delta_cache import DeltaCacheConfig
+
+    with pytest.raises(ValueError, match="threshold must be a finite number"):
+        DeltaCacheConfig(threshold="0.1")
+    with pytest.raises(ValueError, match="include must be a list"):
+        QuantConfig(include="attn")
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"weights": null, "activations": "fp", "cache": {"threshold": Infinity}}', "Infinity is not standard JSON"),
+    ('{"weights": null, "activations": "fp", "cache": {"threshold": NaN}}', "NaN is not standard JSON"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"weights": ' + '"x" ' * 400_000 + "}", "at most 1048576"),
+])
+def test_hostile_json_files(tmp_path, text, match):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as e:
+        resolve(str(path))
+    assert len(str(e.value)) < 400  # named, not echoed back
+
+
+def test_converting_an_empty_model_says_how(tmp_path):
+    from accelerate import init_empty_weights
+
+    from sixbit.zoo.shapes import load_pipeline
+
+    config = load_pipeline("wan").transformer.config
+    with init_empty_weights():
+        model = type(load_pipeline("wan").transformer).from_config(config)
+    with pytest.raises(ValueError, match="meta device.*convert_pretrained"):
+        sixbit.convert_model(model, quant_config="w8a8")

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from . import formats
+from ._validate import report, type_problems, unknown_keys
 from .nn.quant_linear import ActMode
 from .transforms.hadamard import BLOCK_SIZES
 from .weights import SCALE_RULES
@@ -128,7 +129,7 @@ class QuantConfig:
     smooth_alpha: float | None = None
 
     def __post_init__(self):
-        problems = []
+        problems = type_problems(self)
         valid_roles = [r.value for r in Role]
         names = [("weight_format", self.weight_format)] + [
             (f"role_formats[{r!r}]", f) for r, f in self.role_formats.items() if f is not None
@@ -165,13 +166,15 @@ class QuantConfig:
             problems.append(f"lowrank_bits must be a number ≥ 0, got {self.lowrank_bits!r}")
         elif self.lowrank_bits and self.lowrank_rank:
             problems.append("set lowrank_rank or lowrank_bits, not both")
+        elif self.lowrank_max_rank and not self.lowrank_bits:
+            problems.append("lowrank_max_rank caps the rank lowrank_bits chooses: set lowrank_bits too (or drop it)")
         if self.smooth_alpha is not None and (isinstance(self.smooth_alpha, bool) or not isinstance(
                 self.smooth_alpha, (int, float)) or not 0 < self.smooth_alpha < 1):
             problems.append(f"smooth_alpha must be None or a number in (0, 1), got {self.smooth_alpha!r}")
         elif self.smooth_alpha is not None and not (self.lowrank_rank or self.lowrank_bits):
             problems.append("smooth_alpha smooths layers before their low-rank split: set lowrank_rank or lowrank_bits")
         if problems:
-            raise ValueError("invalid QuantConfig:\n  - " + "\n  - ".join(problems))
+            raise ValueError(report("invalid QuantConfig", problems))
 
     @property
     def needs_calibration(self) -> bool:
@@ -201,13 +204,13 @@ class QuantConfig:
     def from_dict(cls, data: dict[str, Any]) -> "QuantConfig":
         """Build from a JSON-like dict; unknown keys are reported with the other problems."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
+        unknown = set(data) - fields
         try:
             cfg = cls(**{k: v for k, v in data.items() if k in fields})
         except ValueError as e:
             if unknown:
-                raise ValueError(f"{e}\n  - unknown keys {unknown} (valid: {sorted(fields)})") from None
+                raise ValueError(f"{e}\n  - {unknown_keys(unknown, fields)}") from None
             raise
         if unknown:
-            raise ValueError(f"invalid QuantConfig:\n  - unknown keys {unknown} (valid: {sorted(fields)})")
+            raise ValueError(f"invalid QuantConfig:\n  - {unknown_keys(unknown, fields)}")
         return cfg

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ._validate import report, show, type_problems, unknown_keys
 from .config import QuantConfig
 from .kernels import fp4_supported
 from .methods.delta_cache import DeltaCacheConfig
@@ -74,11 +75,9 @@ class ConvertConfig:
     description: str = ""
 
     def __post_init__(self):
-        problems = []
+        problems = type_problems(self)
         if self.activations not in ACTIVATIONS:
             problems.append(f"activations={self.activations!r} is not one of {list(ACTIVATIONS)}")
-        if self.weights is not None and not isinstance(self.weights, QuantConfig):
-            problems.append(f"weights must be a QuantConfig or None, got {type(self.weights).__name__}")
         if self.activations == "static":
             if self.weights is not None:
                 problems.append('activations="static" quantizes the weights itself: set weights=None')
@@ -88,16 +87,15 @@ class ConvertConfig:
             problems.append(f'static is set but activations={self.activations!r} (use activations="static")')
         elif self.activations != "fp" and self.weights is None:
             problems.append(f"activations={self.activations!r} needs quantized weights: set weights=QuantConfig(...)")
+        if self.weights is not None and self.weights.act_mode not in ("fp", self.activations):
+            problems.append(f"weights.act_mode={self.weights.act_mode!r} contradicts activations={self.activations!r}: "
+                            "set the precision in activations (weights.act_mode is for sixbit.quantize alone)")
         if self.activations == "dynamic":
             self.dmpq = self.dmpq or DMPQConfig()
         elif self.dmpq is not None:
             problems.append(f'dmpq is set but activations={self.activations!r} (use activations="dynamic")')
-        for field, cls in (("dmpq", DMPQConfig), ("static", StaticW8A8Config), ("cache", DeltaCacheConfig)):
-            value = getattr(self, field)
-            if value is not None and not isinstance(value, cls):
-                problems.append(f"{field} must be a {cls.__name__} or None, got {type(value).__name__}")
         if problems:
-            raise ValueError("invalid ConvertConfig:\n  - " + "\n  - ".join(problems))
+            raise ValueError(report("invalid ConvertConfig", problems))
 
     @property
     def needs_calibration(self) -> bool:
@@ -129,9 +127,9 @@ class ConvertConfig:
             raise ValueError(f"a ConvertConfig must be a JSON object, got {type(data).__name__}")
         problems, kwargs = [], {}
         fields = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(fields))
+        unknown = set(data) - set(fields)
         if unknown:
-            problems.append(f"unknown keys {unknown} (valid: {fields})")
+            problems.append(unknown_keys(unknown, fields))
         builders = {
             "weights": QuantConfig.from_dict,
             "dmpq": lambda d: _plain_from_dict(DMPQConfig, d),
@@ -159,14 +157,14 @@ class ConvertConfig:
                 return cls(**kwargs)
             except ValueError as e:
                 problems.append(str(e).replace("\n", "\n    "))
-        raise ValueError("invalid conversion config:\n  - " + "\n  - ".join(problems))
+        raise ValueError(report("invalid conversion config", problems))
 
 
 def _plain_from_dict(cls, data: dict[str, Any]):
     fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - fields)
+    unknown = set(data) - fields
     if unknown:
-        raise ValueError(f"unknown keys {unknown} (valid: {sorted(fields)})")
+        raise ValueError(unknown_keys(unknown, fields))
     return cls(**data)
 
 
@@ -279,7 +277,7 @@ def _from_seed_shape(data: dict[str, Any]) -> ConvertConfig:
         else:
             cfg.cache.threshold = float(t)
     if problems:
-        raise ValueError("invalid conversion config:\n  - " + "\n  - ".join(problems))
+        raise ValueError(report("invalid conversion config", problems))
     cfg.description = "from the short JSON shape: " + json.dumps(data, sort_keys=True)
     try:  # re-validate the edited parts
         QuantConfig.from_dict(cfg.weights.to_dict())
@@ -290,8 +288,24 @@ def _from_seed_shape(data: dict[str, Any]) -> ConvertConfig:
 
 
 def from_json_dict(data: Any) -> ConvertConfig:
-    """A config from parsed JSON: the full schema (``to_dict()``) or the seed's short shape."""
-    if isinstance(data, dict) and data and set(data) <= _SEED_KEYS:
+    """A config from parsed JSON: the full schema (``to_dict()``) or the seed's short shape.
+
+    The shape is told by the keys: a key of the short shape and none of the full schema is the
+    short shape (an unknown key there is reported with the closest short-shape key); keys of
+    both shapes, or none, are refused."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a conversion config must be a JSON object, got {type(data).__name__}")
+    if not data:
+        raise ValueError(f"the conversion config is empty: name a preset ({', '.join(_PRESETS)}), or give at "
+                         "least \"weights\" and \"activations\" (preset(name).to_dict() shows complete ones)")
+    full = {f.name for f in dataclasses.fields(ConvertConfig)}
+    keys = set(data)
+    if keys & _SEED_KEYS and keys & full:
+        raise ValueError(f"the config mixes the short shape's keys {sorted(keys & _SEED_KEYS)} with the full "
+                         f"schema's {sorted(keys & full)}: use one shape")
+    if keys & _SEED_KEYS:
+        if keys - _SEED_KEYS:
+            raise ValueError(f"invalid conversion config (short shape): {unknown_keys(keys - _SEED_KEYS, _SEED_KEYS)}")
         return _from_seed_shape(data)
     return ConvertConfig.from_dict(data)
 
@@ -314,12 +328,7 @@ def resolve(spec: str | os.PathLike | dict | ConvertConfig | QuantConfig) -> Con
             return preset(spec)
         path = Path(spec)
         if path.suffix.lower() == ".json" or path.is_file():
-            if not path.is_file():
-                raise ValueError(f"config file {str(path)!r} does not exist")
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ValueError(f"config file {str(path)!r} is not valid JSON: {e}") from None
+            data = read_json(path, "config file")
             try:
                 return from_json_dict(data)
             except ValueError as e:
@@ -329,6 +338,28 @@ def resolve(spec: str | os.PathLike | dict | ConvertConfig | QuantConfig) -> Con
         f"quant_config must be a preset name, a .json path, a dict, a ConvertConfig or a QuantConfig, "
         f"got {type(spec).__name__}"
     )
+
+
+_MAX_JSON = 1 << 20  # bytes: a conversion config is a few hundred
+
+
+def read_json(path: Path, what: str) -> Any:
+    """Parse the JSON file ``path`` strictly: at most 1 MiB, no ``NaN``/``Infinity`` (not JSON),
+    nesting within Python's limits; every problem a one-line ``ValueError``."""
+    if not path.is_file():
+        raise ValueError(f"{what} {str(path)!r} does not exist" + (" (it is a folder)" if path.is_dir() else ""))
+    if path.stat().st_size > _MAX_JSON:
+        raise ValueError(f"{what} {str(path)!r} is {path.stat().st_size} bytes; a config is at most {_MAX_JSON}: wrong file?")
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not standard JSON: write a finite number")
+
+    try:
+        return json.loads(path.read_text(), parse_constant=refuse)
+    except RecursionError:
+        raise ValueError(f"{what} {str(path)!r} is nested too deeply to be a config") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON: {show(str(e), 200)}") from None
 
 
 def for_device(config: ConvertConfig, device: torch.device | str) -> tuple[ConvertConfig, str | None]:

@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from ... import formats
+from ..._validate import report, type_problems
 from ...models import iter_blocks
 from ...nn.precision import ActMode, Level, gemm_flops
 from ...runtime import blocks
@@ -105,7 +106,7 @@ class DeltaCacheConfig:
     pdr_outlier_ratio: float = 25.0
 
     def __post_init__(self):
-        problems = []
+        problems = type_problems(self)
         if not self.threshold >= 0:
             problems.append(f"threshold must be ≥ 0, got {self.threshold!r}")
         if not isinstance(self.max_skips, int) or self.max_skips < 0:
@@ -127,7 +128,7 @@ class DeltaCacheConfig:
         if not self.pdr_outlier_ratio > 0:
             problems.append(f"pdr_outlier_ratio must be > 0, got {self.pdr_outlier_ratio!r}")
         if problems:
-            raise ValueError("invalid DeltaCacheConfig:\n  - " + "\n  - ".join(problems))
+            raise ValueError(report("invalid DeltaCacheConfig", problems))
 
 
 def _storage_format(fmt: str, width: int) -> str:

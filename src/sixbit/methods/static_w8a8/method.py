@@ -27,7 +27,7 @@ timestep). Checkpoints carry every parameter
 
 Example:
     >>> import sixbit                                                          # doctest: +SKIP
-    >>> data = sixbit.calibrate(pipe.transformer, lambda: pipe(prompts))       # doctest: +SKIP
+    >>> data = sixbit.calibrate(pipe.transformer, lambda: pipe(prompts, generator=torch.Generator().manual_seed(0)))       # doctest: +SKIP
     >>> cfg = sixbit.StaticW8A8Config.preset("w8a8-static")                   # doctest: +SKIP
     >>> sixbit.apply_static_w8a8(pipe.transformer, cfg, data)                 # doctest: +SKIP
     >>> video = pipe("a red circle moving right").frames                      # doctest: +SKIP
@@ -43,6 +43,7 @@ from typing import Any
 
 from torch import nn
 
+from ..._validate import report, type_problems
 from ...calibration import time_ranges as tr
 from ...calibration.data import CalibrationData
 from ...config import Role, pattern_problems
@@ -127,7 +128,7 @@ class StaticW8A8Config:
     tsq_min_gain: float = 0.05
 
     def __post_init__(self):
-        problems = []
+        problems = type_problems(self)
 
         def bits_ok(b):
             return isinstance(b, int) and not isinstance(b, bool) and 2 <= b <= 8
@@ -180,7 +181,7 @@ class StaticW8A8Config:
         if not (isinstance(self.tsq_min_gain, (int, float)) and 0 <= self.tsq_min_gain <= 1):
             problems.append(f"tsq_min_gain must be in [0, 1], got {self.tsq_min_gain!r}")
         if problems:
-            raise ValueError("invalid StaticW8A8Config:\n  - " + "\n  - ".join(problems))
+            raise ValueError(report("invalid StaticW8A8Config", problems))
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "StaticW8A8Config":
