@@ -79,7 +79,7 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
         model: the transformer.
         config: the :class:`~sixbit.QuantConfig` (default: NVFP4 attention and feed-forward).
         calibration: a callable that runs generations with ``model`` (e.g.
-            ``lambda: pipe(prompts, num_inference_steps=20)``), needed when ``config.gptq``:
+            ``lambda: pipe(prompts, num_inference_steps=20, generator=torch.Generator().manual_seed(0))``), needed when ``config.gptq``:
             it is run once per transformer block to record the layers' input Hessians.
         progress: show a progress bar over the layers (default ``True``).
 

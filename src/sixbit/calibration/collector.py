@@ -56,14 +56,14 @@ def calibrate(
 
     Args:
         model: the transformer (full precision or already quantized).
-        run: a callable that runs generations, e.g. ``lambda: pipe(prompts, num_inference_steps=20)``.
+        run: a callable that runs generations, e.g. ``lambda: pipe(prompts, num_inference_steps=20, generator=torch.Generator().manual_seed(0))``.
         layers: ``re.fullmatch`` patterns of the layers to record (default: every linear
             inside the blocks except modulation projections).
         batched_cfg: calls made without a diffusers cache context hold both CFG branches in one
             batch (see :class:`~sixbit.runtime.StepTracker`); ``None`` keeps the tracker's setting.
 
     Example:
-        >>> data = sixbit.calibrate(pipe.transformer, lambda: pipe(["a red circle moving right"]))  # doctest: +SKIP
+        >>> data = sixbit.calibrate(pipe.transformer, lambda: pipe(["a red circle moving right"], generator=torch.Generator().manual_seed(0)))  # doctest: +SKIP
         >>> data.save("calibration.safetensors")                                                  # doctest: +SKIP
     """
     tracker = track_steps(model, batched_cfg)

@@ -25,13 +25,23 @@ count as INT8). With ``refine`` (default), the calibration runs are
 repeated once with DMPQ switching for real and the threshold is picked again from the errors
 predicted then: at run time Γ is measured on mixed-precision blocks, not on full-precision
 ones, and this second pass makes the achieved bits match the target.
+
+Everything above compares re-runs, so the runs must repeat exactly. Each call of ``run()``
+runs under ``torch.manual_seed(CALIBRATION_SEED)`` in a forked RNG (:func:`seeded`): a pipeline
+called without a ``generator`` draws its noise from the global RNG and so repeats too, and the
+caller's RNG state is left as it was. Every run must then feed the model the same inputs at
+its first step (checked on the first block: a few thousand sampled values of each input per
+call, no extra run); one that does not — e.g. a ``generator`` created once outside ``run``,
+which advances from one run to the next — is refused with a ``ValueError``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,9 +52,40 @@ from ...nn.precision import ACT_BITS, ActMode, Level, gemm_flops
 from ...runtime import blocks
 from ...runtime.blocks import relative_l1
 from ...runtime.context import track_steps
-from .method import DMPQConfig, DMPQPredictor, FixedAssignment, apply_dmpq, remove_dmpq, step_range
+from .method import (
+    DMPQConfig,
+    DMPQPredictor,
+    FixedAssignment,
+    apply_dmpq,
+    remove_dmpq,
+    step_range,
+)
 
 logger = logging.getLogger(__name__)
+
+#: The global seed each calibration run starts from (:func:`seeded`).
+CALIBRATION_SEED = 0
+
+
+def seeded(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` made repeatable: every call runs under ``torch.manual_seed(CALIBRATION_SEED)`` inside
+    ``torch.random.fork_rng``, so what it draws from the global RNG (a pipeline's noise when no
+    ``generator`` is passed) is the same on every call, and the caller's RNG state is left as it
+    was. Explicit generators are untouched. Wrapping twice is the same as once.
+    """
+    if getattr(run, "_sixbit_seeded", False):
+        return run
+
+    @functools.wraps(run)
+    def repeatable(*args, **kwargs):
+        # the CUDA devices already in use; torch.manual_seed also seeds the others (lazily)
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(CALIBRATION_SEED)
+            return run(*args, **kwargs)
+
+    repeatable._sixbit_seeded = True
+    return repeatable
 
 
 def _line(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
@@ -88,10 +129,88 @@ class _Probe(blocks.BlockMethod):
             self.mode = None
         info = self.tracker.info
         self.calls.append({
-            "key": (info.generation, info.branch), "block": call.index, "step": info.step,
+            "key": (info.generation, info.branch), "block": call.index, "step": info.step, "timestep": info.timestep,
             "gamma": relative_l1(y - x, x), "error": relative_l1(y_low - y, y),
             "flops": sum(gemm_flops(m.in_features, m.out_features, x) for m in blocks.quant_linears(call.module)),
         })
+
+
+_SAMPLES = 4096  # values kept per input tensor to compare runs
+_TOLERANCE = 0.05  # largest |difference| allowed, relative to the largest |value|: bf16 rounding passes, other noise does not
+
+
+def _fingerprint(value) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    """Shape and up to ``_SAMPLES`` evenly spaced values (float64, CPU) of each tensor in ``value``."""
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().reshape(-1)
+        stride = max(1, flat.numel() // _SAMPLES)
+        return [(tuple(value.shape), flat[::stride][:_SAMPLES].double().cpu())]
+    if isinstance(value, (list, tuple)):
+        return [fp for v in value for fp in _fingerprint(v)]
+    if isinstance(value, dict):
+        return [fp for k in sorted(value, key=str) for fp in _fingerprint(value[k])]
+    return []
+
+
+def _difference(a: list, b: list) -> float:
+    """How far two fingerprints are apart: ``inf`` when their tensors differ in number or shape."""
+    if len(a) != len(b) or any(sa != sb for (sa, _), (sb, _) in zip(a, b)):
+        return math.inf
+    worst = 0.0
+    for (_, x), (_, y) in zip(a, b):
+        if x.numel():
+            worst = max(worst, float((x - y).abs().max()) / max(float(x.abs().max()), 1e-30))
+    return worst
+
+
+class _Repeatable(blocks.BlockMethod):
+    """Calls ``run`` seeded (:func:`seeded`) and checks that every call feeds the model the same
+    inputs at its first step as the first call did: the first block's inputs at step 0, call by call."""
+
+    order = blocks.OBSERVER_ORDER
+
+    def __init__(self, model: nn.Module, run: Callable[[], object]):
+        self.model, self.run = model, seeded(run)
+        self.tracker = track_steps(model)
+        self.reference: list | None = None
+        self.seen: list = []
+        self.runs = 0
+
+    def __call__(self):
+        self.runs, self.seen = self.runs + 1, []
+        blocks.attach(self.model, self)
+        try:
+            result = self.run()
+        finally:
+            blocks.detach(self.model, self)
+        if self.reference is None:
+            self.reference = self.seen
+        elif len(self.seen) != len(self.reference):
+            raise ValueError(self._refusal(
+                f"made {len(self.seen)} first-step calls of the first block where run 1 made {len(self.reference)}"
+            ))
+        return result
+
+    def before(self, call):
+        if call.index != 0 or self.tracker.info is None or self.tracker.info.step != 0:
+            return
+        fingerprint = _fingerprint((call.args, call.kwargs))
+        if self.reference is not None:  # fail fast: at the first call that differs
+            i = len(self.seen)
+            if i >= len(self.reference):
+                raise ValueError(self._refusal(f"made more first-step calls than run 1 ({len(self.reference)})"))
+            difference = _difference(fingerprint, self.reference[i])
+            if difference > _TOLERANCE:
+                what = "inputs of other shapes" if math.isinf(difference) else f"other inputs (max difference {difference:.3g} of the largest value)"
+                raise ValueError(self._refusal(f"gave the model {what} at its first step, call {i + 1}"))
+        self.seen.append(fingerprint)
+
+    def _refusal(self, what: str) -> str:
+        return (
+            f"the DMPQ calibration callable is not deterministic: run {self.runs} {what}; DMPQ compares re-runs, "
+            "so `run` (convert_model's calibration_data) must generate the same videos (prompts, seeds) every time: "
+            "create the generator inside it, e.g. lambda: pipe(prompts, generator=torch.Generator().manual_seed(0))"
+        )
 
 
 def fit_dmpq(
@@ -101,11 +220,16 @@ def fit_dmpq(
 
     With ``error_at="video"`` (the default) ``run()`` must return the generated videos — a
     pipeline output with ``.frames``, a tensor or an array, or a list of those — and is called
-    ``2 + step_groups × block_groups`` times (plus one with ``refine``). A DMPQ already
-    installed on ``model`` is removed first (apply the new predictor with ``apply_dmpq``).
+    ``2 + step_groups × block_groups`` times (plus one with ``refine``). Every call must
+    generate the same videos: each runs under ``torch.manual_seed(0)`` in a forked RNG (your
+    RNG state is left as it was), and one that feeds the model other inputs at its first step
+    than the first call did raises ``ValueError``. A DMPQ already installed on ``model`` is
+    removed first (apply the new predictor with ``apply_dmpq``). The predictor keeps the
+    calibration runs' step count and timesteps (``num_steps``, ``timesteps``).
 
     Example:
-        >>> predictor = fit_dmpq(pipe.transformer, lambda: pipe(prompts, num_inference_steps=20))  # doctest: +SKIP
+        >>> run = lambda: pipe(prompts, num_inference_steps=20, generator=torch.Generator().manual_seed(0))  # doctest: +SKIP
+        >>> predictor = fit_dmpq(pipe.transformer, run)                                                     # doctest: +SKIP
         >>> predictor.pearson_r                                                                     # doctest: +SKIP
     """
     config = config or DMPQConfig()
@@ -113,15 +237,23 @@ def fit_dmpq(
     if not all(blocks.quant_linears(block) for _, _, block, _ in found):
         raise ValueError("fit_dmpq needs a quantized model: run sixbit.quantize(model, ...) first")
     remove_dmpq(model)
+    run = _Repeatable(model, run)
     calls = _probe(model, run)
     pairs = _pairs(calls)
+    if not pairs:
+        raise ValueError(
+            "DMPQ predicts each step's error from the step before, and the calibration runs have a single "
+            "denoising step: calibrate with at least 2 steps (e.g. calibration_kwargs={'num_inference_steps': 8})"
+        )
     step_starts = [0]
+    num_steps = 1 + max(c["step"] for c in calls)
     if config.error_at == "video" and pairs:
-        cell_of, cost, step_starts = _video_costs(model, run, len(found), 1 + max(c["step"] for c in calls), config)
+        cell_of, cost, step_starts = _video_costs(model, run, len(found), num_steps, config)
         targets = _shares(pairs, cell_of, cost)
     else:
         targets = [c["error"] for c, _ in pairs]
     predictor = _fit_lines([name for _, name, _, _ in found], pairs, targets, step_starts)
+    predictor.num_steps, predictor.timesteps = num_steps, _schedule(calls, num_steps)
     if config.threshold is not None:
         predictor.threshold = config.threshold
     else:
@@ -151,6 +283,22 @@ def _probe(model: nn.Module, run: Callable[[], object]) -> list[dict]:
     if not probe.calls:
         raise ValueError("DMPQ calibration recorded nothing: `run` never called the model")
     return probe.calls
+
+
+def _schedule(calls: list[dict], num_steps: int) -> list[float] | None:
+    """The timestep of each calibration step (where first seen), or ``None`` when a step's
+    timesteps disagree between generations (runs on several schedules: no single one to map onto)."""
+    timesteps: dict[int, float] = {}
+    for c in calls:
+        t = timesteps.setdefault(c["step"], c["timestep"])
+        if abs(t - c["timestep"]) > 1e-6 * max(1.0, abs(t)):
+            logger.warning(
+                "the DMPQ calibration runs use several step schedules (step %d at t=%g and t=%g): the predictor "
+                "keeps no timesteps, so runs with other step counts are not mapped onto the calibration steps",
+                c["step"], t, c["timestep"],
+            )
+            return None
+    return [timesteps[s] for s in range(num_steps)] if len(timesteps) == num_steps else None
 
 
 def _pairs(calls: list[dict]) -> list[tuple[dict, torch.Tensor]]:

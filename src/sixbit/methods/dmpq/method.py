@@ -4,8 +4,10 @@ Each block's relative L1 change from input to output at its previous computed st
 ``Γ_{t−1} = ‖out − in‖₁ / ‖in‖₁``, predicts how much error NVFP4 activations would add at
 step ``t`` through a linear model ``E = α·Γ_{t−1} + β`` fitted on calibration runs
 (:func:`sixbit.methods.dmpq.fit_dmpq`): one line per block and step range, so a step range can
-be cheap or costly for the video whatever its Γ (step ranges are the calibration runs' steps:
-calibrate with the step count you generate with). A block whose predicted error is at most the
+be cheap or costly for the video whatever its Γ. Step ranges are counted in the calibration
+runs' steps; the predictor keeps their step count and timesteps, and a run with another step
+count or schedule uses, at each step, the line of the calibration step nearest its timestep.
+A block whose predicted error is at most the
 threshold runs every linear with NVFP4 activations (``low``); otherwise, and whenever ``Γ_{t−1}`` is
 unknown (first step, after a skip), with INT8 (``high``). The threshold is set on calibration
 data so the GEMM-FLOP-weighted average activation width meets ``target_bits``.
@@ -27,15 +29,19 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 from collections import defaultdict
 
 import torch
 from torch import nn
 
+from ..._validate import report, type_problems
 from ...models import iter_blocks
 from ...nn.precision import ACT_BITS, ActMode, Level, average_bits, gemm_flops
 from ...runtime import blocks
 from ...runtime.context import RunReports, StepTracker, track_steps
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -75,7 +81,7 @@ class DMPQConfig:
     low: str = "nvfp4"
 
     def __post_init__(self):
-        problems = []
+        problems = type_problems(self)
         if self.low not in ("nvfp4", "auto"):
             problems.append(f'low must be "nvfp4" or "auto", got {self.low!r}')
         if not ACT_BITS[ActMode.NVFP4] <= self.target_bits <= ACT_BITS[ActMode.INT8]:
@@ -89,7 +95,7 @@ class DMPQConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{name} must be an integer ≥ 1, got {value!r}")
         if problems:
-            raise ValueError("invalid DMPQConfig:\n  - " + "\n  - ".join(problems))
+            raise ValueError(report("invalid DMPQConfig", problems))
 
 
 @dataclasses.dataclass
@@ -99,6 +105,11 @@ class DMPQPredictor:
     ``alpha[b]`` and ``beta[b]`` hold one value per step range; range ``r`` starts at step
     ``step_starts[r]`` (default one range, ``[0]``: one line per block). A plain number is one
     range.
+
+    ``num_steps`` and ``timesteps`` are the calibration runs' step count and the timestep of
+    each of their steps (``None`` in predictors saved before they were kept). With
+    ``timesteps``, a run on another schedule — another step count — is mapped onto the
+    calibration steps by timestep (:meth:`fitted_step`).
     """
 
     blocks: list[str]
@@ -109,6 +120,8 @@ class DMPQPredictor:
     step_starts: list[int] = dataclasses.field(default_factory=lambda: [0])
     # the (Γ_{t−1}, E_t) calibration pairs, kept for plots; not serialized
     pairs: tuple[torch.Tensor, torch.Tensor] | None = dataclasses.field(default=None, repr=False, compare=False)
+    num_steps: int | None = None  # steps of the calibration runs
+    timesteps: list[float] | None = None  # the timestep of each calibration step (num_steps of them)
 
     def __post_init__(self):
         self.alpha = [list(a) if isinstance(a, (list, tuple)) else [a] for a in self.alpha]
@@ -124,6 +137,29 @@ class DMPQPredictor:
                 f"inconsistent DMPQ predictor: {len(self.blocks)} blocks, step_starts {self.step_starts} "
                 "(must start at 0 and increase), and alpha/beta need one value per block and step range"
             )
+        if self.num_steps is not None and (
+            not isinstance(self.num_steps, int) or isinstance(self.num_steps, bool) or self.num_steps < 1
+        ):
+            raise ValueError(f"DMPQ predictor num_steps must be an integer ≥ 1 or None, got {self.num_steps!r}")
+        if self.timesteps is not None:
+            self.timesteps = [float(t) for t in self.timesteps]
+            if len(self.timesteps) != self.num_steps:
+                raise ValueError(
+                    f"DMPQ predictor has {len(self.timesteps)} timesteps for num_steps={self.num_steps!r}: "
+                    "give one timestep per calibration step, or timesteps=None"
+                )
+
+    def fitted_step(self, step: int, timestep: float | None = None) -> int:
+        """The calibration step whose line serves run-time ``step`` at ``timestep``.
+
+        ``step`` itself on the calibration schedule (or when the predictor has no timesteps);
+        otherwise the calibration step whose timestep is nearest ``timestep``, so a run with
+        another step count meets the step ranges at the same noise levels.
+        """
+        ts = self.timesteps
+        if ts is None or timestep is None or (step < len(ts) and _same_timestep(ts[step], timestep)):
+            return step
+        return min(range(len(ts)), key=lambda k: (abs(ts[k] - timestep), k))
 
     def predict(self, block: int, gamma: torch.Tensor, step: int = 0) -> torch.Tensor:
         r = step_range(self.step_starts, step)
@@ -137,8 +173,12 @@ class DMPQPredictor:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pairs"}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DMPQPredictor":
+    def from_dict(cls, data: dict) -> DMPQPredictor:
         return cls(**data)
+
+
+def _same_timestep(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1.0, abs(a))
 
 
 def step_range(step_starts: list[int], step: int) -> int:
@@ -218,7 +258,7 @@ class DMPQ(blocks.BlockMethod):
 
     order = blocks.PRECISION_ORDER
 
-    def __init__(self, model: nn.Module, policy: "DMPQPredictor | FixedAssignment | RandomAssignment",
+    def __init__(self, model: nn.Module, policy: DMPQPredictor | FixedAssignment | RandomAssignment,
                  tracker: StepTracker):
         self.model = model
         self.policy = policy
@@ -226,6 +266,7 @@ class DMPQ(blocks.BlockMethod):
         self.blocks = [name for _, name, _, _ in iter_blocks(model)]
         self.reports = RunReports(tracker, lambda: DMPQReport(self.blocks))
         self._running: tuple[ActMode, torch.Tensor, float | None] | None = None  # the block call in progress
+        self._told_schedule = False  # logged once that this run's schedule is not the calibration's
 
     def report(self) -> DMPQReport:
         """The current run's decisions, or the last finished run's when none is in progress."""
@@ -242,9 +283,36 @@ class DMPQ(blocks.BlockMethod):
         # Γ must come from the step just before: after a skipped step (delta cache) it is unknown
         if gamma is None or step != self.tracker.info.step - 1 or gamma.shape[0] != batch:
             return ActMode.INT8, None
-        step = self.tracker.info.step
+        step = self._fitted_step(self.tracker.info)
         predicted = float(self.policy.predict(index, gamma, step).max()) if hasattr(self.policy, "predict") else None
         return self.policy.choose(index, gamma, step), predicted
+
+    def _fitted_step(self, info) -> int:
+        """The policy's step for this call: a predictor maps another schedule onto its calibration steps."""
+        policy = self.policy
+        if not isinstance(policy, DMPQPredictor):
+            return info.step
+        step = policy.fitted_step(info.step, info.timestep)
+        if self._told_schedule:
+            return step
+        runs = f"{info.num_steps} steps" if info.num_steps is not None else "another step schedule"
+        if step != info.step:
+            self._told_schedule = True
+            logger.info(
+                "DMPQ: the predictor was calibrated with %s steps and this run has %s: each step uses the "
+                "calibration step nearest its timestep (step %d at t=%g → calibration step %d)",
+                policy.num_steps, runs, info.step, info.timestep, step,
+            )
+        elif policy.timesteps is None and policy.num_steps is not None and (
+            info.step >= policy.num_steps or info.num_steps not in (None, policy.num_steps)
+        ):
+            self._told_schedule = True
+            logger.warning(
+                "DMPQ: the predictor was calibrated with %d steps and this run has %s, but it keeps no calibration "
+                "timesteps to map them by: its step ranges are applied to step indices as they are; refit it "
+                "with the step count you generate with", policy.num_steps, runs,
+            )
+        return step
 
     def before(self, call: blocks.BlockCall) -> None:
         x = call.input()
@@ -265,7 +333,7 @@ class DMPQ(blocks.BlockMethod):
             current.candidates.append((predicted, flops))
 
 
-def apply_dmpq(model: nn.Module, policy: "DMPQPredictor | FixedAssignment | RandomAssignment") -> DMPQ:
+def apply_dmpq(model: nn.Module, policy: DMPQPredictor | FixedAssignment | RandomAssignment) -> DMPQ:
     """Switch every block's activation precision per step with ``policy``; returns the method.
 
     ``policy`` is a fitted :class:`DMPQPredictor` (:func:`sixbit.methods.dmpq.fit_dmpq`), or
