@@ -79,7 +79,7 @@ def saved(tmp_path_factory):
 def test_header_and_bytes(saved):
     model, path, _ = saved
     header = sixbit.read_header(path)
-    assert header["format_version"] == 1 and header["model_class"] == "CogVideoXTransformer3DModel"
+    assert header["format_version"] == sixbit.checkpoint.FORMAT_VERSION and header["model_class"] == "CogVideoXTransformer3DModel"
     assert header["sixbit_version"] == sixbit.__version__
     layer = header["layers"]["transformer_blocks.0.attn1.to_q"]
     assert layer["weight_format"] == "nvfp4" and layer["hadamard_block"] == 32
@@ -216,10 +216,177 @@ def test_atomic_save(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fmt", sixbit.formats.available())
 def test_expected_layout_of_every_format_matches_a_full_quantization(fmt):
-    """Loading checks each packed tensor against a layout extrapolated from 1–3 rows (a full
-    zero weight of a 14B model's layer would cost gigabytes): it must be the real one."""
+    """Loading checks each packed tensor and the weight's meta against a layout extrapolated from
+    1–3 rows (a full zero weight of a 14B model's layer would cost gigabytes): it must be the real one."""
     from sixbit.checkpoint import _expected_layout
 
     for out_features, in_features in ((5, 256), (48, 512), (33, 768)):
-        real = sixbit.formats.get(fmt).quantize(torch.zeros(out_features, in_features)).tensors()
-        assert _expected_layout(fmt, out_features, in_features) == {k: (tuple(v.shape), v.dtype) for k, v in real.items()}
+        real = sixbit.formats.get(fmt).quantize(torch.zeros(out_features, in_features))
+        layout, meta = _expected_layout(fmt, out_features, in_features)
+        assert layout == {k: (tuple(v.shape), v.dtype) for k, v in real.tensors().items()}
+        assert meta == real.meta()
+
+
+# ---------------------------------------------------------------- hostile files (issue 22)
+
+
+def _rehashed(path, dest, mutate):
+    """A copy of ``path`` whose sixbit header ``mutate(header)`` edits, with the checksum
+    recomputed: a file a hostile user made self-consistent."""
+    from safetensors import safe_open
+
+    from sixbit._io import tensor_bytes
+    from sixbit.checkpoint import _digest
+
+    with safe_open(str(path), "pt") as f:
+        header = json.loads(f.metadata()["sixbit"])
+    tensors = load_file(path)
+    mutate(header)
+    header["sha256"] = _digest(((n, tensors[n].dtype, (tensor_bytes(tensors[n]),)) for n in sorted(tensors)), header)
+    save_file(tensors, str(dest), metadata={"sixbit": json.dumps(header)})
+    return dest
+
+
+@pytest.fixture(scope="module")
+def converted_wan(tmp_path_factory):
+    """The shipped Wan model converted with w8a8 + the delta cache, saved."""
+    from sixbit.zoo.shapes import load_pipeline
+
+    pipe = load_pipeline("wan")
+    config = sixbit.presets.preset("w8a8")
+    config.cache = sixbit.presets.DeltaCacheConfig()
+    sixbit.convert_model(pipe, quant_config=config)
+    return pipe, sixbit.save(pipe, tmp_path_factory.mktemp("wan") / "wan.safetensors")
+
+
+@pytest.mark.parametrize("edit", [
+    ("layers", "blocks.0.attn1.to_q", "hadamard_block"),
+    ("layers", "blocks.0.ffn.net.2", "bias"),
+    ("extensions", "conversion", "config", "activations"),
+])
+def test_an_edited_header_field_is_refused(converted_wan, tmp_path, edit):
+    _, path = converted_wan
+    new = {"hadamard_block": 64, "bias": False, "activations": "fp"}[edit[-1]]
+    bad = _rewrite_header(path, tmp_path / "edited.safetensors")  # same header, old checksum kept ...
+    from safetensors import safe_open
+
+    with safe_open(str(bad), "pt") as f:
+        header = json.loads(f.metadata()["sixbit"])
+    node = header
+    for key in edit[:-1]:
+        node = node[key]
+    assert edit[-1] in node
+    node[edit[-1]] = new  # ... and one field changed, as a hand edit would
+    save_file(load_file(bad), str(bad), metadata={"sixbit": json.dumps(header)})
+    from sixbit.zoo.shapes import load_pipeline
+
+    fresh = load_pipeline("wan")
+    snap = snapshot(fresh.transformer)
+    with pytest.raises(ValueError, match="do not match the stored checksum"):
+        sixbit.load(bad, fresh)
+    assert_untouched(fresh.transformer, snap)
+    assert sixbit.conversion_of(fresh) is None
+
+
+def test_a_header_declaring_more_than_the_file_holds_is_refused_without_allocating(tmp_path):
+    """A 2^26-float entry in a 256 MiB sparse file: the header is read alone, and the checksum
+    (which must read the file) streams it in pieces."""
+    import struct
+    import tracemalloc
+
+    header = {"format": "sixbit", "format_version": sixbit.checkpoint.FORMAT_VERSION, "sixbit_version": "x",
+              "model_class": "M", "layers": {}, "sha256": "0" * 64}
+    size = 4 << 26
+    table = {"__metadata__": {"sixbit": json.dumps(header)},
+             "big": {"dtype": "F32", "shape": [1 << 26], "data_offsets": [0, size]}}
+    raw = json.dumps(table).encode()
+    sparse = tmp_path / "sparse.safetensors"
+    with open(sparse, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + size)
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(sparse.read_bytes()[: 8 + len(raw) + 1024])
+    with pytest.raises(ValueError, match="out-of-file entry"):
+        sixbit.read_header(short)
+    tracemalloc.start()
+    try:
+        assert sixbit.read_header(sparse)["model_class"] == "M"
+        with pytest.raises(ValueError, match="checksum"):
+            sixbit.load(sparse, torch.nn.Linear(2, 2))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 << 20  # one 64 MiB piece at a time, never the 256 MiB tensor
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda h: h["extensions"]["conversion"]["config"].update(activations="int9"), "activations"),
+    (lambda h: h["extensions"]["conversion"]["config"]["cache"].update(threshold="0.1"), "threshold"),
+    (lambda h: h["extensions"]["conversion"].update(stabilize_frames="yes"), "stabilize_frames"),
+    (lambda h: h["extensions"]["conversion"].pop("config"), "incomplete"),
+    (lambda h: h["layers"]["blocks.0.attn1.to_q"].pop("bias"), "bias is missing"),
+    (lambda h: h["layers"]["blocks.0.attn1.to_q"].update(in_features="64"), "in_features"),
+])
+def test_a_consistent_but_bad_header_changes_nothing(converted_wan, tmp_path, mutate, match):
+    from sixbit.zoo.shapes import load_pipeline
+
+    _, path = converted_wan
+    bad = _rehashed(path, tmp_path / "bad.safetensors", mutate)
+    fresh = load_pipeline("wan")
+    snap = snapshot(fresh.transformer)
+    with pytest.raises(ValueError, match=match):
+        sixbit.load(bad, fresh)
+    assert_untouched(fresh.transformer, snap)
+    assert sixbit.conversion_of(fresh) is None and not hasattr(fresh, "save")
+
+
+def test_missing_header_fields_are_named_by_read_header(converted_wan, tmp_path):
+    _, path = converted_wan
+    bad = _rehashed(path, tmp_path / "nomodel.safetensors", lambda h: h.pop("model_class"))
+    with pytest.raises(ValueError, match="model_class is missing"):
+        sixbit.read_header(bad)
+
+
+def test_loading_replaces_the_runtime_methods_and_gives_the_pipeline_save(converted_wan, tmp_path):
+    from sixbit.methods.delta_cache.method import DeltaCache
+    from sixbit.runtime import blocks
+    from sixbit.zoo.shapes import load_pipeline
+
+    cached, _ = converted_wan
+    assert list(blocks.attached(cached.transformer, DeltaCache))
+    plain = load_pipeline("wan")
+    sixbit.convert_model(plain, quant_config="w8a8")
+    no_cache = plain.save(tmp_path / "w8a8.safetensors")
+    sixbit.load(no_cache, cached)
+    assert sixbit.conversion_of(cached).cache is None
+    assert not list(blocks.attached(cached.transformer, DeltaCache))
+    fresh = load_pipeline("wan")
+    sixbit.load(no_cache, fresh)
+    again = fresh.save(tmp_path / "again.safetensors")  # the README's pipe.save after load
+    assert sixbit.read_header(again)["layers"] == sixbit.read_header(no_cache)["layers"]
+
+
+def test_dtype_mismatch_names_the_fix(saved):
+    _, path, _ = saved
+    with pytest.raises(ValueError, match=r"torch_dtype=torch.float32"):
+        sixbit.load(path, build(0).to(torch.bfloat16))
+
+
+def test_save_keeps_permissions_and_symlinks_and_cleans_orphans(tmp_path):
+    model = torch.nn.Sequential(QuantLinear.from_linear(torch.nn.Linear(32, 8)))
+    real = tmp_path / "real.safetensors"
+    sixbit.save(model, real)
+    os.chmod(real, 0o644)
+    sixbit.save(model, real)
+    assert (os.stat(real).st_mode & 0o777) == 0o644
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(real)
+    sixbit.save(model, link)
+    assert link.is_symlink() and os.path.realpath(link) == str(real)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f".real.safetensors.{int(dead.stdout)}.abcd1234.tmp"  # a save killed mid-write
+    orphan.write_bytes(b"partial")
+    mine = tmp_path / f".real.safetensors.{os.getpid()}.abcd1234.tmp"  # a save of this process: kept
+    mine.write_bytes(b"partial")
+    sixbit.save(model, real)
+    assert not orphan.exists() and mine.exists()

@@ -81,8 +81,11 @@ def test_deleted_offload_folder_fails_clearly_on_every_call_and_in_disable(how, 
         _generate(pipe)
     with pytest.raises(OffloadedWeightsLost):
         disable_memory_optimization(pipe)
-    with pytest.raises(ValueError, match="offloaded weights are gone"), resident_weights(model):  # as sixbit.save will
+    with pytest.raises(ValueError, match="offloaded weights are gone"), resident_weights(model):
         pass
+    with pytest.raises(ValueError, match="offloaded weights are gone"):  # never the zeros under a valid checksum
+        sixbit.save(model, tmp_path / "zeros.safetensors")
+    assert not (tmp_path / "zeros.safetensors").exists()
     with pytest.raises(OffloadedWeightsLost):  # re-enabling would write the placeholders to disk
         enable_memory_optimization(pipe, prefetch_depth=1, onload_device="cpu", offload_device=tmp_path)
     assert _hooked(model) == 4
@@ -127,7 +130,7 @@ def test_disable_restores_once_the_files_are_back(tmp_path, reference):
     assert torch.equal(_generate(pipe), reference[0])
 
 
-def test_saving_a_healthy_offloaded_model_needs_resident_weights(tmp_path, reference):
+def test_saving_a_healthy_offloaded_model_writes_the_real_weights(tmp_path, reference):
     """state_dict() of a disk-offloaded model hands out the zero placeholders of the offloaded
     groups (so a save would write zeros under a valid checksum); inside resident_weights() every
     weight is real, and afterwards the prefetch window holds again."""
@@ -140,7 +143,7 @@ def test_saving_a_healthy_offloaded_model_needs_resident_weights(tmp_path, refer
     with resident_weights(model):
         assert offload_problem(model) is None
         assert all(torch.equal(reference[1][k], v) for k, v in model.state_dict().items())
-        path = sixbit.save(model, tmp_path / "wan.safetensors")
+    path = sixbit.save(model, tmp_path / "wan.safetensors")  # reads the weights back the same way
     assert offload_problem(model) is not None  # offloaded again: memory stays bounded
     assert sum(state == "resident" for state in memory._scheduler.state) <= 2
     assert torch.equal(_generate(pipe), reference[0])

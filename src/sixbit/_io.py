@@ -4,8 +4,10 @@ errors (no pickle anywhere)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -21,7 +23,9 @@ _DTYPE_NAMES = {
     torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
     torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
 }
+_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
 _CHUNK = 64 << 20  # bytes per read/copy when streaming a file through user space
+_MAX_HEADER = 100 << 20  # bytes: a safetensors header past this is not one sixbit wrote
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -52,8 +56,13 @@ class SafetensorsWriter:
         self.path = Path(path)
         if self.path.suffix != ".safetensors":
             raise ValueError(f"path must end in .safetensors, got {str(self.path)!r}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._data_path = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".data")
+        if self.path.is_dir():
+            raise ValueError(f"{str(self.path)!r} is a folder: give a file path ending in .safetensors")
+        # a symlink stays a symlink: the file it points to is replaced
+        self._target = Path(os.path.realpath(self.path)) if self.path.is_symlink() else self.path
+        self._target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(self._target)
+        fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target), suffix=".data")
         self._data = os.fdopen(fd, "w+b")
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}  # dtype, shape, start, end
         self._size = 0
@@ -81,11 +90,7 @@ class SafetensorsWriter:
         _, _, start, end = self.entries[name]
         self._data.flush()
         with open(self._data_path, "rb") as f:
-            f.seek(start)
-            while start < end:
-                piece = f.read(min(_CHUNK, end - start))
-                start += len(piece)
-                yield piece
+            yield from file_chunks(f, start, end)
 
     def finish(self, metadata: dict[str, str]) -> Path:
         """Write the header and the data to ``path`` (atomically); returns ``path``."""
@@ -95,16 +100,17 @@ class SafetensorsWriter:
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
         self._data.flush()
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target), suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as out:
+                os.fchmod(out.fileno(), _mode_for(self._target))
                 out.write(struct.pack("<Q", len(raw)))
                 out.write(raw)
                 self._data.seek(0)
                 shutil.copyfileobj(self._data, out, _CHUNK)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, self.path)
+            os.replace(tmp, self._target)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -122,6 +128,39 @@ class SafetensorsWriter:
             os.unlink(self._data_path)
 
 
+def _temp_prefix(path: Path) -> str:
+    """Temporary files of a save to ``path`` are ``.<name>.<pid>.<random>.data|tmp`` beside it."""
+    return f".{path.name}.{os.getpid()}."
+
+
+def _remove_orphans(path: Path) -> None:
+    """Delete the temporary files of saves to ``path`` whose process is gone (killed mid-save)."""
+    head = f".{path.name}."
+    for tmp in path.parent.iterdir():
+        parts = tmp.name[len(head):].split(".") if tmp.name.startswith(head) else []
+        if len(parts) != 3 or parts[2] not in ("data", "tmp") or not parts[0].isdigit():
+            continue
+        pid = int(parts[0])
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # alive, another user's process
+            pass
+
+
+def _mode_for(path: Path) -> int:
+    """Permissions of a file written to ``path``: those of the file it replaces, else the umask's."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> Path:
     """Write ``tensors`` to ``path`` through temporary files in the same folder, fsync, rename.
 
@@ -131,6 +170,66 @@ def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | os.Pat
         for name, t in tensors.items():
             writer.add(name, t)
         return writer.finish(metadata)
+
+
+def read_safetensors_header(path: str | os.PathLike, what: str = "file"):
+    """``(metadata, entries, data_start)`` of a safetensors file, reading only its header.
+
+    ``entries[name] = (dtype, shape, start, end)``, the byte range counted from ``data_start``.
+    Every entry is checked against the file before anything trusts it: a dtype sixbit writes,
+    a shape of integers ≥ 0, a byte range that matches the shape and lies inside the file. So
+    a header that declares more than the file holds is refused, and reading one allocates
+    nothing beyond the header itself (≤ 100 MiB).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no {what} at {str(path)!r}")
+    size = path.stat().st_size
+    bad = f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?)"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{bad}: it holds {size} bytes")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(_MAX_HEADER, size - 8):
+            raise ValueError(f"{bad}: its header claims {length} bytes of a {size}-byte file")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{bad}: its header is not JSON ({str(e)[:100]})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{bad}: its header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError(f"{bad}: its __metadata__ is not a map of strings")
+    data_size = size - 8 - length
+    entries = {}
+    for name, entry in header.items():
+        try:
+            dtype = _DTYPES[entry["dtype"]]
+            shape = tuple(entry["shape"])
+            start, end = entry["data_offsets"]
+            ok = all(type(d) is int and d >= 0 for d in (*shape, start, end))
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok or end - start != math.prod(shape) * dtype.itemsize or not start <= end <= data_size:
+            raise ValueError(f"{bad}: tensor {name[:100]!r} has an invalid or out-of-file entry {str(entry)[:200]}")
+        entries[name] = (dtype, shape, start, end)
+    return metadata, entries, 8 + length
+
+
+def file_chunks(f, start: int, end: int) -> Iterator[memoryview]:
+    """Bytes ``start:end`` of the open binary file ``f``, in pieces of at most 64 MiB read into
+    one buffer: each piece is valid until the next is asked for."""
+    f.seek(start)
+    view = memoryview(bytearray(min(_CHUNK, end - start)))
+    while start < end:
+        n = f.readinto(view[: min(len(view), end - start)])
+        if not n:
+            raise ValueError(f"{f.name!r} ends before byte {end}: truncated?")
+        start += n
+        yield view[:n]
 
 
 def read_safetensors(path: str | os.PathLike, what: str = "file") -> tuple[dict[str, str], dict[str, torch.Tensor]]:

@@ -9,18 +9,24 @@ bit-exactly. The safetensors metadata key ``"sixbit"`` carries a JSON header::
      "layers": {"blocks.0.attn1.to_q": {in_features, out_features, weight_format,
                                        hadamard_block, bias, weight_meta, input_divisor,
                                        lowrank_rank, lowrank_dtype, weight_only}, ...},
-     "sha256": "<digest of every tensor's name and bytes>"}
+     "sha256": "<digest of every tensor's name, dtype and bytes, and of the rest of this header>"}
 
-No pickle is involved at any point. Writes are atomic (temporary file in the same folder,
-fsync, rename): a failed save never leaves a partial file behind.
+The checksum covers every field of the header too (a hand-edited ``hadamard_block`` changes the
+math, so it is refused like a flipped weight bit). Reading a header (:func:`read_header`,
+``sixbit info``) reads only the header, after checking that every tensor it declares lies
+inside the file. No pickle is involved at any point. Writes are atomic (temporary file in the
+same folder, fsync, rename): a failed save never leaves a partial file behind, keeps the
+permissions of the file it replaces and writes through a symlink.
 
 **Extensions.** Runtime methods whose state is not in the ``state_dict`` (e.g. static W8A8's
 per-time-range parameters) each define a :class:`CheckpointExtension` beside their code; the
-ones checkpoints carry are listed in :func:`extensions` (explicitly, in restore order). On save, ``export(model)`` returns ``None`` (nothing to store) or
-``(meta, tensors)``: ``meta`` goes to ``header["extensions"][name]``, tensors are stored as
-``"<name>::<key>"`` (covered by the checksum). On load, after the weights, ``restore(model,
-meta, tensors)`` rebuilds the method; a file naming an extension this sixbit does not know is
-refused before the model changes.
+ones checkpoints carry are listed in :func:`extensions` (explicitly, in restore order). On
+save, ``export(model)`` returns ``None`` (nothing to store) or ``(meta, tensors)``: ``meta`` goes
+to ``header["extensions"][name]``, tensors are stored as ``"<name>::<key>"`` (covered by the
+checksum). On load, before the model changes, ``prepare(model, modules, meta, tensors)`` checks
+the stored state and returns the function that installs it; then the weights go in, every
+extension's ``clear(model)`` removes what the model ran before, and the installers run. A file
+naming an extension this sixbit does not know is refused before the model changes.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import functools
 import hashlib
 import json
 import os
+import types
 from pathlib import Path
 from typing import Callable
 
@@ -37,10 +44,15 @@ import torch
 from torch import nn
 
 from . import __version__, formats
-from ._io import SafetensorsWriter, read_safetensors, tensor_bytes
+from ._io import (
+    SafetensorsWriter,
+    file_chunks,
+    read_safetensors,
+    read_safetensors_header,
+)
 from .nn import QuantLinear
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the checksum covers the header
 _META_KEY = "sixbit"
 _EXT_SEP = "::"
 
@@ -49,13 +61,16 @@ _EXT_SEP = "::"
 class CheckpointExtension:
     """Extra state a runtime method stores in checkpoints (see the module docstring).
 
-    ``restore`` must validate everything before changing the model and raise ``ValueError``
-    on a problem.
+    ``prepare(model, modules, meta, tensors)`` validates the stored state against ``modules``
+    (the model's modules as they will be once the file's layers are in) without changing
+    anything, raises ``ValueError`` on a problem, and returns the function that installs it.
+    ``clear(model)`` (optional) removes the method from a model a checkpoint is loaded into.
     """
 
     name: str
     export: Callable[[nn.Module], "tuple[dict, dict[str, torch.Tensor]] | None"]
-    restore: Callable[[nn.Module, dict, dict[str, torch.Tensor]], None]
+    prepare: Callable[[nn.Module, dict[str, nn.Module], dict, dict[str, torch.Tensor]], Callable[[], None]]
+    clear: Callable[[nn.Module], None] | None = None
 
 
 def extensions() -> dict[str, CheckpointExtension]:
@@ -68,22 +83,20 @@ def extensions() -> dict[str, CheckpointExtension]:
     return {ext.name: ext for ext in (static_w8a8, conversion)}
 
 
-def _digest(items) -> str:
-    """sha256 over every tensor's name, dtype and bytes, in name order.
+def _digest(items, header: dict) -> str:
+    """sha256 over every tensor's name, dtype and bytes, in name order, then over ``header``
+    (all of it but the checksum itself, as sorted JSON).
 
-    ``items``: ``(name, dtype, chunks of bytes)`` sorted by name (a streamed checkpoint reads its
-    tensors back from disk in pieces; an in-memory one passes each tensor whole)."""
+    ``items``: ``(name, dtype, chunks of bytes)`` sorted by name (the tensors are read back from
+    disk in pieces, so hashing a file of any size holds one piece in memory)."""
     h = hashlib.sha256()
     for name, dtype, chunks in items:
         h.update(name.encode())
         h.update(str(dtype).encode())
         for chunk in chunks:
             h.update(chunk)
+    h.update(json.dumps({k: v for k, v in header.items() if k != "sha256"}, sort_keys=True).encode())
     return h.hexdigest()
-
-
-def _digest_of(tensors: dict[str, torch.Tensor]) -> str:
-    return _digest((name, tensors[name].dtype, (tensor_bytes(tensors[name]),)) for name in sorted(tensors))
 
 
 def module_of(model) -> nn.Module:
@@ -136,10 +149,11 @@ class CheckpointWriter:
             "sixbit_version": __version__,
             "model_class": self.model_class,
             "layers": self.layers,
-            "sha256": _digest((n, entries[n][0], self._writer.chunks(n)) for n in sorted(entries)),
         }
         if stored:
             header["extensions"] = {name: meta for name, (meta, _) in stored.items()}
+        header = json.loads(json.dumps(header))  # hashed as it will be read back (tuples are lists)
+        header["sha256"] = _digest(((n, entries[n][0], self._writer.chunks(n)) for n in sorted(entries)), header)
         return self._writer.finish({_META_KEY: json.dumps(header)})
 
 
@@ -156,43 +170,102 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         >>> p.suffix
         '.safetensors'
     """
+    from .optimize import resident_weights  # optimize imports this module
+
     model = module_of(model)
-    stored = {}
-    for name, ext in extensions().items():
-        payload = ext.export(model)
-        if payload is not None:
-            stored[name] = payload
-    with CheckpointWriter(path, type(model).__name__) as writer:
-        writer.add(model)
-        return writer.finish(stored)
+    with resident_weights(model):  # offloaded blocks are read back (refused if their files are gone)
+        stored = {}
+        for name, ext in extensions().items():
+            payload = ext.export(model)
+            if payload is not None:
+                stored[name] = payload
+        with CheckpointWriter(path, type(model).__name__) as writer:
+            writer.add(model)
+            return writer.finish(stored)
 
 
 def read_header(path: str | os.PathLike) -> dict:
-    """The JSON header of a sixbit checkpoint (validated), without loading tensors."""
-    return _open(Path(path))[0]
+    """The JSON header of a sixbit checkpoint, validated, reading nothing but the header (the
+    tensors' checksum is verified by :func:`load`)."""
+    return _read_header(Path(path))[0]
 
 
-def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    metadata, tensors = read_safetensors(path, "checkpoint")
+# every field of a layer entry and the JSON types it may take
+_LAYER_FIELDS = {
+    "in_features": int, "out_features": int, "weight_format": str, "hadamard_block": (int, type(None)),
+    "bias": bool, "source_dtype": str, "weight_meta": dict, "input_divisor": bool, "lowrank_rank": int,
+    "lowrank_dtype": (str, type(None)), "weight_only": bool,
+}
+_HEADER_FIELDS = {"format": str, "format_version": int, "sixbit_version": str, "model_class": str,
+                  "layers": dict, "sha256": str}
+
+
+def _read_header(path: Path) -> tuple[dict, dict, int]:
+    """``(header, entries, data_start)``: the sixbit header, checked field by field, and the
+    file's tensor table (:func:`sixbit._io.read_safetensors_header`)."""
+    metadata, entries, data_start = read_safetensors_header(path, "checkpoint")
     if _META_KEY not in metadata:
         raise ValueError(f"{str(path)!r} is a safetensors file but not a sixbit checkpoint (no 'sixbit' header)")
     try:
         header = json.loads(metadata[_META_KEY])
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{str(path)!r} has a corrupted sixbit header: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{str(path)!r} has a corrupted sixbit header: {str(e)[:100]}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{str(path)!r} has a corrupted sixbit header: not a JSON object")
     version = header.get("format_version")
     if header.get("format") != "sixbit" or version != FORMAT_VERSION:
         raise ValueError(
-            f"{str(path)!r} has checkpoint format version {version!r}; this sixbit "
-            f"({__version__}) reads version {FORMAT_VERSION}: upgrade sixbit or re-save the model"
+            f"{str(path)!r} has checkpoint format version {repr(version)[:40]}; this sixbit "
+            f"({__version__}) reads version {FORMAT_VERSION}: upgrade sixbit, or re-save the model with this one"
         )
-    if _digest_of(tensors) != header.get("sha256"):
-        raise ValueError(f"{str(path)!r} is corrupted: its tensors do not match the stored checksum")
-    return header, tensors
+    problems = _field_problems("", header, _HEADER_FIELDS)
+    if isinstance(header.get("layers"), dict):
+        for name, cfg in header["layers"].items():
+            if not isinstance(cfg, dict):
+                problems.append(f"layers[{name[:100]!r}] is not an object")
+                continue
+            problems += _field_problems(f"layers[{name[:100]!r}].", cfg, _LAYER_FIELDS)
+            unknown = sorted(set(cfg) - set(_LAYER_FIELDS))
+            if unknown:
+                problems.append(f"layers[{name[:100]!r}] has unknown fields {unknown[:5]}")
+    ext = header.get("extensions", {})
+    if not isinstance(ext, dict) or not all(isinstance(v, dict) for v in ext.values()):
+        problems.append("extensions is not an object of objects")
+    if problems:
+        raise ValueError(f"{str(path)!r} has a malformed sixbit header: {'; '.join(problems[:5])}"
+                         + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
+    return header, entries, data_start
+
+
+def _field_problems(where: str, obj: dict, fields: dict) -> list[str]:
+    problems = []
+    for key, types_ in fields.items():
+        if key not in obj:
+            problems.append(f"{where}{key} is missing")
+        elif not isinstance(obj[key], types_) or (isinstance(obj[key], bool) and types_ is int):
+            problems.append(f"{where}{key} is {str(obj[key])[:40]!r}, not {getattr(types_, '__name__', 'valid')}")
+    return problems
+
+
+def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The validated header and the tensors (mapped lazily) of a checkpoint whose checksum holds."""
+    header, entries, data_start = _read_header(path)
+    with open(path, "rb") as f:
+        items = ((n, entries[n][0], file_chunks(f, data_start + entries[n][2], data_start + entries[n][3]))
+                 for n in sorted(entries))
+        digest = _digest(items, header)
+    if digest != header["sha256"]:
+        raise ValueError(f"{str(path)!r} is corrupted or was edited: its tensors or header do not match the stored checksum")
+    return header, read_safetensors(path, "checkpoint")[1]
 
 
 def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> QuantLinear:
     fmt = formats.get(cfg["weight_format"])
+    if min(cfg["in_features"], cfg["out_features"]) < 1:
+        raise ValueError(f"layer {name!r}: in_features and out_features must be ≥ 1")
+    layout, meta = _expected_layout(fmt.name, cfg["out_features"], cfg["in_features"])
+    if cfg["weight_meta"] != meta:
+        raise ValueError(f"layer {name!r}: weight_meta {str(cfg['weight_meta'])[:100]} is not {fmt.name}'s {meta}")
     prefix = f"{name}.weight_" if name else "weight_"
     parts = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     weight = fmt.container.from_parts(parts, cfg["weight_meta"])
@@ -217,7 +290,7 @@ def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quan
                         lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
     if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
         raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
-    for field, ref in _expected_layout(fmt.name, cfg["out_features"], cfg["in_features"]).items():
+    for field, ref in layout.items():
         got = parts.get(field)
         if got is None or (tuple(got.shape), got.dtype) != ref:
             raise ValueError(
@@ -228,14 +301,17 @@ def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quan
 
 
 @functools.lru_cache(maxsize=None)
-def _expected_layout(fmt_name: str, out_features: int, in_features: int) -> dict:
-    """(shape, dtype) of each packed tensor of an ``out × in`` weight.
+def _expected_layout(fmt_name: str, out_features: int, in_features: int) -> tuple[dict, dict]:
+    """(shape, dtype) of each packed tensor of an ``out × in`` weight, and its format's meta
+    (bits, granularity, shape...).
 
     From zero weights of 1, 2 and 3 rows: every format packs row by row, so each dimension
     grows linearly with the rows and the full shape follows. (Quantizing a full-size zero
     weight would cost several times the layer's fp32 size in temporaries: gigabytes for a
     14B model's feed-forward layers, at load, where memory should be the checkpoint's.)"""
     fmt = formats.get(fmt_name)
+    one = fmt.quantize(torch.zeros(1, in_features))
+    meta = {**one.meta(), "shape": [out_features, in_features]} if "shape" in one.meta() else one.meta()
     rows = [{k: (tuple(v.shape), v.dtype) for k, v in fmt.quantize(torch.zeros(r, in_features)).tensors().items()}
             for r in (1, 2, 3)]
     layout = {}
@@ -243,9 +319,9 @@ def _expected_layout(fmt_name: str, out_features: int, in_features: int) -> dict
         step = [b - a for a, b in zip(shape, rows[1][key][0])]
         if [a + 2 * d for a, d in zip(shape, step)] != list(rows[2][key][0]):  # not row-linear: measure it
             full = fmt.quantize(torch.zeros(out_features, in_features)).tensors()
-            return {k: (tuple(v.shape), v.dtype) for k, v in full.items()}
+            return {k: (tuple(v.shape), v.dtype) for k, v in full.items()}, meta
         layout[key] = (tuple(a + (out_features - 1) * d for a, d in zip(shape, step)), dtype)
-    return layout
+    return layout, meta
 
 
 def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
@@ -276,11 +352,37 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         )
     new_layers = _build_layers(path, header["layers"], dict(model.named_modules()), tensors)
     own = _check_remaining(path, model, new_layers, tensors)
-    _swap_in(model, new_layers, own)
     known = extensions()
-    for name, meta in stored.items():
-        known[name].restore(model, meta, ext_tensors[name])
+    modules = {**dict(model.named_modules()), **new_layers}
+    installs = []
+    for name in [n for n in known if n in stored]:
+        try:
+            installs.append(known[name].prepare(model, modules, stored[name], ext_tensors[name]))
+        except (KeyError, TypeError, IndexError, AttributeError) as e:
+            raise ValueError(f"{str(path)!r}: the stored {name} state is malformed: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"{str(path)!r}: {e}") from None
+    _swap_in(model, new_layers, own)
+    for ext in known.values():  # the file's runtime methods replace the model's
+        if ext.clear is not None:
+            ext.clear(model)
+    for install in installs:
+        install()
+    attach_save(model)
+    if target is not model:
+        attach_save(target)
     return target
+
+
+def attach_save(obj) -> None:
+    """Give a model (or its pipeline) ``.save(path)``: :func:`save` of the transformer."""
+    transformer = module_of(obj)
+
+    def save_method(self, path: str | os.PathLike) -> Path:
+        """Write the transformer (weights and the runtime methods' state) to ``path``."""
+        return save(transformer, path)
+
+    obj.save = types.MethodType(save_method, obj)
 
 
 def _extension_parts(path: Path, header: dict, tensors: dict[str, torch.Tensor]):
@@ -340,7 +442,14 @@ def _check_remaining(path: Path, model: nn.Module, new_layers: dict, tensors) ->
                               or (v.dtype != expected[k].dtype and expected[k].device.type != "meta"))
     ]
     if problems:
-        raise ValueError(f"{str(path)!r} does not fit this model: {problems[:10]}")
+        wrong_dtype = [v.dtype for k, v in own.items() if k in expected and v.shape == expected[k].shape
+                       and v.dtype != expected[k].dtype and expected[k].device.type != "meta"]
+        hint = ""
+        if len(wrong_dtype) == len(problems) and len(set(wrong_dtype)) == 1:  # only the dtype differs
+            dtype = str(wrong_dtype[0]).removeprefix("torch.")
+            hint = (f": the file holds {dtype} tensors; build the model in {dtype} "
+                    f"(from_pretrained(..., torch_dtype=torch.{dtype}) or model.to(torch.{dtype})) and load again")
+        raise ValueError(f"{str(path)!r} does not fit this model: {problems[:10]}{hint}")
     left_on_meta = [
         n for n, t in [*model.named_parameters(), *model.named_buffers()]
         if t.device.type == "meta" and n not in own and n.rsplit(".", 1)[0] not in new_layers

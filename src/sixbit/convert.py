@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import types
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from .calibration.videos import read_videos, video_runner
 from .lora import attach_diffusers_methods
 from .methods.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
 from .methods.dmpq import DMPQ, DMPQPredictor, apply_dmpq, fit_dmpq, remove_dmpq
+from .methods.dmpq.fit import seeded
 from .methods.stabilize import (
     DEFAULT_DEADZONE,
     FrameStabilizer,
@@ -35,7 +35,9 @@ from .methods.stabilize import (
     remove_stabilizer,
 )
 from .methods.static_w8a8 import apply_static_w8a8
+from .models import iter_blocks
 from .models.registry import spec_for
+from .nn import QuantLinear
 from .nn.precision import ACT_BITS, ActMode, Level, act_mode, average_bits
 from .presets import ConvertConfig, for_device, resolve
 from .runtime.blocks import quant_linears
@@ -119,9 +121,13 @@ def conversion_of(model_or_pipe) -> Conversion | None:
 
 
 def _calibration_runner(data, pipe, calibration_kwargs: dict) -> tuple[Callable[[], object], dict]:
-    """Check ``calibration_data`` and return (run, description) without running anything."""
+    """Check ``calibration_data`` and return (run, description) without running anything.
+
+    A callable is run under a fixed global seed (:func:`sixbit.methods.dmpq.fit.seeded`), so a
+    pipeline called without a ``generator`` repeats itself; the caller's RNG state is kept.
+    """
     if callable(data):
-        return data, {"source": "callable"}
+        return seeded(data), {"source": "callable"}
     if isinstance(data, (list, tuple)):
         if not data or not all(isinstance(p, str) and p.strip() for p in data):
             raise ValueError("calibration prompts must be a non-empty list of non-empty strings")
@@ -146,17 +152,6 @@ def _calibration_runner(data, pipe, calibration_kwargs: dict) -> tuple[Callable[
         "calibration_data must be a callable that runs generations, a list of prompts (with a pipeline) "
         f"or a folder of videos/frames, got {type(data).__name__}"
     )
-
-
-def _attach_save(obj) -> None:
-    """Give a converted model (and its pipeline) ``.save(path)``: :func:`sixbit.save` of the transformer."""
-    transformer, _ = _transformer_of(obj)
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the converted transformer (weights, predictor, cache and calibration state) to ``path``."""
-        return checkpoint.save(transformer, path)
-
-    obj.save = types.MethodType(save, obj)
 
 
 def _deadzone(stabilize_frames) -> float | None:
@@ -216,8 +211,9 @@ def _undo(model: nn.Module, originals: dict[str, nn.Module], tracked: bool) -> N
         registry.remove_hook(STEP_HOOK_NAME, recurse=False)
 
 
-def _check(config: ConvertConfig, transformer: nn.Module, deadzone: float | None) -> None:
-    """Refuse what cannot be converted, before anything changes."""
+def _check(config: ConvertConfig, transformer: nn.Module, deadzone: float | None, converted_ok: bool = False) -> None:
+    """Refuse what cannot be converted, before anything changes (``converted_ok``: the model may
+    already be quantized, as when a checkpoint is loaded into it)."""
     spec = spec_for(transformer)  # unsupported architectures fail here
     if deadzone is not None and config.activations not in ("int8", "nvfp4", "dynamic"):
         raise ValueError(
@@ -226,8 +222,15 @@ def _check(config: ConvertConfig, transformer: nn.Module, deadzone: float | None
         )
     if deadzone is not None and spec.video_grid is None:
         raise ValueError(f"stabilize_frames is not available for {type(transformer).__name__}: its token grid is unknown")
+    if converted_ok:
+        return
     if _CONVERSIONS.get(transformer) is not None or quant_linears(transformer):
         raise ValueError("this model is already quantized or converted: convert a freshly loaded model")
+    if any(p.device.type == "meta" for p in transformer.parameters()):
+        raise ValueError(
+            f"{type(transformer).__name__} has weights on the meta device (built empty): load its weights first "
+            "(from_pretrained), or convert its folder with sixbit.convert_pretrained, which streams it block by block"
+        )
 
 
 def _quantize_and_fit(transformer: nn.Module, config: ConvertConfig, run, calibration: dict | None):
@@ -269,7 +272,8 @@ def convert_model(
             its pipeline; the same object is returned, with a ``.save(path)`` method.
         calibration_data: what calibration runs on (needed by ``"dynamic"`` and ``"static"``
             activations, e.g. the ``"balanced"`` preset): a callable that runs generations with
-            the model (``lambda: pipe(prompts)``); a list of prompts (with a pipeline); or a
+            the model (``lambda: pipe(prompts, generator=torch.Generator().manual_seed(0))``: every
+            run must generate the same videos); a list of prompts (with a pipeline); or a
             folder of videos or frame folders (:mod:`sixbit.calibration.videos`; encoded with
             the pipeline's VAE where it has one). More and more varied data fits better; the
             source recipe is about 10 varied prompts.
@@ -328,10 +332,10 @@ def convert_model(
         except Exception:  # the original error says what went wrong; a rollback error would hide it
             logger.exception("could not fully undo the failed conversion of %s", type(transformer).__name__)
         raise
-    _attach_save(transformer)
+    checkpoint.attach_save(transformer)
     attach_diffusers_methods(transformer)
     if pipe is not None and model is pipe:
-        _attach_save(pipe)
+        checkpoint.attach_save(pipe)
     return model
 
 
@@ -353,7 +357,8 @@ def conversion_state(conversion: Conversion) -> tuple[dict, dict]:
     return meta, {}
 
 
-def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+def _prepare(model: nn.Module, modules: dict[str, nn.Module], meta: dict, tensors: dict[str, torch.Tensor]):
+    """Check a stored conversion against the model it will be installed on; the installer."""
     if meta.get("version") != 1:
         raise ValueError(f"unsupported conversion state version {meta.get('version')!r}")
     try:
@@ -361,15 +366,32 @@ def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> 
         predictor = DMPQPredictor.from_dict(meta["predictor"]) if meta.get("predictor") else None
     except (KeyError, TypeError) as e:
         raise ValueError(f"the conversion state is incomplete or malformed: {e}") from None
-    deadzone = meta.get("stabilize_frames")
-    if deadzone is not None and not isinstance(deadzone, (int, float)):
+    deadzone, calibration, hardware = meta.get("stabilize_frames"), meta.get("calibration"), meta.get("hardware")
+    if deadzone is not None and (isinstance(deadzone, bool) or not isinstance(deadzone, (int, float)) or not deadzone >= 0):
         raise ValueError(f"the conversion state has an invalid stabilize_frames value {deadzone!r}")
-    _remove_methods(model)  # loading into a converted model replaces its methods
-    _install(model, config, predictor, deadzone, meta.get("calibration"), meta.get("hardware"))
-    _attach_save(model)
-    attach_diffusers_methods(model)
+    malformed = [key for key, value, kind in (("calibration", calibration, dict), ("hardware", hardware, str))
+                 if value is not None and not isinstance(value, kind)]
+    if malformed:
+        raise ValueError(f"the conversion state's {' and '.join(malformed)} entry is malformed")
+    if config.activations == "dynamic" and predictor is None:
+        raise ValueError('the conversion has activations="dynamic" but no DMPQ predictor')
+    if predictor is not None or config.cache is not None or deadzone is not None:
+        _check(config, model, deadzone, converted_ok=True)
+    if predictor is not None:
+        found = list(iter_blocks(model))
+        if len(predictor.blocks) != len(found):
+            raise ValueError(f"the DMPQ predictor covers {len(predictor.blocks)} blocks but the model has {len(found)}")
+        for _, name, _, _ in found:
+            if not any(isinstance(m, QuantLinear) for n, m in modules.items() if n.startswith(f"{name}.")):
+                raise ValueError(f"the conversion runs DMPQ, but block {name!r} has no quantized layer in the checkpoint")
+
+    def install() -> None:
+        _install(model, config, predictor, deadzone, calibration, hardware)
+        attach_diffusers_methods(model)
+
+    return install
 
 
-EXTENSION = checkpoint.CheckpointExtension("conversion", _export, _restore)
+EXTENSION = checkpoint.CheckpointExtension("conversion", _export, _prepare, clear=_remove_methods)
 
 __all__ = ["Conversion", "DefaultPrecision", "conversion_of", "convert_model"]

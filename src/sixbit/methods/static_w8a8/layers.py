@@ -292,11 +292,11 @@ def _export(model: nn.Module):
     return meta, tensors
 
 
-def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+def _prepare(model: nn.Module, modules: dict[str, nn.Module], meta: dict, tensors: dict[str, torch.Tensor]):
+    """Check the stored static W8A8 state against ``modules`` and build its quantizers; the installer."""
     if meta.get("version") != 1:
         raise ValueError(f"unsupported static_w8a8 checkpoint state version {meta.get('version')!r}")
     state = StaticW8A8State(meta["timesteps"], meta["ranges"], meta["per_branch"], meta["config"])
-    modules = dict(model.named_modules())
     built = {}
     for name, info in meta["layers"].items():  # validate and build everything before attaching
         layer = modules.get(name)
@@ -315,11 +315,15 @@ def _restore(model: nn.Module, meta: dict, tensors: dict[str, torch.Tensor]) -> 
         except (KeyError, ValueError, RuntimeError, IndexError) as e:
             raise ValueError(f"static_w8a8 state of layer {name!r} is incomplete or malformed: {e}") from None
         state.layers[name] = info.get("info", {})
-        built[name] = quantizer.to(layer.weight_codes.device)
-    for name, quantizer in built.items():
-        modules[name].act_quantizer = quantizer
-        modules[name].act_mode = "int8"  # the layers' own precision: static INT8 (a configuration)
-    install(state, track_steps(model))
+        built[layer] = quantizer
+
+    def attach() -> None:
+        for layer, quantizer in built.items():
+            layer.act_quantizer = quantizer.to(layer.weight_codes.device)
+            layer.act_mode = "int8"  # the layers' own precision: static INT8 (a configuration)
+        install(state, track_steps(model))
+
+    return attach
 
 
-EXTENSION = checkpoint.CheckpointExtension("static_w8a8", _export, _restore)
+EXTENSION = checkpoint.CheckpointExtension("static_w8a8", _export, _prepare)

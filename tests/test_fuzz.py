@@ -1,0 +1,182 @@
+"""Random hostile edits of checkpoint headers and configs (bounded: a fixed seed, a few seconds).
+
+Every trial must either work or raise a ``ValueError`` that leaves the model as it was; no
+other exception, no half-changed model, no allocation driven by a declared size.
+"""
+
+import copy
+import json
+import random
+import struct
+import threading
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_checkpoint import build, inputs
+
+import sixbit
+from sixbit._io import tensor_bytes
+from sixbit.checkpoint import _digest
+from sixbit.presets import PRESETS, preset, resolve
+
+HOSTILE = [None, -1, 0, 2**31, 2**63, 1e308, float("nan"), True, "", "x", "int9", "0.1", "x" * 10_000, [], [1, "a"],
+           {}, {"nested": {"deeper": [None]}}]
+
+
+def _paths(node, prefix=()):
+    """Every (key path) into a JSON tree."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        yield prefix + (key,)
+        yield from _paths(value, prefix + (key,))
+
+
+def _mutate(tree, rng: random.Random):
+    """Replace, delete or add one entry somewhere in ``tree`` (in place); a description."""
+    path = rng.choice(list(_paths(tree)))
+    parent = tree
+    for key in path[:-1]:
+        parent = parent[key]
+    action = rng.random()
+    if action < 0.15 and isinstance(parent, dict):
+        del parent[path[-1]]
+        return f"del {path}"
+    if action < 0.25 and isinstance(parent, dict):
+        parent["unknown_" + str(rng.randrange(100))] = rng.choice(HOSTILE)
+        return f"add under {path[:-1]}"
+    parent[path[-1]] = copy.deepcopy(rng.choice(HOSTILE))
+    return f"set {path} = {str(parent[path[-1]])[:30]}"
+
+
+class PeakRSS:
+    """Resident memory growth while the block runs, polled every 5 ms."""
+
+    def __enter__(self):
+        self.proc = psutil.Process()
+        self.base = self.peak = self.proc.memory_info().rss
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self):
+        while not self.done.wait(0.005):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.base
+
+
+@pytest.fixture(scope="module")
+def converted_file(tmp_path_factory):
+    model = build(0)
+    config = preset("w8a8")
+    config.cache = sixbit.presets.DeltaCacheConfig()
+    sixbit.convert_model(model, quant_config=config)
+    path = sixbit.save(model, tmp_path_factory.mktemp("fuzz") / "model.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        header = json.loads(f.metadata()["sixbit"])
+    return load_file(path), header
+
+
+def _write(tmp_path, tensors, header, rehash: bool):
+    if rehash:  # a self-consistent hostile file: the checksum alone cannot catch it
+        header["sha256"] = _digest(((n, tensors[n].dtype, (tensor_bytes(tensors[n]),)) for n in sorted(tensors)), header)
+    path = tmp_path / "mutant.safetensors"
+    save_file(tensors, str(path), metadata={"sixbit": json.dumps(header)})
+    return path
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}, [type(m).__name__ for m in model.modules()]
+
+
+def test_mutated_checkpoint_headers_load_or_are_refused_cleanly(converted_file, tmp_path):
+    tensors, header = converted_file
+    rng = random.Random(0)
+    outcomes = {"loaded": 0, "refused": 0}
+    reference = None
+    for trial in range(60):
+        mutant = copy.deepcopy(header)
+        what = _mutate(mutant, rng)
+        path = _write(tmp_path, tensors, mutant, rehash=trial % 4 != 0)
+        model = build(0)
+        before = _state(model)
+        with PeakRSS() as rss:
+            try:
+                sixbit.load(path, model)
+            except ValueError as e:
+                outcomes["refused"] += 1
+                assert str(path) in str(e), (what, e)  # names the file
+                state, types = _state(model)
+                assert types == before[1] and all(torch.equal(state[k], before[0][k]) for k in state), what
+                assert sixbit.conversion_of(model) is None, what
+            else:
+                outcomes["loaded"] += 1  # a harmless edit (a description, a count): the model must run
+                with torch.no_grad():
+                    out = model(**inputs()).sample
+                assert torch.isfinite(out).all(), what
+                if reference is None:
+                    reference = out
+        assert rss.growth < 256 << 20, (what, rss.growth)
+    assert outcomes["refused"] > 30  # the fuzzer reaches the checks
+
+
+def test_mutated_tensor_tables_are_refused_before_any_allocation(converted_file, tmp_path):
+    """Edits of the safetensors table itself (shapes, dtypes, offsets declaring up to 2^40 bytes)."""
+    tensors, header = converted_file
+    path = _write(tmp_path, tensors, copy.deepcopy(header), rehash=False)
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    table = json.loads(raw[8:8 + length])
+    data = raw[8 + length:]
+    rng = random.Random(1)
+    names = [k for k in table if k != "__metadata__"]
+    for _ in range(40):
+        mutant = copy.deepcopy(table)
+        entry = mutant[rng.choice(names)]
+        field = rng.choice(["shape", "dtype", "data_offsets"])
+        entry[field] = rng.choice({
+            "shape": [[2**28], [2**20, 2**20], [-1], [], ["3"]],
+            "dtype": ["F64", "I8", "X9", 7],
+            "data_offsets": [[0, 2**40], [5, 3], [0, 0], ["0", "4"], [0]],
+        }[field])
+        encoded = json.dumps(mutant).encode()
+        encoded += b" " * (-len(encoded) % 8)
+        path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data)
+        model = build(0)
+        before = _state(model)
+        with PeakRSS() as rss:
+            for call in (sixbit.read_header, lambda p: sixbit.load(p, model)):
+                try:
+                    call(path)
+                except ValueError:
+                    pass
+        state, _ = _state(model)
+        assert all(torch.equal(state[k], before[0][k]) for k in state), (field, entry)
+        assert rss.growth < 256 << 20, (field, entry, rss.growth)
+
+
+def test_mutated_configs_resolve_or_are_refused_cleanly():
+    rng = random.Random(2)
+    refused = 0
+    for trial in range(300):
+        data = preset(PRESETS[trial % len(PRESETS)]).to_dict()
+        what = _mutate(data, rng)
+        try:
+            config = resolve(data)
+        except ValueError as e:
+            refused += 1
+            assert len(str(e)) < 2000, what  # named, not echoed back whole
+        else:
+            assert resolve(config.to_dict()) == config, what
+    assert refused > 150
