@@ -194,7 +194,8 @@ def test_fit_restores_modes_and_validates():
     model = _toy()
     for layer in (b.proj for b in model.blocks):
         layer.act_mode = "int8"
-    fit_dmpq(model, lambda: model(torch.randn(1, 4, 32), timestep=torch.tensor([500])))
+    fit_dmpq(model, lambda: [model(torch.randn(1, 4, 32), timestep=torch.tensor([t])) for t in (500, 400)],
+             DMPQConfig(error_at="block"))
     assert all(b.proj.act_mode.value == "int8" for b in model.blocks)
     with pytest.raises(ValueError, match="quantized"):
         fit_dmpq(ToyTransformer(), lambda: None)

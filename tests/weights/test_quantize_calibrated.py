@@ -123,6 +123,15 @@ def test_a_corrupted_branch_is_refused(tmp_path):
     meta["sixbit"] = json.dumps(header)
     save_file(tensors, str(tmp_path / "bad.safetensors"), meta)
     fresh = ToyTransformer(dim=32, depth=3)
+    with pytest.raises(ValueError, match="checksum"):  # a hand edit of the header
+        sixbit.load(tmp_path / "bad.safetensors", fresh)
+    from sixbit._io import tensor_bytes
+    from sixbit.checkpoint import _digest
+
+    # the same edit with the checksum recomputed: the branch check itself refuses it
+    header["sha256"] = _digest(((n, tensors[n].dtype, (tensor_bytes(tensors[n]),)) for n in sorted(tensors)), header)
+    meta["sixbit"] = json.dumps(header)
+    save_file(tensors, str(tmp_path / "bad.safetensors"), meta)
     with pytest.raises(ValueError, match="rank-5 low-rank branch"):
         sixbit.load(tmp_path / "bad.safetensors", fresh)
     assert not any(isinstance(m, QuantLinear) for m in fresh.modules())

@@ -11,6 +11,7 @@ import concurrent.futures
 import dataclasses
 import inspect
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -134,9 +135,11 @@ class Scheduler:
             return self._fail([g], error)
         return error
 
-    def _load(self, g: int) -> None:
+    def _resident_after(self, g: int, load: Callable[[], object]) -> None:
+        """Run ``load`` (which brings group ``g`` in) and mark the group resident, or fail as
+        :meth:`_failed_load` says."""
         try:
-            load_group(self.groups[g])
+            load()
         except Exception as error:
             failure = self._failed_load(g, error)
             if failure is error:
@@ -144,17 +147,13 @@ class Scheduler:
             raise failure from error
         self.state[g] = "resident"
 
+    def _load(self, g: int) -> None:
+        self._resident_after(g, lambda: load_group(self.groups[g]))
+
     def _settle(self, g: int) -> None:
         future = self.futures.pop(g, None)
         if future is not None:
-            try:
-                future.result()  # re-raises a failed load here, in the caller's thread
-            except Exception as error:
-                failure = self._failed_load(g, error)
-                if failure is error:
-                    raise
-                raise failure from error
-            self.state[g] = "resident"
+            self._resident_after(g, future.result)  # re-raises a failed load here, in the caller's thread
 
     def _offload(self, g: int) -> None:
         self._settle(g)
