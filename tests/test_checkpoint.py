@@ -390,3 +390,21 @@ def test_save_keeps_permissions_and_symlinks_and_cleans_orphans(tmp_path):
     mine.write_bytes(b"partial")
     sixbit.save(model, real)
     assert not orphan.exists() and mine.exists()
+
+
+def test_a_model_built_empty_from_the_config_takes_the_files_dtypes(tmp_path):
+    """An fp32 model built under init_empty_weights() loads a bf16 conversion as bf16."""
+    from accelerate import init_empty_weights
+
+    from sixbit.zoo.shapes import load_pipeline
+
+    pipe = load_pipeline("wan")
+    pipe.transformer.to(torch.bfloat16)
+    sixbit.convert_model(pipe, quant_config="w8a8")
+    path = pipe.save(tmp_path / "bf16.safetensors")
+    with init_empty_weights():
+        empty = type(pipe.transformer).from_config(pipe.transformer.config)
+    sixbit.load(path, empty)
+    loaded, source = empty.state_dict(), pipe.transformer.state_dict()
+    assert loaded.keys() == source.keys()
+    assert all(loaded[k].dtype == v.dtype and torch.equal(loaded[k], v) for k, v in source.items())
