@@ -67,6 +67,14 @@ def type_problems(obj) -> list[str]:
     return problems
 
 
+def field_problems(where: str, obj: dict, fields: dict) -> list[str]:
+    """One message per key of ``fields`` (name → annotation) that the JSON object ``obj`` lacks
+    or holds with another type; ``where`` prefixes each name."""
+    return [f"{where}{key} is missing" if key not in obj else
+            f"{where}{key} must be {_describe(tp)}, got {show(obj[key], 40)}"
+            for key, tp in fields.items() if key not in obj or not _matches(obj[key], tp)]
+
+
 def _args(tp) -> tuple:
     return typing.get_args(tp)
 

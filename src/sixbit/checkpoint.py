@@ -50,6 +50,7 @@ from ._io import (
     read_safetensors,
     read_safetensors_header,
 )
+from ._validate import field_problems
 from .nn import QuantLinear
 
 FORMAT_VERSION = 2  # 2: the checksum covers the header
@@ -192,9 +193,9 @@ def read_header(path: str | os.PathLike) -> dict:
 
 # every field of a layer entry and the JSON types it may take
 _LAYER_FIELDS = {
-    "in_features": int, "out_features": int, "weight_format": str, "hadamard_block": (int, type(None)),
+    "in_features": int, "out_features": int, "weight_format": str, "hadamard_block": int | None,
     "bias": bool, "source_dtype": str, "weight_meta": dict, "input_divisor": bool, "lowrank_rank": int,
-    "lowrank_dtype": (str, type(None)), "weight_only": bool,
+    "lowrank_dtype": str | None, "weight_only": bool,
 }
 _HEADER_FIELDS = {"format": str, "format_version": int, "sixbit_version": str, "model_class": str,
                   "layers": dict, "sha256": str}
@@ -218,13 +219,13 @@ def _read_header(path: Path) -> tuple[dict, dict, int]:
             f"{str(path)!r} has checkpoint format version {repr(version)[:40]}; this sixbit "
             f"({__version__}) reads version {FORMAT_VERSION}: upgrade sixbit, or re-save the model with this one"
         )
-    problems = _field_problems("", header, _HEADER_FIELDS)
+    problems = field_problems("", header, _HEADER_FIELDS)
     if isinstance(header.get("layers"), dict):
         for name, cfg in header["layers"].items():
             if not isinstance(cfg, dict):
                 problems.append(f"layers[{name[:100]!r}] is not an object")
                 continue
-            problems += _field_problems(f"layers[{name[:100]!r}].", cfg, _LAYER_FIELDS)
+            problems += field_problems(f"layers[{name[:100]!r}].", cfg, _LAYER_FIELDS)
             unknown = sorted(set(cfg) - set(_LAYER_FIELDS))
             if unknown:
                 problems.append(f"layers[{name[:100]!r}] has unknown fields {unknown[:5]}")
@@ -235,16 +236,6 @@ def _read_header(path: Path) -> tuple[dict, dict, int]:
         raise ValueError(f"{str(path)!r} has a malformed sixbit header: {'; '.join(problems[:5])}"
                          + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
     return header, entries, data_start
-
-
-def _field_problems(where: str, obj: dict, fields: dict) -> list[str]:
-    problems = []
-    for key, types_ in fields.items():
-        if key not in obj:
-            problems.append(f"{where}{key} is missing")
-        elif not isinstance(obj[key], types_) or (isinstance(obj[key], bool) and types_ is int):
-            problems.append(f"{where}{key} is {str(obj[key])[:40]!r}, not {getattr(types_, '__name__', 'valid')}")
-    return problems
 
 
 def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -22,12 +22,11 @@ from torch import nn
 
 from . import checkpoint
 from .api import quantize
-from .calibration import calibrate
+from .calibration import calibrate, seeded
 from .calibration.videos import read_videos, video_runner
 from .lora import attach_diffusers_methods
 from .methods.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
 from .methods.dmpq import DMPQ, DMPQPredictor, apply_dmpq, fit_dmpq, remove_dmpq
-from .methods.dmpq.fit import seeded
 from .methods.stabilize import (
     DEFAULT_DEADZONE,
     FrameStabilizer,
@@ -123,7 +122,7 @@ def conversion_of(model_or_pipe) -> Conversion | None:
 def _calibration_runner(data, pipe, calibration_kwargs: dict) -> tuple[Callable[[], object], dict]:
     """Check ``calibration_data`` and return (run, description) without running anything.
 
-    A callable is run under a fixed global seed (:func:`sixbit.methods.dmpq.fit.seeded`), so a
+    A callable is run under a fixed global seed (:func:`sixbit.calibration.seeded`), so a
     pipeline called without a ``generator`` repeats itself; the caller's RNG state is kept.
     """
     if callable(data):

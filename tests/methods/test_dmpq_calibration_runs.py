@@ -13,9 +13,9 @@ import torch
 from toy import ToyTransformer
 
 import sixbit
+from sixbit.calibration import seeded
 from sixbit.convert import _calibration_runner
 from sixbit.methods.dmpq import DMPQConfig, DMPQPredictor, apply_dmpq, fit_dmpq
-from sixbit.methods.dmpq.fit import seeded
 from sixbit.runtime import blocks
 from sixbit.zoo.shapes import all_prompts, load_pipeline
 

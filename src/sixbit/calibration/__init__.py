@@ -2,5 +2,6 @@
 
 from .collector import calibrate
 from .data import TAIL_QUANTILES, BlockStats, CalibrationData, LayerStats
+from .seeding import seeded
 
-__all__ = ["TAIL_QUANTILES", "BlockStats", "CalibrationData", "LayerStats", "calibrate"]
+__all__ = ["TAIL_QUANTILES", "BlockStats", "CalibrationData", "LayerStats", "calibrate", "seeded"]

@@ -27,7 +27,7 @@ predicted then: at run time Γ is measured on mixed-precision blocks, not on ful
 ones, and this second pass makes the achieved bits match the target.
 
 Everything above compares re-runs, so the runs must repeat exactly. Each call of ``run()``
-runs under ``torch.manual_seed(CALIBRATION_SEED)`` in a forked RNG (:func:`seeded`): a pipeline
+runs under ``torch.manual_seed(0)`` in a forked RNG (:func:`sixbit.calibration.seeded`): a pipeline
 called without a ``generator`` draws its noise from the global RNG and so repeats too, and the
 caller's RNG state is left as it was. Every run must then feed the model the same inputs at
 its first step (checked on the first block: a few thousand sampled values of each input per
@@ -37,16 +37,15 @@ which advances from one run to the next — is refused with a ``ValueError``.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from ...calibration.seeding import seeded
 from ...models import iter_blocks
 from ...nn.precision import ACT_BITS, ActMode, Level, gemm_flops
 from ...runtime import blocks
@@ -62,31 +61,6 @@ from .method import (
 )
 
 logger = logging.getLogger(__name__)
-
-#: The global seed each calibration run starts from (:func:`seeded`).
-CALIBRATION_SEED = 0
-
-
-def seeded(run: Callable[..., Any]) -> Callable[..., Any]:
-    """``run`` made repeatable: every call runs under ``torch.manual_seed(CALIBRATION_SEED)`` inside
-    ``torch.random.fork_rng``, so what it draws from the global RNG (a pipeline's noise when no
-    ``generator`` is passed) is the same on every call, and the caller's RNG state is left as it
-    was. Explicit generators are untouched. Wrapping twice is the same as once.
-    """
-    if getattr(run, "_sixbit_seeded", False):
-        return run
-
-    @functools.wraps(run)
-    def repeatable(*args, **kwargs):
-        # the CUDA devices already in use; torch.manual_seed also seeds the others (lazily)
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(CALIBRATION_SEED)
-            return run(*args, **kwargs)
-
-    repeatable._sixbit_seeded = True
-    return repeatable
-
 
 def _line(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Least-squares ``y ≈ α·x + β`` (a flat line when x does not vary)."""
@@ -247,7 +221,7 @@ def fit_dmpq(
         )
     step_starts = [0]
     num_steps = 1 + max(c["step"] for c in calls)
-    if config.error_at == "video" and pairs:
+    if config.error_at == "video":
         cell_of, cost, step_starts = _video_costs(model, run, len(found), num_steps, config)
         targets = _shares(pairs, cell_of, cost)
     else:
