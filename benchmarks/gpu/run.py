@@ -3,7 +3,7 @@
     python benchmarks/gpu/run.py                      # on a GPU: measure and write the section
     python benchmarks/gpu/run.py --dry-run --output /tmp/gpu.md   # the same code on CPU, toy sizes
 
-Installs nothing at run time. Three parts, each row checked against a time budget (rows past it
+Installs nothing at run time. Four parts, each row checked against a time budget (rows past it
 are listed as not run, never estimated):
 
 1. **Kernel checks** — every kernel sixbit runs on this device against its reference twin, on
@@ -13,7 +13,11 @@ are listed as not run, never estimated):
    on CUDA, + ``torch._int_mm`` + epilogue, i.e. everything a call does); FP8 W8A8 (row-wise
    E4M3, ``torch._scaled_mm``); W4A16 (NVFP4 weight decoded inside a Triton GEMM); NVFP4 × NVFP4
    where the GPU has FP4 tensor cores. Median of CUDA-synchronized calls after a warm-up.
-3. **Denoising steps** of a CogVideoX-2B-sized transformer (random weights, bf16, CFG batch 2)
+3. **Attention** at CogVideoX-2B size (CFG batch 2, 30 heads, head dim 64, text + video tokens
+   at 13 and 49 frames): bf16 SDPA vs sixbit's Triton INT8 attention (INT8 Q·Kᵀ, FP16 P·V; the
+   quantization of Q and K included) and ``sageattention`` where installed, with each one's
+   error against SDPA.
+4. **Denoising steps** of a CogVideoX-2B-sized transformer (random weights, bf16, CFG batch 2)
    at 13 and 49 frames for ``fp``, ``w8a8``, ``w4a8``, ``balanced`` and ``tdc``, eager and
    ``torch.compile``: mean seconds per step over ``--steps`` steps (the cache skips some) after
    a warm-up run, and peak GPU memory. ``w4a8`` and ``balanced`` calibrate GPTQ on two
@@ -44,7 +48,9 @@ from sixbit import formats, kernels
 from sixbit.bench.layer_shapes import REAL_MODELS
 from sixbit.bench.report import machine_description, update_section
 from sixbit.kernels import triton as tri
+from sixbit.kernels.attention import int8_attention_reference, sageattention_installed
 from sixbit.kernels.cuda import fp8_quantize_rows
+from sixbit.kernels.triton.attention import int8_attention_triton
 from sixbit.presets import for_device, resolve
 
 COGVIDEOX_2B = dict(num_attention_heads=30, attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512,
@@ -113,6 +119,10 @@ def kernel_checks(device: torch.device, dry: bool) -> list[dict]:
         if triton_here:
             check(f"W4A16 ({fmt} weight)", "Triton dequantize-in-the-GEMM",
                   lambda: kernels.weight4_linear(x, wq4), lambda: kernels.weight4_linear_reference(x, wq4))
+    if triton_here:
+        q, kk, v = (torch.randn(1, 4, 150 if dry else 1000, 64, generator=g).to(device, dtype) for _ in range(3))
+        check("INT8 attention (INT8 QKᵀ, FP16 PV)", "Triton, online softmax (twin within 2⁻⁹ · max abs V: P rounded to FP16 per tile)",
+              lambda: int8_attention_triton(q, kk, v), lambda: int8_attention_reference(q, kk, v))
     if kernels.fp4_supported(device):
         wn = formats.get("nvfp4").quantize(w)
         check("NVFP4 × NVFP4", "torch._scaled_mm FP4", lambda: kernels.nvfp4_linear(x, wn, dtype),
@@ -172,7 +182,55 @@ def linear_times(device: torch.device, dry: bool, runs: int, budget: Budget) -> 
     return rows
 
 
-# ---------------------------------------------------------------------------- 3. denoising steps
+# ---------------------------------------------------------------------------- 3. attention
+
+def _tokens(config: dict, frames: int) -> int:
+    """Joint (text + video) tokens of one sample at ``frames`` frames."""
+    latent_frames = (frames - 1) // 4 + 1
+    p = config["patch_size"]
+    return config["max_text_seq_length"] + latent_frames * (config["sample_height"] // p) * (config["sample_width"] // p)
+
+
+def _attention_cases(device: torch.device, dry: bool, config: dict, length: int) -> tuple[dict, torch.Tensor]:
+    """(kernel → a callable running one attention call of ``length`` tokens, SDPA's output)."""
+    dtype = torch.float32 if dry else torch.bfloat16  # the Triton interpreter mishandles bf16
+    g = torch.Generator(device="cpu").manual_seed(2)
+    q, k, v = (torch.randn(2, config["num_attention_heads"], length, config["attention_head_dim"], generator=g)
+               .to(device, dtype) for _ in range(3))
+    cases = {f"{'fp32' if dry else 'bf16'} SDPA": lambda: F.scaled_dot_product_attention(q, k, v)}
+    if tri.runs_on(device):
+        cases["INT8 (sixbit Triton)"] = lambda: int8_attention_triton(q, k, v)
+    if device.type == "cuda" and sageattention_installed():
+        from sageattention import sageattn
+
+        cases["INT8 (sageattention)"] = lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)
+    return cases, F.scaled_dot_product_attention(q, k, v).float()
+
+
+def attention_times(device: torch.device, dry: bool, runs: int, frames_list, budget: Budget) -> list[dict]:
+    """SDPA vs INT8 attention at CogVideoX-2B size (the dry run: toy size, fp32), each with its
+    error against SDPA."""
+    config = TOY if dry else COGVIDEOX_2B
+    flops_per_token2 = 4 * 2 * config["num_attention_heads"] * config["attention_head_dim"]
+    rows = []
+    for frames in frames_list:
+        length = _tokens(config, frames)
+        cases, exact = _attention_cases(device, dry, config, length)
+        base = None
+        for name, fn in cases.items():
+            row = {"frames": frames, "tokens": length, "kernel": name, "ms": None}
+            rows.append(row)
+            if budget.left() < 0:
+                continue
+            row["ms"] = ms = 1e3 * _median_s(fn, device, runs)
+            base = ms if base is None else base  # the first case is SDPA
+            err = fn().float() - exact
+            row.update(tflops=flops_per_token2 * length * length / ms / 1e9, speedup=base / ms,
+                       max_err=(err.abs().max() / exact.abs().max()).item(), rel_err=(err.norm() / exact.norm()).item())
+    return rows
+
+
+# ---------------------------------------------------------------------------- 4. denoising steps
 
 def _transformer(config: dict, device: torch.device, dtype: torch.dtype, state: dict | None):
     from diffusers import CogVideoXTransformer3DModel
@@ -257,7 +315,7 @@ def step_times(device: torch.device, dry: bool, steps: int, frames_list, setting
 
 # ---------------------------------------------------------------------------- report
 
-def section(device, checks, linears, steps_rows, args, seconds: float) -> str:
+def section(device, checks, linears, attention_rows, steps_rows, args, seconds: float) -> str:
     if device.type == "cuda":
         where = (f"GPU {torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}), "
                  f"torch {torch.__version__}, CUDA {torch.version.cuda}, Triton "
@@ -280,6 +338,17 @@ def section(device, checks, linears, steps_rows, args, seconds: float) -> str:
             sp = f"{r['speedup']:.2f}×" if r["speedup"] else "—"
             lines.append(f"| {r['model']} | {r['role']} | {r['k']} × {r['n']} | {r['m']} | {r['precision']} | "
                          f"{r['ms']:.3f} | {r['tflops']:.1f} | {sp} |")
+    lines += ["", f"### Attention at CogVideoX-2B size ({'toy config, fp32' if args.dry_run else 'batch 2, 30 heads, head dim 64, bf16'}; "
+              "text + video tokens; median of synchronized calls)", "",
+              "| frames | tokens | kernel | ms | TFLOP/s | vs SDPA | max abs Δ / max abs SDPA | ‖Δ‖ / ‖SDPA‖ |",
+              "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in attention_rows:
+        if r["ms"] is None:
+            lines.append(f"| {r['frames']} | {r['tokens']} | {r['kernel']} | not run (budget) | | | | |")
+        else:
+            sp = f"{r['speedup']:.2f}×" if r["speedup"] else "—"
+            lines.append(f"| {r['frames']} | {r['tokens']} | {r['kernel']} | {r['ms']:.3f} | {r['tflops']:.1f} | {sp} | "
+                         f"{r['max_err']:.2e} | {r['rel_err']:.2e} |")
     lines += ["", f"### Denoising steps of a CogVideoX-2B-sized transformer ({'toy config' if args.dry_run else '30 blocks × 1920, random weights'}, "
               f"bf16, CFG batch 2, {args.steps} steps)", "",
               "| setting | frames | mode | s / step | vs fp (same frames, same mode) | first run s (compile incl.) | peak GiB | note |",
@@ -320,10 +389,13 @@ def main(argv=None) -> int:
     print(checks, flush=True)
     linears = linear_times(device, args.dry_run, 2 if args.dry_run else args.runs, budget)
     print(f"linears done at {time.perf_counter() - t0:.0f} s", flush=True)
+    frames_list = [int(f) for f in args.frames.split(",") if f]
+    attention_rows = attention_times(device, args.dry_run, 2 if args.dry_run else args.runs, frames_list, budget)
+    print(f"attention done at {time.perf_counter() - t0:.0f} s", flush=True)
     settings = [s for s in args.settings.split(",") if s]
-    steps_rows = step_times(device, args.dry_run, args.steps, [int(f) for f in args.frames.split(",") if f], settings,
+    steps_rows = step_times(device, args.dry_run, args.steps, frames_list, settings,
                             [s for s in args.compile.split(",") if s], args.backend, budget)
-    update_section(args.output, "gpu", section(device, checks, linears, steps_rows, args, time.perf_counter() - t0))
+    update_section(args.output, "gpu", section(device, checks, linears, attention_rows, steps_rows, args, time.perf_counter() - t0))
     print(f"wrote section 'gpu' of {args.output} in {time.perf_counter() - t0:.0f} s")
     return 0
 

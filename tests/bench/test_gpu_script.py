@@ -20,6 +20,13 @@ def test_gpu_benchmark_dry_run_writes_its_section(tmp_path):
               or line.startswith("| FP8")]
     assert len(checks) >= 4
     assert all(float(line.rsplit("|", 2)[1]) < 1e-5 for line in checks), checks
+    # the INT8 attention kernel agrees with its twin within its named tolerance (2⁻⁹·max|V|)
+    attention_check = [line for line in text.splitlines() if line.startswith("| INT8 attention")]
+    assert len(attention_check) == 1 and float(attention_check[0].rsplit("|", 2)[1]) < 2 ** -9
+    # attention timed against SDPA at the toy config's 13-frame token count, within INT8 attention's error
+    int8_rows = [line for line in text.splitlines() if line.startswith("| 13 | 72 | INT8 (sixbit Triton) |")]
+    assert "| 13 | 72 | fp32 SDPA |" in text and len(int8_rows) == 1
+    assert float(int8_rows[0].rsplit("|", 2)[1]) < 0.03  # ‖Δ‖ / ‖SDPA‖
     assert "| toy | FFN up |" in text and "not run" not in text
     for setting in ("fp", "w8a8", "balanced", "tdc"):
         assert f"| {setting} | 13 | eager |" in text

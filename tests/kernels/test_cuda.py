@@ -68,5 +68,6 @@ def test_nvfp4_gemm_says_where_it_runs():
 
 def test_available_names_every_precision_on_cpu():
     paths = available("cpu")
-    assert set(paths) == {"int8", "fp8", "nvfp4", "w4a16"}
+    assert set(paths) == {"int8", "fp8", "nvfp4", "w4a16", "attention"}
+    assert paths["attention"].startswith("emulated")
     assert paths["int8"] == "real: torch._int_mm" and paths["fp8"].startswith("real")

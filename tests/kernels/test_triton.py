@@ -105,3 +105,58 @@ def test_quant_linear_takes_the_triton_paths_where_they_run(monkeypatch):
     assert "Triton" in q.execution() and "Triton" in q.execution("fp")
     torch.testing.assert_close(q(x), ref_int8, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(q(x, mode=ActMode.FP), ref_fp, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("length,dim,dtype,block_q,block_k", [
+    (37, 16, torch.float32, 16, 16),   # ragged: the last query and key blocks are masked
+    (64, 32, torch.float16, 32, 16),
+    (37, 32, torch.float16, 16, 32),
+    (50, 24, torch.float32, 16, 16),   # a head dim that is no power of two: padded in the kernel
+])
+def test_int8_attention_kernel_matches_reference(length, dim, dtype, block_q, block_k):
+    import torch.nn.functional as F
+
+    from sixbit.kernels.attention import int8_attention_reference
+    from sixbit.kernels.triton.attention import ATOL, int8_attention_triton
+
+    q, k, v = (torch.randn(1, 2, length, dim).to(dtype) for _ in range(3))
+    k = k + 3.0  # a shared key offset, as DiTs have: smoothed away before quantizing
+    y = int8_attention_triton(q, k, v, block_q=block_q, block_k=block_k)
+    ref = int8_attention_reference(q, k, v, block_q=block_q, block_k=block_k)
+    assert y.dtype == dtype and y.shape == (1, 2, length, dim)
+    # the scores are identical; P is rounded to FP16 per tile against the running max (kernel)
+    # instead of after normalization (reference): ATOL · max|V| (see the kernel's module)
+    torch.testing.assert_close(y.float(), ref.float(), rtol=0, atol=ATOL * v.float().abs().max().item())
+    # both are INT8 attention: within 3 % (relative norm) of exact attention
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    for out in (y, ref):
+        assert ((out.float() - exact).norm() / exact.norm()) < 0.03
+
+
+def test_int8_attention_kernel_masks_ragged_lengths():
+    from sixbit.kernels.attention import int8_attention_reference
+    from sixbit.kernels.triton.attention import ATOL, int8_attention_triton
+
+    # 20 queries and 45 keys: both last blocks partial, and independently so
+    q, k, v = torch.randn(1, 2, 20, 16), torch.randn(1, 2, 45, 16), torch.randn(1, 2, 45, 16)
+    y = int8_attention_triton(q, k, v, block_q=16, block_k=16)
+    ref = int8_attention_reference(q, k, v, block_q=16, block_k=16)
+    torch.testing.assert_close(y, ref, rtol=0, atol=ATOL * v.abs().max().item())
+    # a full query block does not see the masked rows after it
+    assert torch.equal(int8_attention_triton(q[..., :17, :], k, v, block_q=16, block_k=16)[..., :16, :], y[..., :16, :])
+    # the last key of a partial block counts: one more key of huge value moves every output
+    v_more = torch.cat([v, 1e4 * torch.ones(1, 2, 1, 16)], dim=2)
+    k_more = torch.cat([k, k[..., :1, :]], dim=2)
+    assert (int8_attention_triton(q, k_more, v_more, block_q=16, block_k=16) - y).abs().min() > 1
+
+
+def test_int8_attention_kernel_rejects_bad_inputs():
+    from sixbit.kernels.triton.attention import int8_attention_triton
+
+    x = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="same leading dims"):
+        int8_attention_triton(x, torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16))
+    with pytest.raises(ValueError, match=r"\(B, H, L, D\)"):
+        int8_attention_triton(x[0], x[0], x[0])
+    with pytest.raises(ValueError, match="block_k must be a power of two"):
+        int8_attention_triton(x, x, x, block_k=24)

@@ -86,3 +86,17 @@ def test_attention_quant_config_is_checked():
         AttentionQuantConfig(blocks=(1,))
     with pytest.raises(ValueError, match="steps must be None or"):
         AttentionQuantConfig(steps=(-1, 3))
+
+
+def test_int8_attention_path_names_the_kernel_each_device_runs(monkeypatch):
+    from sixbit.kernels import attention
+
+    assert attention.int8_attention_path("cpu").startswith("emulated")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert attention.int8_attention_path("cuda").startswith("emulated")  # no INT8 tl.dot before sm_80
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert attention.int8_attention_path("cuda").startswith("real: sixbit Triton kernel")
+    monkeypatch.setattr(attention, "sageattention_installed", lambda: True)
+    assert attention.int8_attention_path("cuda").startswith("real: sageattention")
+    assert attention.int8_attention_path("cpu").startswith("emulated")

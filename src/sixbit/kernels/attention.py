@@ -10,12 +10,15 @@
 3. **Q·Kᵀ as an integer product** (exact), rescaled by the two block scales and ``s``;
 4. **softmax in fp32**, then **P and V rounded to FP16** and multiplied with fp32 accumulation.
 
-:func:`int8_attention` runs it through the ``sageattention`` package on CUDA where installed
-(its own kernels, the same method); everywhere else it runs :func:`int8_attention_reference`,
-an **emulation**: the integer product is computed in fp32 (exact: |products| ≤ 127²·D < 2²⁴
-for head dims up to 1040) and P·V as an fp32 matmul of FP16-rounded values — the numerics of
-the method, at fp32 matmul speed, not INT8 speed. Queries are processed ``chunk`` tokens at a
-time so the score matrix never exceeds ``chunk × keys`` per head.
+:func:`int8_attention` runs it, on CUDA, through the ``sageattention`` package where installed
+(its own kernels, the same method), else (sm_80+, Triton installed) through sixbit's Triton kernel
+(:func:`sixbit.kernels.triton.attention.int8_attention_triton`: INT8 ``tl.dot`` for Q·Kᵀ, online
+softmax, FP16 P·V; within ``ATOL · max|V|`` of the reference, see its module); on CPU (and on
+CUDA without Triton) it runs :func:`int8_attention_reference`, an **emulation**: the integer
+product is computed in fp32 (exact: |products| ≤ 127²·D < 2²⁴ for head dims up to 1040) and P·V
+as an fp32 matmul of FP16-rounded values — the numerics of the method, at fp32 matmul speed, not
+INT8 speed. Queries are processed ``chunk`` tokens at a time so the score matrix never exceeds
+``chunk × keys`` per head. :func:`int8_attention_path` says which runs.
 """
 
 from __future__ import annotations
@@ -24,20 +27,15 @@ import importlib.util
 
 import torch
 
+from . import triton as tri
+from .triton.attention import int8_attention_triton, quantize_blocks_int8
+
 
 def _int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x (..., L, D)`` as INT8 values (held in fp32) and per-token fp32 scales ``(..., L, 1)``,
-    one scale per ``block`` consecutive tokens."""
-    length = x.shape[-2]
-    pad = (-length) % block
-    xp = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
-    blocks = xp.reshape(*x.shape[:-2], (length + pad) // block, block, x.shape[-1])
-    amax = blocks.abs().amax(dim=(-2, -1), keepdim=True)
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    codes = torch.round(blocks / scale).clamp_(-127, 127)
-    per_token = scale.expand(*scale.shape[:-2], block, 1)
-    return (codes.reshape(xp.shape)[..., :length, :],
-            per_token.reshape(*x.shape[:-2], length + pad, 1)[..., :length, :])
+    one scale per ``block`` consecutive tokens (:func:`~sixbit.kernels.triton.attention.quantize_blocks_int8`)."""
+    codes, scales = quantize_blocks_int8(x, block)
+    return codes.float(), scales.repeat_interleave(block, dim=-1)[..., :x.shape[-2], None]
 
 
 def int8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
@@ -65,17 +63,39 @@ def sageattention_installed() -> bool:
     return importlib.util.find_spec("sageattention") is not None
 
 
+def _triton_runs(device: torch.device) -> bool:
+    """Whether sixbit's Triton kernel runs on ``device``: CUDA sm_80+ (INT8 ``tl.dot``) with Triton."""
+    return (device.type == "cuda" and tri.runs_on(device) and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device) >= (8, 0))
+
+
 def int8_attention_path(device: torch.device | str) -> str:
-    """How :func:`int8_attention` runs on ``device``."""
-    if torch.device(device).type == "cuda" and sageattention_installed():
+    """How :func:`int8_attention` runs on ``device``.
+
+    Example:
+        >>> int8_attention_path("cpu")
+        'emulated: INT8 QKᵀ and FP16 PV in fp32 matmuls'
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and sageattention_installed():
         return "real: sageattention (INT8 QKᵀ, FP16/FP8 PV)"
+    if _triton_runs(device):
+        return "real: sixbit Triton kernel (INT8 QKᵀ, FP16 PV, online softmax)"
     return "emulated: INT8 QKᵀ and FP16 PV in fp32 matmuls"
 
 
 def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Quantized attention on ``(B, H, L, D)`` tensors (see :func:`int8_attention_path`)."""
+    """Quantized attention on ``(B, H, L, D)`` tensors, by the path :func:`int8_attention_path` names.
+
+    Example:
+        >>> q = k = v = torch.randn(1, 2, 37, 16)
+        >>> torch.equal(int8_attention(q, k, v), int8_attention_reference(q, k, v))  # CPU: the reference
+        True
+    """
     if q.device.type == "cuda" and sageattention_installed():
         from sageattention import sageattn
 
         return sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=scale)
+    if _triton_runs(q.device):
+        return int8_attention_triton(q, k, v, scale)
     return int8_attention_reference(q, k, v, scale)

@@ -9,6 +9,8 @@ FP8 W8A8         ``torch._scaled_mm`` with E4M3 operands and row-wise fp32 scale
 NVFP4 × NVFP4    ``torch._scaled_mm`` with ``float4_e2m1fn_x2`` operands and E4M3 block scales
                  in cuBLAS's swizzled layout (:func:`swizzle_block_scales`): sm_100 / sm_120.
 W4A16            the Triton dequantize-in-the-GEMM kernel (NVFP4 or INT4 weights) on CUDA.
+attention        INT8 Q·Kᵀ / FP16 P·V (:mod:`.attention`): ``sageattention`` or sixbit's
+                 Triton kernel on CUDA, an emulation elsewhere.
 ===============  ===========================================================================
 
 Every function has a reference twin (``*_reference``): the same result computed by dequantizing
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 
 from ..formats import nvfp4
 from . import triton as tri
+from .attention import int8_attention_path
 from .cpu import int8_matmul, int8_matmul_backend
 from .triton.gemm import int8_epilogue, int8_epilogue_reference
 from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
@@ -179,5 +182,6 @@ def available(device: torch.device | str | None = None) -> dict[str, str]:
         else "emulated: dequantize + fp32 matmul (no FP4 GEMM on this device)",
         "w4a16": "real: Triton dequantize-in-the-GEMM" if weight4_fused(device)
         else "dequantize the weight, then a 16-bit matmul",
+        "attention": int8_attention_path(device),
     }
     return paths

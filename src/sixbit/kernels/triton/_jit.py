@@ -95,3 +95,40 @@ def epilogue(a_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, M, N, TM: tl.constexpr, TN: tl
     if BIAS:
         y += tl.load(b_ptr + rn, mask=rn < N, other=0.0)[None, :]
     tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def int8_attention(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, o_ptr, LQ, LK, D, DV, QBLOCKS, KBLOCKS, sm_scale,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr):
+    """One (query block, batch·head): INT8 codes ``q (BH, LQ, D)``, ``k (BH, LK, D)``, one fp32
+    scale per block of ``BLOCK_M`` query / ``BLOCK_N`` key tokens; ``v (BH, LK, DV)`` in any float
+    dtype, rounded to FP16 here; ``o (BH, LQ, DV)``."""
+    qb = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rm = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, DP)
+    dv = tl.arange(0, DVP)
+    q = tl.load(q_ptr + bh * LQ * D + rm[:, None] * D + d[None, :], mask=(rm[:, None] < LQ) & (d[None, :] < D), other=0)
+    q_scale = tl.load(qs_ptr + bh * QBLOCKS + qb) * sm_scale
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, DVP), dtype=tl.float32)
+    for kb in range(0, KBLOCKS):
+        cols = kb * BLOCK_N + rn
+        k = tl.load(k_ptr + bh * LK * D + cols[:, None] * D + d[None, :], mask=(cols[:, None] < LK) & (d[None, :] < D),
+                    other=0)
+        # the integer product is exact (int32); rescaled in the reference's order: (qk · (s_q·s)) · s_k
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * q_scale * tl.load(ks_ptr + bh * KBLOCKS + kb)
+        s = tl.where(cols[None, :] < LK, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + bh * LK * DV + cols[:, None] * DV + dv[None, :],
+                    mask=(cols[:, None] < LK) & (dv[None, :] < DV), other=0.0).to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v, out_dtype=tl.float32)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + bh * LQ * DV + rm[:, None] * DV + dv[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=(rm[:, None] < LQ) & (dv[None, :] < DV))

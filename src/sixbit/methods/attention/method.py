@@ -5,8 +5,9 @@ inside the model's blocks. While a selected block runs at a selected step, the p
 ``F.scaled_dot_product_attention`` calls (directly, or through diffusers' attention dispatcher's
 native backend) go to :func:`sixbit.kernels.attention.int8_attention`: INT8 Q·Kᵀ after smoothing
 K by its token mean, FP16 P·V. Calls it cannot take (a mask, dropout, causal, grouped heads) run
-unchanged and are counted. **Emulated** on CPU and on GPUs without the ``sageattention`` package
-(see :func:`sixbit.kernels.attention.int8_attention_path`): the method's numerics, not INT8 speed.
+unchanged and are counted. Real on CUDA (the ``sageattention`` package where installed, else
+sixbit's Triton kernel on sm_80+); **emulated** elsewhere — the method's numerics, not INT8 speed
+(see :func:`sixbit.kernels.attention.int8_attention_path`).
 
 Config → state → hook → ``apply_attention_quant`` / ``remove_attention_quant``.
 
