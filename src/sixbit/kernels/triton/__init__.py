@@ -1,5 +1,6 @@
 """Triton kernels: fused per-token INT8 quantization (optionally with the online Hadamard
-rotation), the INT8 GEMM's scale epilogue, and 4-bit-weight (NVFP4 / INT4) dequantize-in-the-GEMM.
+rotation), the INT8 GEMM's scale epilogue, 4-bit-weight (NVFP4 / INT4) dequantize-in-the-GEMM, and
+INT8 attention (:mod:`.attention`).
 
 Triton is optional (``pip install triton``). Kernels run on CUDA tensors, or on CPU tensors when
 ``TRITON_INTERPRET=1`` was set before Triton was first imported (the interpreter: slow, exact;

@@ -1,5 +1,5 @@
 """The Triton kernels themselves (``@triton.jit``), imported only when a kernel is first called;
-their wrappers, reference twins and docs are in :mod:`.quantize` and :mod:`.gemm`."""
+their wrappers, reference twins and docs are in :mod:`.quantize`, :mod:`.gemm` and :mod:`.attention`."""
 
 import triton
 import triton.language as tl
