@@ -323,6 +323,7 @@ def test_a_header_declaring_more_than_the_file_holds_is_refused_without_allocati
     (lambda h: h["extensions"]["conversion"]["config"].update(activations="int9"), "activations"),
     (lambda h: h["extensions"]["conversion"]["config"]["cache"].update(threshold="0.1"), "threshold"),
     (lambda h: h["extensions"]["conversion"].update(stabilize_frames="yes"), "stabilize_frames"),
+    (lambda h: h["extensions"]["conversion"]["config"].update(attention={"steps": [3, 1]}), "selects nothing"),
     (lambda h: h["extensions"]["conversion"].pop("config"), "incomplete"),
     (lambda h: h["layers"]["blocks.0.attn1.to_q"].pop("bias"), "bias is missing"),
     (lambda h: h["layers"]["blocks.0.attn1.to_q"].update(in_features="64"), "in_features"),

@@ -2,7 +2,8 @@
 
 ``convert_model`` resolves the config (:mod:`sixbit.presets`), checks the calibration data,
 then quantizes, calibrates and installs the runtime methods the config names, in place. The
-conversion (config, fitted DMPQ predictor, cache settings, frame stabilizer) is remembered per
+conversion (config, fitted DMPQ predictor, cache settings, frame stabilizer, quantized
+attention) is remembered per
 model, written into checkpoints by :func:`sixbit.save` and rebuilt by :func:`sixbit.load`.
 """
 
@@ -25,6 +26,12 @@ from .api import quantize
 from .calibration import calibrate, seeded
 from .calibration.videos import read_videos, video_runner
 from .lora import attach_diffusers_methods
+from .methods.attention import (
+    AttentionQuantState,
+    apply_attention_quant,
+    attention_modules,
+    remove_attention_quant,
+)
 from .methods.delta_cache import DeltaCache, disable_delta_cache, enable_delta_cache
 from .methods.dmpq import DMPQ, DMPQPredictor, apply_dmpq, fit_dmpq, remove_dmpq
 from .methods.stabilize import (
@@ -57,6 +64,8 @@ class Conversion:
         dmpq: the installed DMPQ method (``.report()``: precision map, average bits).
         cache: the installed delta cache (``.report()``: skip map, skip share, cache bytes).
         stabilizer: the frame stabilizer (``stabilize_frames=True``).
+        attention: the installed quantized attention (``config.attention``): its ``path``
+            (real or emulated on this device) and counts of quantized calls.
         default: the configured activation precision's policy (``"int8"``, ``"nvfp4"``, ``"fp"``).
         hardware: what the preset's intent became on the device it was converted on
             (:func:`sixbit.presets.for_device`), or ``None`` when it runs as configured.
@@ -68,6 +77,7 @@ class Conversion:
     dmpq: DMPQ | None = None
     cache: DeltaCache | None = None
     stabilizer: FrameStabilizer | None = None
+    attention: AttentionQuantState | None = None
     default: DefaultPrecision | None = None
     hardware: str | None = None
 
@@ -178,6 +188,8 @@ def _install(model: nn.Module, config: ConvertConfig, predictor: DMPQPredictor |
         conversion.stabilizer = apply_stabilizer(model, deadzone)
     if config.cache is not None:
         conversion.cache = enable_delta_cache(model, config.cache)
+    if config.attention is not None:
+        conversion.attention = apply_attention_quant(model, config.attention)
     return conversion
 
 
@@ -187,6 +199,7 @@ def _remove_methods(model: nn.Module) -> None:
     disable_delta_cache(model)
     remove_dmpq(model)
     remove_stabilizer(model)
+    remove_attention_quant(model)
     if conversion is not None and conversion.default is not None:
         track_steps(model).precision.unregister(conversion.default)
 
@@ -214,6 +227,8 @@ def _check(config: ConvertConfig, transformer: nn.Module, deadzone: float | None
     """Refuse what cannot be converted, before anything changes (``converted_ok``: the model may
     already be quantized, as when a checkpoint is loaded into it)."""
     spec = spec_for(transformer)  # unsupported architectures fail here
+    if config.attention is not None:
+        attention_modules(transformer)  # a model without attention processors fails here
     if deadzone is not None and config.activations not in ("int8", "nvfp4", "dynamic"):
         raise ValueError(
             f"stabilize_frames acts on dynamically quantized activations, which activations={config.activations!r} "
@@ -374,7 +389,7 @@ def _prepare(model: nn.Module, modules: dict[str, nn.Module], meta: dict, tensor
         raise ValueError(f"the conversion state's {' and '.join(malformed)} entry is malformed")
     if config.activations == "dynamic" and predictor is None:
         raise ValueError('the conversion has activations="dynamic" but no DMPQ predictor')
-    if predictor is not None or config.cache is not None or deadzone is not None:
+    if predictor is not None or config.cache is not None or deadzone is not None or config.attention is not None:
         _check(config, model, deadzone, converted_ok=True)
     if predictor is not None:
         found = list(iter_blocks(model))

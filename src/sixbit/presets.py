@@ -1,9 +1,9 @@
 """What :func:`sixbit.convert_model` does to a model: :class:`ConvertConfig` and the named presets.
 
-A :class:`ConvertConfig` bundles the four choices of a conversion — weight formats
+A :class:`ConvertConfig` bundles the choices of a conversion — weight formats
 (:class:`~sixbit.QuantConfig`), how activations are quantized (``"fp"``, ``"int8"``,
-``"nvfp4"``, ``"dynamic"`` = DMPQ, ``"static"`` = static W8A8), the delta cache, and nothing
-else. Presets are named configs; JSON is ``ConvertConfig.to_dict()``. :func:`resolve` turns a
+``"nvfp4"``, ``"dynamic"`` = DMPQ, ``"static"`` = static W8A8), the delta cache, and quantized
+attention (off unless asked for), and nothing else. Presets are named configs; JSON is ``ConvertConfig.to_dict()``. :func:`resolve` turns a
 preset name, a JSON file, a dict, a :class:`ConvertConfig` or a :class:`~sixbit.QuantConfig`
 into a validated config, reporting every problem at once.
 
@@ -17,6 +17,9 @@ The seed's short JSON shape is accepted too and maps onto the ``"balanced"`` pre
 format ``int{bits}`` / ``int{bits}-asym``; ``residual`` chooses the delta cache's storage
 (``bits`` 4 with ``group_size`` 64 → ``"int4-g64"``, ``bits`` 8 → ``"int8"``, ``bits`` 16 or 32
 → ``"fp"``); ``threshold`` is the delta cache's stability threshold. Any key may be left out.
+Both shapes have an ``"attention"`` key: the short shape's holds ``bits``/``symmetric`` (weights),
+the full schema's ``blocks``/``steps`` (quantized attention, :class:`~sixbit.AttentionQuantConfig`)
+or ``null``; the other keys (or, alone, these) tell the shapes apart.
 
 Example:
     >>> from sixbit.presets import resolve
@@ -40,6 +43,7 @@ import torch
 from ._validate import report, show, type_problems, unknown_keys
 from .config import QuantConfig
 from .kernels import fp4_supported
+from .methods.attention import AttentionQuantConfig
 from .methods.delta_cache import DeltaCacheConfig
 from .methods.dmpq import DMPQConfig
 from .methods.static_w8a8 import StaticW8A8Config
@@ -49,7 +53,7 @@ ACTIVATIONS = ("fp", "int8", "nvfp4", "dynamic", "static")
 
 @dataclasses.dataclass
 class ConvertConfig:
-    """A whole conversion: weights, activations, cache.
+    """A whole conversion: weights, activations, cache, attention.
 
     Args:
         weights: how linears are quantized (:class:`~sixbit.QuantConfig`); ``None`` keeps the
@@ -62,7 +66,21 @@ class ConvertConfig:
         dmpq: DMPQ settings (``activations="dynamic"``; default ``DMPQConfig()``).
         static: static W8A8 settings (``activations="static"``; default its ``"w8a8-static"`` preset).
         cache: delta-cache settings, or ``None`` for no cache.
+        attention: where attention runs quantized (:class:`~sixbit.AttentionQuantConfig`: INT8
+            Q·Kᵀ after smoothing K, FP16 P·V, per block and step), or ``None`` (default) for
+            full-precision attention. Measured on the shipped models (BENCHMARKS.md,
+            ``attention``): 50.7 dB (CogVideoX) / 44.2 dB (Wan) against full precision,
+            adherence unchanged. Real speed on CUDA only (``sageattention``, else sixbit's
+            Triton kernel); elsewhere it is emulated and *slower* than full precision
+            (:func:`sixbit.kernels.available` says which), so no preset turns it on.
         description: one line shown by ``sixbit info`` and the preset table.
+
+    Example:
+        >>> from sixbit import AttentionQuantConfig
+        >>> config = ConvertConfig(weights=QuantConfig(weight_format="int8"), activations="int8",
+        ...                        attention=AttentionQuantConfig(steps=(2, None)))
+        >>> ConvertConfig.from_dict(config.to_dict()) == config
+        True
     """
 
     weights: QuantConfig | None = dataclasses.field(
@@ -72,6 +90,7 @@ class ConvertConfig:
     dmpq: DMPQConfig | None = None
     static: StaticW8A8Config | None = None
     cache: DeltaCacheConfig | None = None
+    attention: AttentionQuantConfig | None = None
     description: str = ""
 
     def __post_init__(self):
@@ -117,6 +136,7 @@ class ConvertConfig:
             "dmpq": None if self.dmpq is None else dataclasses.asdict(self.dmpq),
             "static": None if self.static is None else self.static.to_dict(),
             "cache": None if self.cache is None else dataclasses.asdict(self.cache),
+            "attention": None if self.attention is None else dataclasses.asdict(self.attention),
             "description": self.description,
         }
 
@@ -135,6 +155,7 @@ class ConvertConfig:
             "dmpq": lambda d: _plain_from_dict(DMPQConfig, d),
             "static": StaticW8A8Config.from_dict,
             "cache": lambda d: _plain_from_dict(DeltaCacheConfig, d),
+            "attention": lambda d: _plain_from_dict(AttentionQuantConfig, d),
         }
         for key in fields:
             if key not in data:
@@ -241,6 +262,7 @@ def preset(name: str) -> ConvertConfig:
 PRESETS: tuple[str, ...] = tuple(_PRESETS)
 
 _SEED_KEYS = {"attention", "residual", "threshold"}
+_SEED_ATTENTION_KEYS = {"bits", "symmetric"}
 _RESIDUAL_FORMATS = {(4, 64): "int4-g64", (8, None): "int8", (16, None): "fp", (32, None): "fp"}
 
 
@@ -298,16 +320,34 @@ def from_json_dict(data: Any) -> ConvertConfig:
     if not data:
         raise ValueError(f"the conversion config is empty: name a preset ({', '.join(_PRESETS)}), or give at "
                          "least \"weights\" and \"activations\" (preset(name).to_dict() shows complete ones)")
-    full = {f.name for f in dataclasses.fields(ConvertConfig)}
     keys = set(data)
-    if keys & _SEED_KEYS and keys & full:
-        raise ValueError(f"the config mixes the short shape's keys {sorted(keys & _SEED_KEYS)} with the full "
-                         f"schema's {sorted(keys & full)}: use one shape")
-    if keys & _SEED_KEYS:
+    seed, full = _shape_keys(data)
+    if seed and full:
+        raise ValueError(f"the config mixes the short shape's keys {sorted(seed)} with the full "
+                         f"schema's {sorted(full)}: use one shape")
+    if seed:
         if keys - _SEED_KEYS:
             raise ValueError(f"invalid conversion config (short shape): {unknown_keys(keys - _SEED_KEYS, _SEED_KEYS)}")
         return _from_seed_shape(data)
     return ConvertConfig.from_dict(data)
+
+
+def _shape_keys(data: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(keys of the short shape, keys of the full schema) in ``data``. ``"attention"`` is in both:
+    with ``bits``/``symmetric`` it is the short shape's, with ``blocks``/``steps`` the full
+    schema's; otherwise (``null``, ``{}``) it goes with the other keys, and alone with the short
+    shape (as before the full schema had it)."""
+    full_fields = {f.name for f in dataclasses.fields(ConvertConfig)} - {"attention"}
+    seed, full = set(data) & (_SEED_KEYS - {"attention"}), set(data) & full_fields
+    if "attention" in data:
+        attention = data["attention"]
+        if isinstance(attention, dict) and set(attention) & _SEED_ATTENTION_KEYS:
+            seed.add("attention")
+        elif isinstance(attention, dict) and set(attention) & {f.name for f in dataclasses.fields(AttentionQuantConfig)}:
+            full.add("attention")
+        else:
+            (full if full else seed).add("attention")
+    return seed, full
 
 
 def resolve(spec: str | os.PathLike | dict | ConvertConfig | QuantConfig) -> ConvertConfig:

@@ -4,9 +4,10 @@ from .method import (
     AttentionQuantConfig,
     AttentionQuantState,
     apply_attention_quant,
+    attention_modules,
     attention_quant_of,
     remove_attention_quant,
 )
 
-__all__ = ["AttentionQuantConfig", "AttentionQuantState", "apply_attention_quant", "attention_quant_of",
-           "remove_attention_quant"]
+__all__ = ["AttentionQuantConfig", "AttentionQuantState", "apply_attention_quant", "attention_modules",
+           "attention_quant_of", "remove_attention_quant"]

@@ -9,7 +9,9 @@ unchanged and are counted. Real on CUDA (the ``sageattention`` package where ins
 sixbit's Triton kernel on sm_80+); **emulated** elsewhere — the method's numerics, not INT8 speed
 (see :func:`sixbit.kernels.attention.int8_attention_path`).
 
-Config → state → hook → ``apply_attention_quant`` / ``remove_attention_quant``.
+Config → state → hook → ``apply_attention_quant`` / ``remove_attention_quant``. As part of a
+conversion, ``ConvertConfig(..., attention=AttentionQuantConfig(...))`` installs it through
+:func:`sixbit.convert_model`, and checkpoints carry it (:mod:`sixbit.convert`'s extension).
 
 Example:
     >>> state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(steps=(2, None)))  # doctest: +SKIP
@@ -53,6 +55,9 @@ class AttentionQuantConfig:
             if (not isinstance(value, (tuple, list)) or len(value) != 2
                     or not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in value)):
                 raise ValueError(f"{name} must be None or (start, stop) with integers ≥ 0 or None, got {value!r}")
+            if None not in value and value[0] >= value[1]:
+                raise ValueError(f"{name}=({value[0]}, {value[1]}) selects nothing (stop is excluded): "
+                                 f"use ({value[0]}, {value[0] + 1}) or more, or (start, None) for every one from start")
             setattr(self, name, tuple(value))
 
     def selects(self, block: int, step: int) -> bool:
@@ -116,12 +121,15 @@ class _AttentionHook(ModelHook):
         return self.fn_ref.original_forward(*args, **kwargs)
 
 
-def _attention_modules(model: nn.Module):
-    """(block index, module) of every attention module (one with a diffusers processor) in the blocks."""
-    for index, _, block, _ in iter_blocks(model, spec_for(model)):
-        for module in block.modules():
-            if callable(getattr(module, "processor", None)):
-                yield index, module
+def attention_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(block index, module) of every attention module (one with a diffusers processor) in
+    ``model``'s blocks; a ``ValueError`` when there is none (nothing to quantize)."""
+    modules = [(index, module) for index, _, block, _ in iter_blocks(model, spec_for(model))
+               for module in block.modules() if callable(getattr(module, "processor", None))]
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no attention modules with a processor inside its blocks: "
+                         "its attention cannot be quantized (leave attention=None)")
+    return modules
 
 
 def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None = None) -> AttentionQuantState:
@@ -129,9 +137,7 @@ def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None 
     config = config or AttentionQuantConfig()
     if not isinstance(config, AttentionQuantConfig):
         raise ValueError(f"config must be an AttentionQuantConfig, got {type(config).__name__}")
-    modules = list(_attention_modules(model))
-    if not modules:
-        raise ValueError(f"{type(model).__name__} has no attention modules with a processor inside its blocks")
+    modules = attention_modules(model)
     remove_attention_quant(model)
     state = AttentionQuantState(config, int8_attention_path(next(model.parameters()).device))
     tracker = track_steps(model)
