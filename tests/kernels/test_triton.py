@@ -112,6 +112,8 @@ def test_quant_linear_takes_the_triton_paths_where_they_run(monkeypatch):
     (64, 32, torch.float16, 32, 16),
     (37, 32, torch.float16, 16, 32),
     (50, 24, torch.float32, 16, 16),   # a head dim that is no power of two: padded in the kernel
+    (40, 64, torch.float16, 32, 16),   # the head dims of the real models (CogVideoX, Wan)
+    (20, 128, torch.float32, 16, 16),
 ])
 def test_int8_attention_kernel_matches_reference(length, dim, dtype, block_q, block_k):
     import torch.nn.functional as F
