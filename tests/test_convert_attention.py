@@ -1,6 +1,9 @@
 """Quantized attention as part of a conversion: config, JSON, convert_model, checkpoints."""
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -64,6 +67,18 @@ def test_a_model_without_attention_processors_is_refused_before_it_changes():
     assert sixbit.conversion_of(model) is None and not sixbit.runtime.blocks.quant_linears(model)
 
 
+FRESH = textwrap.dedent(
+    """
+    import sys, numpy as np, torch, sixbit
+    from sixbit.zoo.shapes import load_pipeline
+    pipe = sixbit.load(sys.argv[1], load_pipeline("cogvideox"))
+    video = pipe("a red circle moving right", num_inference_steps=4, generator=torch.Generator().manual_seed(7)).frames
+    state = sixbit.conversion_of(pipe).attention
+    print(state.config.steps, state.quantized_calls > 0, np.array_equal(video, np.load(sys.argv[2])))
+    """
+)
+
+
 def test_convert_installs_saves_loads_and_clears_quantized_attention(tmp_path):
     pipe = load_pipeline("cogvideox")
     sixbit.convert_model(pipe, None, _config())
@@ -75,6 +90,12 @@ def test_convert_installs_saves_loads_and_clears_quantized_attention(tmp_path):
     path = pipe.save(tmp_path / "attention.safetensors")
     stored = sixbit.read_header(path)["extensions"]["conversion"]["config"]["attention"]
     assert stored == {"blocks": None, "steps": [2, None]}
+
+    np.save(tmp_path / "video.npy", video)
+    proc = subprocess.run([sys.executable, "-c", FRESH, str(path), str(tmp_path / "video.npy")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("(2, None) True True"), proc.stdout  # rebuilt in a fresh process, bit-exact
 
     fresh = load_pipeline("cogvideox")
     apply_attention_quant(fresh.transformer, AttentionQuantConfig(blocks=(0, 1)))  # replaced by the file's

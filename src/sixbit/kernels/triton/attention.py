@@ -17,8 +17,8 @@ tiles when the max grows, and normalizes at the end — each probability carries
 rounding (relative 2⁻¹¹) in both, but not the same one. The output of the two agrees within
 ``ATOL = 2⁻⁹ · max|V|`` (four FP16 half-ulps of P times the largest value; measured on random
 inputs, softmax flat to peaked: ≤ 2⁻¹¹ with fp32 outputs, ≤ 1.2 · 2⁻¹¹ with fp16 outputs, whose
-own rounding adds up to 2⁻¹¹ · max|V|), and each is within ~1–3 % (relative norm) of exact attention, the INT8 Q·Kᵀ
-being the dominant error.
+own rounding adds up to 2⁻¹¹ · max|V|), and each is within ~1–3 % (relative norm) of exact
+attention, the INT8 Q·Kᵀ being the dominant error.
 
 Real speed on CUDA (INT8 tensor cores for Q·Kᵀ, FP16 for P·V). The quantization of Q and K is
 torch ops before the kernel (one extra pass over Q and K); V is rounded to FP16 inside the kernel.
