@@ -152,6 +152,15 @@ def test_int8_attention_kernel_masks_ragged_lengths():
     assert (int8_attention_triton(q, k_more, v_more, block_q=16, block_k=16) - y).abs().min() > 1
 
 
+def test_int8_attention_kernel_takes_the_layout_diffusers_hands_over():
+    from sixbit.kernels.triton.attention import int8_attention_triton
+
+    q, k, v = (torch.randn(1, 37, 2, 32).transpose(1, 2) for _ in range(3))  # (B, L, H, D) viewed as (B, H, L, D)
+    assert not q.is_contiguous()
+    assert torch.equal(int8_attention_triton(q, k, v, block_q=16, block_k=16),
+                       int8_attention_triton(q.contiguous(), k.contiguous(), v.contiguous(), block_q=16, block_k=16))
+
+
 def test_int8_attention_kernel_rejects_bad_inputs():
     from sixbit.kernels.triton.attention import int8_attention_triton
 
