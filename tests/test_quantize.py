@@ -130,3 +130,19 @@ def test_config_validation_reports_everything():
     assert QuantConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="QuantConfig"):
         sixbit.quantize(build_tiny("wan").model, {"weight_format": "int8"})
+
+
+def test_layer_formats_choose_formats_by_exact_name_and_refuse_unknown_names():
+    tm = build_tiny("cogvideox")
+    with pytest.raises(ValueError, match="did you mean 'transformer_blocks.0.attn1.to_q'"):
+        sixbit.quantize(tm.model, QuantConfig(layer_formats={"transformer_blocks.0.attn1.to_qq": "int8"}))
+    with pytest.raises(ValueError, match="include/exclude leave out"):
+        sixbit.quantize(tm.model, QuantConfig(layer_formats={"transformer_blocks.0.attn1.to_q": "int8"},
+                                              exclude=[r".*attn1\.to_q"]))
+    assert not any(isinstance(m, QuantLinear) for m in tm.model.modules())
+    config = QuantConfig(layer_formats={"transformer_blocks.0.attn1.to_q": "int8",
+                                        "transformer_blocks.0.ff.net.2": None})
+    sixbit.quantize(tm.model, config, progress=False)
+    assert tm.model.get_submodule("transformer_blocks.0.attn1.to_q").weight_format == "int8"
+    assert type(tm.model.get_submodule("transformer_blocks.0.ff.net.2")) is nn.Linear
+    assert tm.model.get_submodule("transformer_blocks.1.attn1.to_q").weight_format == "nvfp4"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import re
 from collections.abc import Callable
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from . import formats
+from ._validate import report, show
 from .config import QuantConfig
 from .models import block_index_of, iter_blocks, spec_for
 from .nn import QuantLinear
@@ -33,11 +35,31 @@ def _hadamard_block(limit: int | None, in_features: int) -> int | None:
     return max(fits) if fits else None
 
 
+def _check_layer_names(model: nn.Module, config: QuantConfig) -> None:
+    """Refuse ``layer_formats`` names that are not linears of ``model`` or that ``include`` /
+    ``exclude`` leave out: a per-layer choice that silently did nothing would be a wrong model."""
+    if not config.layer_formats:
+        return
+    linears = {name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
+    problems = []
+    for name in config.layer_formats:
+        if name not in linears:
+            close = difflib.get_close_matches(name, sorted(linears), n=1)
+            problems.append(f"{show(name)} is not a linear layer of the model"
+                            + (f" (did you mean {close[0]!r}?)" if close else " (sixbit.summary(model) lists them)"))
+        elif (config.include and not any(re.fullmatch(p, name) for p in config.include)) or any(
+                re.fullmatch(p, name) for p in config.exclude):
+            problems.append(f"layer_formats names {name!r}, which include/exclude leave out: drop one of the two")
+    if problems:
+        raise ValueError(report(f"QuantConfig.layer_formats does not fit {type(model).__name__}", problems))
+
+
 def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None, str]]:
     """``{layer name: (format, hadamard block, role)}`` for every linear to quantize."""
     spec = spec_for(model)
     blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
     n_blocks = max(blocks.values()) + 1
+    _check_layer_names(model, config)
     plan = {}
     for name, mod in model.named_modules():
         if not isinstance(mod, nn.Linear):
@@ -49,7 +71,9 @@ def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, i
         role = spec.role_of(name)
         fmt = config.format_for(role)
         idx = block_index_of(name, blocks)
-        if fmt is not None and idx is not None and config.boundary_blocks and (
+        if name in config.layer_formats:
+            fmt = config.layer_formats[name]
+        elif fmt is not None and idx is not None and config.boundary_blocks and (
             idx < config.boundary_blocks or idx >= n_blocks - config.boundary_blocks
         ):
             fmt = config.boundary_format

@@ -64,6 +64,11 @@ class QuantConfig:
             instead (they are the most sensitive). Default 0.
         boundary_format: format for those blocks' quantized layers (default ``"int8"``;
             ``None`` keeps them in full precision).
+        layer_formats: per-layer formats by exact module name, e.g.
+            ``{"transformer_blocks.0.attn1.to_q": "int8", "transformer_blocks.3.ff.net.2": None}``
+            (``None``: full precision). They win over ``role_formats`` and the boundary blocks;
+            a name the model lacks, or one ``include``/``exclude`` leaves out, is an error at
+            quantization. :func:`sixbit.tune` writes this map.
         hadamard_block: block size of the online Hadamard rotation (16…256, a power of two) or
             ``None`` (default). A layer whose input size it does not divide gets the largest
             smaller block that does (at least 16), else no rotation.
@@ -115,6 +120,7 @@ class QuantConfig:
     exclude: list[str] = dataclasses.field(default_factory=list)
     boundary_blocks: int = 0
     boundary_format: str | None = "int8"
+    layer_formats: dict[str, str | None] = dataclasses.field(default_factory=dict)
     hadamard_block: int | None = None
     act_mode: str = "fp"
     weight_only_roles: list[str] = dataclasses.field(
@@ -136,6 +142,7 @@ class QuantConfig:
         ]
         if self.boundary_format is not None:
             names.append(("boundary_format", self.boundary_format))
+        names += [(f"layer_formats[{n!r}]", f) for n, f in self.layer_formats.items() if f is not None]
         for field, name in names:
             if name not in formats.available():
                 problems.append(f"{field}={name!r} is not a format (see `sixbit formats`)")
