@@ -76,7 +76,7 @@ def test_bad_input_is_one_line_with_exit_code_2(argv, needle, tmp_path, monkeypa
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("cmd", ["convert", "generate", "eval", "info", "demo", "formats", "bench"])
+@pytest.mark.parametrize("cmd", ["convert", "generate", "eval", "info", "demo", "formats", "bench", "tune"])
 def test_every_command_has_help(cmd, capsys):
     with pytest.raises(SystemExit) as e:
         main([cmd, "--help"])

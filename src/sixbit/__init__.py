@@ -25,6 +25,7 @@ from .nn import ActMode, QuantLinear, debug_checks  # noqa: E402
 from .presets import PRESETS, ConvertConfig  # noqa: E402
 from .pretrained import StreamedConversion, convert_pretrained, load_pretrained  # noqa: E402
 from .runtime import track_steps  # noqa: E402
+from .tune import tune, tune_model  # noqa: E402
 
 __all__ = [
     "ActMode",
@@ -66,5 +67,7 @@ __all__ = [
     "static_w8a8_info",
     "summary",
     "track_steps",
+    "tune",
+    "tune_model",
     "unload_lora",
 ]

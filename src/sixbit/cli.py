@@ -15,6 +15,7 @@ import torch
 
 from . import __version__, commands, formats
 from .bench import cli as bench_cli
+from .tune import cli as tune_cli
 
 
 def _sqnr_db(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_formats)
     commands.register(sub)
     bench_cli.register(sub)
+    tune_cli.register(sub)
     return parser
 
 

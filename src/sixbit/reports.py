@@ -72,3 +72,38 @@ def plot_predictor(predictor: DMPQPredictor, path, title: str = "DMPQ predictor"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_tuned_formats(report, path, title: str = "tuned weight formats"):
+    """A tuning run's layer × format map (:class:`sixbit.tune.TuneReport`): each cell's shade is
+    the PSNR of the calibration videos with only that layer in that format (darker: costlier),
+    a dot marks the format the search chose."""
+    import math
+
+    plt = _pyplot()
+    labels = sorted({("16-bit" if f is None else f, b) for fs, bs in zip(report.variants, report.variant_bits)
+                     for f, b in zip(fs, bs)}, key=lambda x: x[1])
+    rows = list(dict.fromkeys(label for label, _ in labels))
+    grid = [[math.nan] * len(report.layers) for _ in rows]
+    chosen = report.best["formats"]
+    for i, (name, formats) in enumerate(zip(report.layers, report.variants)):
+        for j, fmt in enumerate(formats):
+            mse = float(report.sensitivity.mse[i][j].mean())
+            grid[rows.index("16-bit" if fmt is None else fmt)][i] = 100.0 if mse <= 1e-10 else -10 * math.log10(mse)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.5 + 0.22 * len(report.layers)), 1.4 + 0.35 * len(rows)))
+    measured = [v for row in grid for v in row if v == v and v < 100.0]  # 16-bit cells: no error
+    low = min(measured, default=0.0)
+    image = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=low, vmax=max(measured, default=low) + 5)
+    ax.scatter([i for i, name in enumerate(report.layers)],
+               [rows.index("16-bit" if chosen[name] is None else chosen[name]) for name in report.layers],
+               s=14, color="#d7191c", label="chosen")
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_xticks(range(len(report.layers)), [n.split(".", 1)[-1] for n in report.layers], rotation=90, fontsize=6)
+    ax.set_title(f"{title}: {report.best['bits']:.2f} bits, {report.best['psnr']:.2f} dB "
+                 f"({report.constraint.describe()})", fontsize=9)
+    fig.colorbar(image, ax=ax, label="PSNR, only this layer quantized (dB)")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,242 @@
+"""Per-layer weight formats tuned to a size or quality target (seed 000 §2.1's stages 1 and 2).
+
+Users think in targets, not formats: "as small as possible at 35 dB", "the best video in 5 bits
+per weight". :func:`tune` finds a per-layer format map for one of those and returns a
+:class:`~sixbit.presets.ConvertConfig` that :func:`sixbit.convert_model` takes unchanged (its
+``weights.layer_formats``):
+
+1. **sensitivity** (:mod:`.sensitivity`): every attention and feed-forward linear quantized alone
+   to each candidate format, the calibration videos generated and compared with full precision;
+   plus a cheap proxy (output error energy on the calibration inputs) and its rank correlation;
+2. **search** (:mod:`.search`): a greedy assignment from that ranking seeds a genetic search
+   whose fitness is the measured calibration PSNR.
+
+The weight recipe (Hadamard rotation, scale search, GPTQ, low-rank branch) and the activations
+come from a base config (default the ``w4a8`` preset: per-token INT8 activations, a real integer
+GEMM on CPUs and GPUs). The model is left as it was given: candidates are swapped in and out.
+Cost: one calibration run per block (input statistics), one per layer and format (sensitivity)
+and one per assignment the search measures — minutes on the shipped models.
+
+Example:
+    >>> import sixbit
+    >>> from sixbit.zoo.shapes import all_prompts, load_pipeline
+    >>> pipe = load_pipeline("cogvideox")
+    >>> config = sixbit.tune(pipe, all_prompts()[:4], min_psnr=35,
+    ...                      calibration_kwargs={"num_inference_steps": 10})   # doctest: +SKIP
+    >>> sixbit.convert_model(pipe, all_prompts()[:4], config)                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import Counter
+
+import torch
+
+from .. import formats as formats_
+from ..convert import _calibration_runner, _check, _transformer_of
+from ..presets import ConvertConfig, resolve
+from .library import DEFAULT_FORMATS, Library, build_library, input_stats, tuned_layers
+from .search import Constraint, SearchResult, genetic, greedy
+from .sensitivity import Evaluator, Sensitivity, measure
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TuneReport:
+    """Everything a tuning run found (:func:`tune_model`).
+
+    Attributes:
+        config: the tuned :class:`ConvertConfig` (``weights.layer_formats`` holds the map).
+        constraint: the target it was tuned to.
+        layers: the tuned layers' names; ``variants[i]`` their candidate formats (``None``:
+            full precision), fewest bits first, and ``variant_bits[i]`` their stored bits.
+        sensitivity: stage 1's measured errors and proxy (:class:`~.sensitivity.Sensitivity`).
+        greedy / best: ``{"bits", "psnr", "bytes", "formats"}`` of the greedy assignment and
+            of the search's best (calibration PSNR, dB).
+        uniform: ``{format label: {"bits", "psnr"}}`` of every uniform assignment, measured.
+        search: the genetic search's :class:`~.search.SearchResult`.
+        seconds: time per stage.
+    """
+
+    config: ConvertConfig
+    constraint: Constraint
+    layers: list[str]
+    variants: list[list[str | None]]
+    variant_bits: list[list[float]]
+    sensitivity: Sensitivity
+    greedy: dict
+    best: dict
+    uniform: dict[str, dict]
+    search: SearchResult
+    seconds: dict[str, float]
+    calibration: dict
+
+    def summary(self) -> str:
+        """A few lines: target, result, the greedy and uniform baselines, the format counts."""
+        counts = Counter("16-bit" if f is None else f for f in self.best["formats"].values())
+        lines = [
+            f"tuned {len(self.layers)} layers to {self.constraint.describe()} "
+            f"(calibration: {' '.join(str(v) for v in (self.calibration.get('count'), self.calibration['source']) if v)})",
+            f"  search:  {self.best['bits']:.2f} bits, {self.best['psnr']:.2f} dB, "
+            f"{self.best['bytes'] / 2**20:.2f} MiB  ({self.search.stopped}: {len(self.search.history)} generations, "
+            f"{len(self.search.measured)} assignments run)",
+            f"  greedy:  {self.greedy['bits']:.2f} bits, {self.greedy['psnr']:.2f} dB",
+        ]
+        lines += [f"  uniform {label}: {u['bits']:.2f} bits, {u['psnr']:.2f} dB" for label, u in self.uniform.items()]
+        lines.append("  formats: " + ", ".join(f"{label} × {n}" for label, n in counts.most_common()))
+        lines.append(f"  sensitivity proxy vs measured error: Spearman {self.sensitivity.spearman:+.2f}")
+        lines.append("  time: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()))
+        return "\n".join(lines)
+
+
+def _base(base) -> ConvertConfig:
+    config = resolve(base)
+    problems = []
+    if config.weights is None:
+        problems.append("it quantizes no weights")
+    if config.activations not in ("fp", "int8", "nvfp4"):
+        problems.append(f"its activations are {config.activations!r} (tuning measures fixed activations: fp, int8 or nvfp4)")
+    if config.cache is not None or config.dmpq is not None:
+        problems.append("it runs a delta cache or DMPQ (add them to the tuned config afterwards)")
+    if problems:
+        raise ValueError(f"the base config cannot be tuned: {'; '.join(problems)}. Use e.g. base='w4a8' or 'w4a16'")
+    return config
+
+
+def _target(max_bits, min_psnr, max_bytes, time_budget_s) -> Constraint:
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
+                                      or not time_budget_s > 0):
+        raise ValueError(f"time_budget_s must be a number of seconds > 0, got {time_budget_s!r}")
+    return Constraint(max_bits, max_bytes, min_psnr)
+
+
+def _candidates(formats) -> tuple[str | None, ...]:
+    if isinstance(formats, str) or not formats:
+        raise ValueError(f"formats must be a non-empty list of format names (None: 16-bit), got {formats!r}")
+    for f in formats:
+        if f is not None:
+            formats_.get(f)  # a clear error for an unknown name
+    return tuple(dict.fromkeys([*formats, None]))  # full precision is always the reference
+
+
+class Tuner:
+    """Stage 1 once, then any number of searches: ``Tuner(...).search(max_bits=5)``.
+
+    Building it records the input statistics, builds every candidate and measures the
+    sensitivity (the expensive part); :meth:`search` runs stage 2 for one target. The model is
+    unchanged between calls (candidates are swapped in only while a run is measured). Arguments
+    as :func:`tune`."""
+
+    def __init__(self, model, calibration_data, *, base="w4a8", formats=DEFAULT_FORMATS, pipeline=None,
+                 calibration_kwargs: dict | None = None, progress: bool = True):
+        transformer, pipe = _transformer_of(model)
+        self.config = _base(base)
+        candidates = _candidates(formats)
+        _check(self.config, transformer, None)
+        run, self.calibration = _calibration_runner(calibration_data, pipe if pipe is not None else pipeline,
+                                                    dict(calibration_kwargs or {}))
+        if self.calibration["source"] == "videos":
+            raise ValueError("tuning compares generated videos with full precision: pass prompts or a callable "
+                             "that runs the sampling loop and returns the videos, not a folder of videos")
+        self.progress = progress
+        start = time.perf_counter()
+        self.library: Library | None = None
+        try:
+            with torch.no_grad():
+                stats = input_stats(transformer, run, list(tuned_layers(transformer, self.config)))
+                self.library = build_library(transformer, self.config, candidates, stats, progress)
+                self.seconds = {"candidates": time.perf_counter() - start}
+                self.evaluator = Evaluator(self.library, run)
+                self.sensitivity = measure(self.evaluator, stats, progress)
+        finally:
+            if self.library is not None:
+                self.library.restore()
+        self.seconds["sensitivity"] = self.sensitivity.seconds
+        self.uniform = {}
+        for fmt in candidates:
+            genome = self.library.uniform(fmt)
+            if genome is not None:
+                self.uniform["16-bit" if fmt is None else fmt] = self._described(genome)
+
+    def _described(self, genome) -> dict:
+        with torch.no_grad():
+            psnr = self.evaluator.psnr(genome)
+        library = self.library
+        return {"bits": library.bits(genome), "psnr": psnr, "bytes": library.bytes(genome), "formats": library.formats(genome)}
+
+    def search(self, *, max_bits: float | None = None, min_psnr: float | None = None, max_bytes: int | None = None,
+               seed: int = 0, time_budget_s: float | None = None, population: int = 12,
+               generations: int = 8) -> TuneReport:
+        """Stage 2 for one target: the :class:`TuneReport` (``.config`` is the tuned config)."""
+        constraint = _target(max_bits, min_psnr, max_bytes, time_budget_s)
+        library, config = self.library, self.config
+        greedy_genome = greedy(library, self.sensitivity, constraint)
+        with torch.no_grad():
+            result = genetic(self.evaluator, self.sensitivity, constraint, seed=seed, population=population,
+                             generations=generations, time_budget_s=time_budget_s, progress=self.progress)
+        best = self._described(result.best)
+        weights = dataclasses.replace(config.weights, layer_formats=best["formats"])
+        tuned = dataclasses.replace(
+            config, weights=weights,
+            description=f"tuned to {constraint.describe()}: {best['bits']:.2f} bits per tuned weight, "
+                        f"{best['psnr']:.2f} dB on the calibration videos (base: {config.description})")
+        return TuneReport(tuned, constraint, [layer.name for layer in library.layers],
+                          [[v.format for v in layer.variants] for layer in library.layers],
+                          [[v.bits for v in layer.variants] for layer in library.layers],
+                          self.sensitivity, self._described(greedy_genome), best, self.uniform, result,
+                          {**self.seconds, "search": result.seconds}, self.calibration)
+
+
+def tune_model(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
+               max_bytes: int | None = None, seed: int = 0, time_budget_s: float | None = None,
+               base="w4a8", formats=DEFAULT_FORMATS, population: int = 12, generations: int = 8,
+               pipeline=None, calibration_kwargs: dict | None = None, progress: bool = True) -> TuneReport:
+    """Tune per-layer weight formats; the :class:`TuneReport` (its ``.config`` is what
+    :func:`tune` returns). Arguments as :func:`tune`, plus ``population`` and ``generations``
+    (the search's size: about ``population × generations`` assignments run)."""
+    _target(max_bits, min_psnr, max_bytes, time_budget_s)  # a bad target fails before the expensive part
+    tuner = Tuner(model, calibration_data, base=base, formats=formats, pipeline=pipeline,
+                  calibration_kwargs=calibration_kwargs, progress=progress)
+    return tuner.search(max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
+                        time_budget_s=time_budget_s, population=population, generations=generations)
+
+
+def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
+         max_bytes: int | None = None, seed: int = 0, time_budget_s: float | None = None, base="w4a8",
+         formats=DEFAULT_FORMATS, pipeline=None, calibration_kwargs: dict | None = None,
+         progress: bool = True) -> ConvertConfig:
+    """A :class:`ConvertConfig` with per-layer weight formats tuned to one target.
+
+    Args:
+        model: a diffusers pipeline or its bare transformer (full precision, not converted). It is
+            left unchanged.
+        calibration_data: what the videos are generated from, as :func:`sixbit.convert_model`
+            takes it: a list of prompts (with a pipeline), or a callable that runs your own
+            sampling loop and **returns the videos** (arrays or tensors ``(N, F, H, W, C)`` in
+            [0, 1], or a pipeline output). Every run must generate the same videos.
+        max_bits: the best calibration PSNR at ≤ this many average stored bits per tuned weight
+            (scales and low-rank branches included; full precision counts 16).
+        min_psnr: the fewest average bits whose calibration videos reach this PSNR (dB).
+        max_bytes: the best PSNR whose transformer fits in this many bytes (the bf16 model's
+            other tensors included). Give exactly one of the three.
+        seed: the search's seed (same seed, same result).
+        time_budget_s: stop the search after about this many seconds (default: its generations).
+        base: the preset, JSON path or config whose weight recipe and activations are tuned
+            (default ``"w4a8"``); its other layers (modulation, …) keep their formats.
+        formats: the candidate formats (default NVFP4, INT4 g64, INT8, FP8 E4M3 and 16-bit).
+        pipeline, calibration_kwargs: as for :func:`sixbit.convert_model`.
+        progress: show progress bars.
+
+    See :mod:`sixbit.tune` for the method and an example; :func:`tune_model` returns the full
+    report (baselines, sensitivity, history).
+    """
+    return tune_model(model, calibration_data, max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
+                      time_budget_s=time_budget_s, base=base, formats=formats, pipeline=pipeline,
+                      calibration_kwargs=calibration_kwargs, progress=progress).config
+
+
+__all__ = ["DEFAULT_FORMATS", "Constraint", "TuneReport", "Tuner", "tune", "tune_model"]

@@ -1,0 +1,69 @@
+"""``sixbit tune``: per-layer weight formats for a size or quality target, written as a config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..commands import check_output_file, float_in, int_in, seed_type, steps_type
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from .._io import write_text_atomic
+    from ..commands import _calibration, _call_kwargs
+    from ..hub import load_pipeline
+    from ..reports import plot_tuned_formats
+    from . import tune_model
+
+    if Path(args.output).suffix != ".json":
+        raise ValueError(f"-o {args.output!r}: the tuned config is written as a .json file")
+    check_output_file(args.output)
+    if args.plot:
+        check_output_file(args.plot, "--plot")
+    target = dict(max_bits=args.max_bits, min_psnr=args.min_psnr,
+                  max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
+    formats = None if args.formats is None else [None if f in ("16-bit", "fp") else f for f in args.formats.split(",")]
+    pipe = load_pipeline(args.model, progress_bar=False)
+    calib = _calibration(args, pipe)
+    if isinstance(calib, str):
+        raise ValueError("--calib for tuning must be a prompt file: tuning compares generated videos with full precision")
+    calib = calib[: args.prompts]
+    print(f"tuning {args.model} on {len(calib)} calibration prompts: stage 1 runs them once per layer and format")
+    report = tune_model(pipe, calib, **target, seed=args.seed, time_budget_s=args.time_budget, base=args.base,
+                        **({} if formats is None else {"formats": formats}), population=args.population,
+                        generations=args.generations, calibration_kwargs=_call_kwargs(args))
+    write_text_atomic(args.output, json.dumps(report.config.to_dict(), indent=1) + "\n")
+    print(report.summary())
+    if args.plot:
+        plot_tuned_formats(report, args.plot)
+        print(f"wrote {args.plot}")
+    print(f"wrote {args.output}: sixbit convert --model {args.model} --config {args.output} -o model.safetensors")
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``tune`` to the ``sixbit`` sub-command parser."""
+    p = sub.add_parser(
+        "tune", help="find per-layer weight formats for a bit, size or PSNR target; write a config",
+        description="Measure what each attention and feed-forward linear costs the calibration videos in each "
+        "candidate format, then search per-layer formats (greedy, then a genetic search on measured PSNR) for one "
+        "target. Writes a ConvertConfig JSON for `sixbit convert --config`.")
+    p.add_argument("--model", required=True, help="shapes-cogvideox, shapes-wan, a save_pretrained folder or a Hub id")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--max-bits", type=float_in(1.0, 32.0), help="best PSNR at ≤ this many average bits per weight")
+    target.add_argument("--min-psnr", type=float_in(1.0, 99.0), help="fewest bits whose calibration videos reach this PSNR (dB)")
+    target.add_argument("--max-mib", type=float_in(0.001, 1e7), help="best PSNR whose transformer fits in this many MiB")
+    p.add_argument("--calib", help="a text file with one prompt per line (default for the shapes models: 8 of theirs)")
+    p.add_argument("--prompts", type=int_in(1, 10_000), default=4, help="use the first N calibration prompts (default 4)")
+    p.add_argument("--steps", type=steps_type, help="sampling steps of the calibration runs (default: the pipeline's)")
+    p.add_argument("--base", default="w4a8", help="preset or .json whose weight recipe and activations are tuned (default w4a8)")
+    p.add_argument("--formats", help="comma-separated candidate formats, 16-bit for full precision "
+                   "(default int3-g64,int4-g64,nvfp4,int6,fp8_e4m3,int8,16-bit)")
+    p.add_argument("--seed", type=seed_type, default=0, help="the search's seed (default 0)")
+    p.add_argument("--time-budget", type=float_in(1.0, 1e7), help="stop the search after about this many seconds")
+    p.add_argument("--population", type=int_in(4, 1000), default=12, help="assignments per generation (default 12)")
+    p.add_argument("--generations", type=int_in(1, 1000), default=8, help="generations (default 8)")
+    p.add_argument("--plot", help="also write the layer × format map as a PNG")
+    p.add_argument("-o", "--output", required=True, help="the .json config to write")
+    p.set_defaults(func=_cmd_tune)

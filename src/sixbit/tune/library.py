@@ -1,0 +1,188 @@
+"""The candidates of a tuning run: every tuned linear built once in every candidate format.
+
+A :class:`Library` holds, per tuned layer, one module per candidate format (the original
+``nn.Linear`` for full precision), built once with the base config's weight recipe (Hadamard
+rotation, scale search, GPTQ, low-rank branch). An assignment (one format index per layer, a
+*genome*) is applied by swapping modules into the model — no re-quantization — and
+:meth:`Library.restore` puts every original back. That makes one evaluation cost one set of
+generations.
+
+Two approximations, both checked by the final conversion: GPTQ here sees the inputs of the
+full-precision model (``convert_model`` corrects, block by block, the error of the blocks before),
+and full precision is counted at 16 bits per weight (what it costs in the bf16 model users run,
+whatever dtype the model is tuned in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from torch import nn
+
+from .. import formats
+from ..api import _fits, plan_layers
+from ..calibration import hessians
+from ..config import Role
+from ..models import block_index_of, iter_blocks
+from ..presets import ConvertConfig
+from ..weights.sequential import build
+
+logger = logging.getLogger(__name__)
+
+#: The formats searched by default: INT3 and INT4 with a scale per 64 weights, NVFP4, INT6, INT8
+#: and FP8 E4M3 per channel, and full precision (``None``, counted at 16 bits). The 3- and 4-bit
+#: ones carry the base recipe's low-rank branch.
+DEFAULT_FORMATS: tuple[str | None, ...] = ("int3-g64", "int4-g64", "nvfp4", "int6", "fp8_e4m3", "int8", None)
+FULL_PRECISION_BITS = 16.0
+TUNED_ROLES = (Role.ATTENTION.value, Role.FEEDFORWARD.value)
+
+
+@dataclasses.dataclass
+class Variant:
+    """One layer in one format: ``bits`` stored per weight (scales and low-rank branch included)."""
+
+    format: str | None
+    module: nn.Module
+    bits: float
+
+    @property
+    def label(self) -> str:
+        return "16-bit" if self.format is None else self.format
+
+
+@dataclasses.dataclass
+class Layer:
+    """A tuned linear: its name, role, block, weight count and variants (sorted by bits)."""
+
+    name: str
+    role: str
+    block: int | None
+    numel: int
+    variants: list[Variant]
+
+
+class Library:
+    """Every tuned layer of ``model`` in every candidate format (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, layers: list[Layer], other_bytes: int):
+        self.model, self.layers, self.other_bytes = model, layers, other_bytes
+        self.originals = {layer.name: model.get_submodule(layer.name) for layer in layers}
+        self.total_numel = sum(layer.numel for layer in layers)
+
+    def apply(self, genome: tuple[int, ...]) -> None:
+        """Swap in variant ``genome[i]`` of layer ``i``."""
+        for layer, index in zip(self.layers, genome):
+            _swap(self.model, layer.name, layer.variants[index].module)
+
+    def restore(self) -> None:
+        """Put every original layer back."""
+        for name, module in self.originals.items():
+            _swap(self.model, name, module)
+
+    def bits(self, genome: tuple[int, ...]) -> float:
+        """Average stored bits per weight over the tuned layers."""
+        return sum(layer.numel * layer.variants[i].bits for layer, i in zip(self.layers, genome)) / self.total_numel
+
+    def bytes(self, genome: tuple[int, ...]) -> int:
+        """Transformer bytes under ``genome``: the tuned layers' weights at their stored bits, plus
+        every other tensor as the model holds it after conversion."""
+        return self.other_bytes + int(sum(layer.numel * layer.variants[i].bits / 8 for layer, i in zip(self.layers, genome)))
+
+    def formats(self, genome: tuple[int, ...]) -> dict[str, str | None]:
+        """``{layer name: format}`` of ``genome`` (``None``: full precision)."""
+        return {layer.name: layer.variants[i].format for layer, i in zip(self.layers, genome)}
+
+    def uniform(self, fmt: str | None) -> tuple[int, ...] | None:
+        """The genome giving every layer ``fmt``, or ``None`` where a layer cannot take it."""
+        genome = []
+        for layer in self.layers:
+            index = next((i for i, v in enumerate(layer.variants) if v.format == fmt), None)
+            if index is None:
+                return None
+            genome.append(index)
+        return tuple(genome)
+
+
+def _swap(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def tuned_layers(model: nn.Module, config: ConvertConfig) -> dict[str, tuple[int | None, str]]:
+    """``{name: (hadamard block, role)}`` of the layers a tuning run assigns formats to: the
+    attention and feed-forward linears the base config quantizes (its other layers keep their
+    formats)."""
+    plan = plan_layers(model, config.weights)
+    return {name: (hb, role) for name, (_, hb, role) in plan.items() if role in TUNED_ROLES}
+
+
+def input_stats(model: nn.Module, run: Callable[[], object], names: list[str]) -> dict[str, hessians.InputStats]:
+    """Input Hessians of ``names`` on the full-precision model, one calibration run per block
+    (one block's ``K × K`` sums held at a time)."""
+    blocks = {name: idx for idx, name, _, _ in iter_blocks(model)}
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        groups.setdefault(block_index_of(name, blocks) or 0, []).append(name)
+    stats = {}
+    for idx in sorted(groups):
+        stats.update(hessians.collect(model, run, {n: model.get_submodule(n) for n in groups[idx]}))
+    return stats
+
+
+def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str | None, ...],
+                  stats: dict[str, hessians.InputStats], progress: bool = True) -> Library:
+    """Build every tuned layer of ``model`` in every format of ``candidates`` with ``config``'s
+    weight recipe (``stats`` feed GPTQ and smoothing when the recipe asks for them). A format a
+    layer cannot take (its block does not divide the layer's input) is left out for that layer."""
+    from tqdm.auto import tqdm
+
+    weights = dataclasses.replace(config.weights, act_mode=config.activations)
+    tuned = tuned_layers(model, config)
+    if not tuned:
+        raise ValueError(f"{type(model).__name__}: the base config quantizes no attention or feed-forward linear to tune")
+    use_stats = weights.needs_calibration
+    blocks = {name: idx for idx, name, _, _ in iter_blocks(model)}
+    layers = []
+    bar = tqdm(total=len(tuned) * len(candidates), desc="building candidates", disable=not progress, leave=False)
+    for name, (hb, role) in tuned.items():
+        linear = model.get_submodule(name)
+        numel = linear.in_features * linear.out_features
+        variants = []
+        for fmt in candidates:
+            bar.update()
+            if fmt is None:
+                variants.append(Variant(None, linear, FULL_PRECISION_BITS))
+            elif _fits(fmt, linear.in_features):
+                q = build(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None)
+                variants.append(Variant(fmt, q, 8 * q.weight_nbytes() / numel))
+        variants.sort(key=lambda v: v.bits)
+        layers.append(Layer(name, role, block_index_of(name, blocks), numel, variants))
+    bar.close()
+    numel = sum(layer.numel for layer in layers)
+    other = _converted_bytes(model, config) - 2 * numel  # the tuned layers counted at 16 bits
+    return Library(model, layers, other)
+
+
+def _converted_bytes(model: nn.Module, config: ConvertConfig) -> int:
+    """Bytes of ``model`` converted by ``config`` with the tuned layers at 16 bits: the other
+    quantized linears at their formats' bits per element (scales per channel left out), every
+    other tensor at 2 bytes per floating-point element (the bf16 model)."""
+    plan = plan_layers(model, config.weights)
+    tuned = set(tuned_layers(model, config))
+    total = 0
+    for name, module in model.named_modules():
+        own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if isinstance(module, nn.Linear) and name in plan and name not in tuned:
+            fmt = formats.get(plan[name][0])
+            total += int(module.weight.numel() * fmt.bits_per_element / 8)
+            own = [t for t in own if t is not module.weight]
+        elif isinstance(module, nn.Linear) and name in tuned:
+            total += 2 * module.weight.numel()
+            own = [t for t in own if t is not module.weight]
+        total += sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for t in own)
+    return total
+
+
+__all__ = ["DEFAULT_FORMATS", "Layer", "Library", "Variant", "build_library", "input_stats", "tuned_layers"]

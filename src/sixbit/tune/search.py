@@ -1,0 +1,233 @@
+"""Stage 2: per-layer formats under a constraint — a greedy assignment from the sensitivity
+ranking, and a genetic search seeded with it (seed 000 §2.1, step 2).
+
+An assignment (*genome*) gives each tuned layer one of its variants. The constraint is one of:
+average weight bits ≤ ``max_bits``, transformer bytes ≤ ``max_bytes`` (both *budgets*), or
+calibration PSNR ≥ ``min_psnr`` at the fewest bits.
+
+- :func:`greedy` starts every layer at its fewest bits and repeatedly upgrades the layer whose
+  upgrade removes the most predicted error per added bit, until the budget is spent (or the
+  predicted PSNR reaches ``min_psnr``). Predictions add the layers' measured errors
+  (:meth:`~sixbit.tune.sensitivity.Sensitivity.predict`).
+- :func:`genetic` keeps a population seeded from the sensitivity ranking (greedy assignments
+  at nearby targets, uniform ones, mutations of them); each generation breeds children by
+  tournament selection, uniform crossover and ±1-format mutations, repairs them into the
+  budget (downgrade the cheapest-to-lose layer, then spend what is left greedily), ranks
+  twice as many children as it keeps by predicted fitness (the proxy prunes) and **runs**
+  the survivors: fitness is the measured calibration PSNR (true runs decide). Elites survive.
+  Reproducible for a seed: every draw comes from ``random.Random(seed)`` and every run is
+  seeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+
+from .library import Library
+from .sensitivity import Evaluator, Sensitivity, psnr_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    """Exactly one of: ``max_bits`` (average stored bits per tuned weight), ``max_bytes``
+    (transformer bytes), ``min_psnr`` (dB on the calibration videos, at the fewest bits)."""
+
+    max_bits: float | None = None
+    max_bytes: int | None = None
+    min_psnr: float | None = None
+
+    def __post_init__(self):
+        given = [n for n in ("max_bits", "max_bytes", "min_psnr") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of max_bits, max_bytes, min_psnr (got {given or 'none'})")
+        value = getattr(self, given[0])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{given[0]} must be a finite number > 0, got {value!r}")
+
+    @property
+    def budget(self) -> bool:
+        return self.min_psnr is None
+
+    def fits(self, library: Library, genome: tuple[int, ...]) -> bool:
+        if self.max_bits is not None:
+            return library.bits(genome) <= self.max_bits + 1e-9
+        if self.max_bytes is not None:
+            return library.bytes(genome) <= self.max_bytes
+        return True
+
+    def describe(self) -> str:
+        if self.max_bits is not None:
+            return f"≤ {self.max_bits:g} bits per weight"
+        if self.max_bytes is not None:
+            return f"≤ {self.max_bytes / 2**20:.2f} MiB"
+        return f"≥ {self.min_psnr:g} dB at the fewest bits"
+
+
+def _upgrades(library: Library, sens: Sensitivity, genome: list[int]):
+    """(error removed per added bit, layer, variant) of every upgrade that removes error."""
+    for i, layer in enumerate(library.layers):
+        now_cost, now_bits = sens.cost(i, genome[i]), layer.variants[genome[i]].bits
+        for j in range(genome[i] + 1, len(layer.variants)):
+            gain = now_cost - sens.cost(i, j)
+            added = (layer.variants[j].bits - now_bits) * layer.numel
+            if gain > 0 and added > 0:
+                yield gain / added, i, j
+
+
+def _fill(library: Library, sens: Sensitivity, constraint: Constraint, genome: list[int],
+          target_psnr: float | None = None) -> list[int]:
+    """Upgrade greedily (most error removed per bit first) while the budget allows, or until
+    the predicted PSNR reaches ``target_psnr``."""
+    while True:
+        if target_psnr is not None and psnr_of(sens.predict(tuple(genome))) >= target_psnr:
+            return genome
+        for _, i, j in sorted(_upgrades(library, sens, genome), reverse=True):
+            trial = genome[:i] + [j] + genome[i + 1:]
+            if constraint.fits(library, tuple(trial)):
+                genome = trial
+                break
+        else:
+            return genome
+
+
+def _repair(library: Library, sens: Sensitivity, constraint: Constraint, genome: list[int]) -> list[int]:
+    """Downgrade the layer that adds the least predicted error per saved bit until ``genome`` fits."""
+    while not constraint.fits(library, tuple(genome)):
+        best = None
+        for i, layer in enumerate(library.layers):
+            for j in range(genome[i]):
+                saved = (layer.variants[genome[i]].bits - layer.variants[j].bits) * layer.numel
+                if saved > 0:
+                    rate = (sens.cost(i, j) - sens.cost(i, genome[i])) / saved
+                    if best is None or rate < best[0]:
+                        best = (rate, i, j)
+        if best is None:
+            raise ValueError("no assignment fits the constraint: even the fewest bits exceed it")
+        genome[best[1]] = best[2]
+    return genome
+
+
+def lowest(library: Library) -> tuple[int, ...]:
+    return tuple(0 for _ in library.layers)
+
+
+def greedy(library: Library, sens: Sensitivity, constraint: Constraint, target_psnr: float | None = None) -> tuple[int, ...]:
+    """The greedy assignment from the sensitivity ranking (see the module docstring)."""
+    start = list(lowest(library))
+    if not constraint.fits(library, tuple(start)):
+        raise ValueError(f"the constraint {constraint.describe()} is below the fewest bits any assignment has "
+                         f"({library.bits(tuple(start)):.2f} bits, {library.bytes(tuple(start)) / 2**20:.2f} MiB)")
+    target = target_psnr if target_psnr is not None else constraint.min_psnr
+    return tuple(_fill(library, sens, constraint, start, target))
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """The best assignment found, what every measured one scored, and the search's history."""
+
+    best: tuple[int, ...]
+    measured: dict[tuple[int, ...], tuple[float, float]]  # genome → (bits, calibration PSNR), search's runs
+    history: list[dict]  # per generation: evaluations, best bits, best PSNR, seconds
+    seconds: float
+    stopped: str  # "generations" or "time budget"
+
+
+def _key(constraint: Constraint, bits: float, psnr: float) -> tuple:
+    """Larger is better: the PSNR under a budget; under ``min_psnr`` the fewest bits among the
+    assignments that reach it, then the closest to reaching it."""
+    if constraint.budget:
+        return (psnr, -bits)
+    if psnr >= constraint.min_psnr:
+        return (1, -bits, psnr)
+    return (0, psnr, -bits)
+
+
+def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, seed: int = 0,
+            population: int = 12, generations: int = 8, time_budget_s: float | None = None,
+            progress: bool = True) -> SearchResult:
+    """Stage 2's genetic search (see the module docstring)."""
+    from tqdm.auto import tqdm
+
+    if population < 4 or generations < 1:
+        raise ValueError(f"population must be ≥ 4 and generations ≥ 1, got {population} and {generations}")
+    library, rng, start = evaluator.library, random.Random(seed), time.perf_counter()
+    before = set(evaluator.results)
+    n = len(library.layers)
+
+    def score(genome: tuple[int, ...]) -> tuple:
+        return _key(constraint, library.bits(genome), evaluator.psnr(genome))
+
+    def predicted(genome: tuple[int, ...]) -> tuple:
+        return _key(constraint, library.bits(genome), psnr_of(sens.predict(genome)))
+
+    def legal(genome: list[int]) -> tuple[int, ...]:
+        if constraint.budget:
+            genome = _fill(library, sens, constraint, _repair(library, sens, constraint, genome))
+        return tuple(genome)
+
+    def mutate(genome: tuple[int, ...], rate: float) -> tuple[int, ...]:
+        out = list(genome)
+        for i in range(n):
+            if rng.random() < rate:
+                out[i] = min(max(out[i] + rng.choice((-1, 1)), 0), len(library.layers[i].variants) - 1)
+        return legal(out)
+
+    # seeds: greedy at the target (and, under min_psnr, around it), the uniform assignments
+    # (repaired into a budget), then mutations of the best three
+    seeds = [greedy(library, sens, constraint)]
+    if not constraint.budget:
+        seeds += [greedy(library, sens, constraint, constraint.min_psnr + d) for d in (-1.0, 1.0, 2.0)]
+    for fmt in dict.fromkeys(v.format for layer in library.layers for v in layer.variants):
+        uniform = library.uniform(fmt)
+        if uniform is not None:
+            seeds.append(legal(list(uniform)))
+    pool = list(dict.fromkeys(seeds))
+    tries = 0
+    while len(pool) < population and tries < 20 * population:
+        pool = list(dict.fromkeys(pool + [mutate(rng.choice(pool[:3]), 2.0 / n)]))
+        tries += 1
+    pool = sorted(pool, key=predicted, reverse=True)[:population]
+
+    bar = tqdm(total=generations, desc="genetic search", disable=not progress, leave=False)
+    history, stopped = [], "generations"
+
+    def over_time() -> bool:
+        return time_budget_s is not None and time.perf_counter() - start > time_budget_s
+
+    ranked = sorted(pool, key=score, reverse=True)
+    for generation in range(generations):
+        if generation:
+            elite = ranked[:2]
+            children: list[tuple[int, ...]] = []
+            for _ in range(8 * population):
+                if len(children) >= 2 * (population - len(elite)):
+                    break
+                a, b = (max(rng.sample(ranked, min(3, len(ranked))), key=score) for _ in range(2))
+                child = mutate(legal([x if rng.random() < 0.5 else y for x, y in zip(a, b)]), 1.0 / n)
+                if child not in children and child not in ranked:
+                    children.append(child)
+            children = sorted(children, key=predicted, reverse=True)[: population - len(elite)]
+            kept = []
+            for child in children:
+                if over_time():
+                    break
+                score(child)
+                kept.append(child)
+            ranked = sorted(dict.fromkeys(elite + kept + ranked), key=score, reverse=True)[:population]
+        best = ranked[0]
+        history.append({"generation": generation, "evaluations": evaluator.count - len(before), "bits": library.bits(best),
+                        "psnr": evaluator.psnr(best), "seconds": time.perf_counter() - start})
+        bar.set_postfix_str(f"best {history[-1]['psnr']:.2f} dB at {history[-1]['bits']:.2f} bits")
+        bar.update()
+        if over_time():
+            stopped = "time budget"
+            break
+    bar.close()
+    measured = {g: (library.bits(g), psnr_of(m)) for g, m in evaluator.results.items() if g not in before}
+    return SearchResult(ranked[0], measured, history, time.perf_counter() - start, stopped)
+
+
+__all__ = ["Constraint", "SearchResult", "genetic", "greedy"]

@@ -1,0 +1,173 @@
+"""Stage 1: how much each layer in each format costs the videos (seed 000 §2.1, step 1).
+
+:class:`Evaluator` runs the calibration generations with an assignment swapped in and returns
+each video's mean squared error against the full-precision videos (pixels in [0, 1]); results
+are remembered per assignment. :func:`measure` quantizes one layer at a time — every other
+layer in full precision — and records that error per layer and format: the measured
+sensitivity. Beside it, a cheap proxy: the layer's output error energy on its calibration
+inputs, ``E‖x·(Ŵ − W)ᵀ‖²`` from the input Hessian (GPTQ's objective), whose Spearman rank
+correlation with the measured error is reported.
+
+Errors of different layers are treated as adding up (:meth:`Sensitivity.predict`): the proxy
+that ranks assignments before they are run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..calibration import hessians
+from ..nn import QuantLinear
+from ..nn.precision import ActMode
+from .library import Library
+
+#: PSNR of an assignment with no error (every layer in full precision), for arithmetic.
+PSNR_CAP = 100.0
+
+
+def as_videos(result) -> torch.Tensor:
+    """The videos a calibration run returned, as one fp32 tensor ``(N, F, H, W, C)``.
+
+    Accepts a pipeline output (``.frames``), an array or tensor ``(N, F, H, W, C)`` or
+    ``(F, H, W, C)``, or a list of those (one per batch)."""
+    if hasattr(result, "frames"):
+        result = result.frames
+    if isinstance(result, (list, tuple)):
+        if not result:
+            raise ValueError("the calibration run returned no videos")
+        parts = [as_videos(r) for r in result]
+        shapes = {tuple(p.shape[1:]) for p in parts}
+        if len(shapes) > 1:
+            raise ValueError(f"the calibration videos differ in shape: {sorted(shapes)}")
+        return torch.cat(parts)
+    try:
+        video = torch.as_tensor(np.asarray(result) if not isinstance(result, torch.Tensor) else result).float()
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError("tuning compares generated videos: the calibration run must return them (a pipeline "
+                         f"output, arrays or tensors (N, F, H, W, C)), got {type(result).__name__}") from None
+    if video.dim() == 4:
+        video = video.unsqueeze(0)
+    if video.dim() != 5:
+        raise ValueError(f"expected videos shaped (N, F, H, W, C) or (F, H, W, C), got {tuple(video.shape)}")
+    return video
+
+
+def psnr_of(mse: torch.Tensor) -> float:
+    """Mean over videos of each video's PSNR (dB, pixels in [0, 1]); capped at :data:`PSNR_CAP`."""
+    return float(np.mean([PSNR_CAP if m <= 10 ** (-PSNR_CAP / 10) else -10 * math.log10(m) for m in mse.tolist()]))
+
+
+class Evaluator:
+    """Per-video MSE of the calibration videos under an assignment, against full precision."""
+
+    def __init__(self, library: Library, run: Callable[[], object]):
+        self.library, self.run = library, run
+        self.library.restore()
+        self.reference = as_videos(run())
+        self.results: dict[tuple[int, ...], torch.Tensor] = {}
+        self.seconds = 0.0
+
+    def __call__(self, genome: tuple[int, ...]) -> torch.Tensor:
+        genome = tuple(genome)
+        if genome not in self.results:
+            start = time.perf_counter()
+            self.library.apply(genome)
+            try:
+                videos = as_videos(self.run())
+            finally:
+                self.library.restore()
+            if videos.shape != self.reference.shape:
+                raise ValueError(f"the calibration run returned videos shaped {tuple(videos.shape)}, then "
+                                 f"{tuple(self.reference.shape)}: every run must generate the same videos")
+            if not bool(torch.isfinite(videos).all()):
+                raise ValueError("a tuned assignment produced NaN or Inf pixels: check the model in full precision first")
+            self.results[genome] = (videos - self.reference).double().pow(2).flatten(1).mean(1)
+            self.seconds += time.perf_counter() - start
+        return self.results[genome]
+
+    def psnr(self, genome: tuple[int, ...]) -> float:
+        return psnr_of(self(genome))
+
+    @property
+    def count(self) -> int:
+        return len(self.results)
+
+
+@dataclasses.dataclass
+class Sensitivity:
+    """What one layer in one format costs: ``mse[i][j]`` the per-video MSE when only layer ``i``
+    is in its variant ``j`` (zero for full precision), ``proxy[i][j]`` its output error energy on
+    the calibration inputs, and their Spearman rank correlation over all quantized variants."""
+
+    mse: list[list[torch.Tensor]]
+    proxy: list[list[float]]
+    spearman: float
+    seconds: float
+
+    def predict(self, genome: tuple[int, ...]) -> torch.Tensor:
+        """Per-video MSE of ``genome`` if the layers' errors add up."""
+        return sum(self.mse[i][j] for i, j in enumerate(genome))
+
+    def cost(self, layer: int, variant: int) -> float:
+        """Summed MSE over the videos of one layer in one variant."""
+        return float(self.mse[layer][variant].sum())
+
+
+def proxy_error(variant: torch.nn.Module, original: torch.nn.Linear, stats: hessians.InputStats | None) -> float:
+    """``E‖x·(Ŵ − W)ᵀ‖²`` over the recorded inputs (``nan`` without them; 0 for the original)."""
+    if variant is original:
+        return 0.0
+    if stats is None or not isinstance(variant, QuantLinear):
+        return math.nan
+    eye = torch.eye(original.in_features, device=original.weight.device)
+    with torch.no_grad():
+        effective = variant(eye, mode=ActMode.FP).float()  # (K, N): x·Ŵᵀ (+ b) for each basis vector
+        if variant.bias is not None:
+            effective = effective - variant.bias.float()
+        delta = effective - original.weight.float().T
+        return float(((stats.hessian.float() @ delta) * delta).sum())
+
+
+def measure(evaluator: Evaluator, stats: dict[str, hessians.InputStats], progress: bool = True) -> Sensitivity:
+    """Stage 1: each tuned layer quantized alone to each of its formats, run and measured."""
+    from tqdm.auto import tqdm
+
+    library = evaluator.library
+    full = library.uniform(None)
+    start = time.perf_counter()
+    mse, proxy = [], []
+    total = sum(len(layer.variants) - 1 for layer in library.layers)
+    bar = tqdm(total=total, desc="sensitivity", disable=not progress, leave=False)
+    for i, layer in enumerate(library.layers):
+        original = library.originals[layer.name]
+        row_mse, row_proxy = [], []
+        for j, variant in enumerate(layer.variants):
+            if variant.module is original:
+                row_mse.append(torch.zeros_like(evaluator(full)))
+            else:
+                row_mse.append(evaluator(full[:i] + (j,) + full[i + 1:]))
+                bar.update()
+            row_proxy.append(proxy_error(variant.module, original, stats.get(layer.name)))
+        mse.append(row_mse)
+        proxy.append(row_proxy)
+    bar.close()
+    pairs = [(p, float(m.sum())) for row_p, row_m in zip(proxy, mse) for p, m in zip(row_p, row_m)
+             if p == p and p > 0]
+    return Sensitivity(mse, proxy, spearman([p for p, _ in pairs], [m for _, m in pairs]), time.perf_counter() - start)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (``nan`` for fewer than 3 pairs)."""
+    if len(a) < 3:
+        return math.nan
+    ra, rb = (np.argsort(np.argsort(np.asarray(x))) for x in (a, b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+__all__ = ["Evaluator", "PSNR_CAP", "Sensitivity", "as_videos", "measure", "proxy_error", "psnr_of", "spearman"]
