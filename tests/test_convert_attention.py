@@ -12,6 +12,7 @@ from toy import ToyTransformer
 
 import sixbit
 from sixbit import AttentionQuantConfig, QuantConfig
+from sixbit.cli import main
 from sixbit.methods.attention import apply_attention_quant, attention_quant_of
 from sixbit.presets import ConvertConfig, resolve
 from sixbit.zoo.shapes import load_pipeline
@@ -79,7 +80,7 @@ FRESH = textwrap.dedent(
 )
 
 
-def test_convert_installs_saves_loads_and_clears_quantized_attention(tmp_path):
+def test_convert_installs_saves_loads_and_clears_quantized_attention(tmp_path, capsys):
     pipe = load_pipeline("cogvideox")
     sixbit.convert_model(pipe, None, _config())
     conv = sixbit.conversion_of(pipe)
@@ -90,6 +91,9 @@ def test_convert_installs_saves_loads_and_clears_quantized_attention(tmp_path):
     path = pipe.save(tmp_path / "attention.safetensors")
     stored = sixbit.read_header(path)["extensions"]["conversion"]["config"]["attention"]
     assert stored == {"blocks": None, "steps": [2, None]}
+    assert "attention quantized where blocks all, steps 2–end: emulated" in str(sixbit.summary(pipe.transformer))
+    assert main(["info", str(path)]) == 0
+    assert "INT8 attention (blocks all, steps 2–end)" in capsys.readouterr().out
 
     np.save(tmp_path / "video.npy", video)
     proc = subprocess.run([sys.executable, "-c", FRESH, str(path), str(tmp_path / "video.npy")],

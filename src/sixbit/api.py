@@ -241,5 +241,7 @@ def summary(model: nn.Module) -> Summary:
 
     conversion = conversion_of(model)
     notes = [conversion.hardware] if conversion is not None and conversion.hardware else []
+    if conversion is not None and conversion.attention is not None:
+        notes.append(f"attention quantized where {conversion.config.attention.describe()}: {conversion.attention.path}")
     return Summary(type(model).__name__, rows, _tensor_bytes(model), converted, notes)
 

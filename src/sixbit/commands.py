@@ -20,6 +20,7 @@ from . import checkpoint
 from .api import summary
 from .convert import conversion_of, convert_model
 from .hub import SHIPPED, load_pipeline, shapes_arch
+from .methods.attention import AttentionQuantConfig
 from .methods.delta_cache import DeltaCacheConfig, enable_delta_cache
 from .presets import PRESETS, for_device, resolve
 
@@ -309,7 +310,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     conv = header.get("extensions", {}).get("conversion")
     if conv:
         cfg = conv["config"]
+        attention = cfg.get("attention")
         print(f"conversion: activations {cfg['activations']}; cache {'on' if cfg['cache'] else 'off'}"
+              + (f"; INT8 attention ({AttentionQuantConfig(**attention).describe()})" if attention else "")
               + (f"; frame stabilizer (dead zone {conv['stabilize_frames']})" if conv.get("stabilize_frames") is not None else ""))
         if cfg.get("description"):
             print(f"  {cfg['description']}")

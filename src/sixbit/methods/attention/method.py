@@ -63,6 +63,16 @@ class AttentionQuantConfig:
     def selects(self, block: int, step: int) -> bool:
         return _within(self.blocks, block) and _within(self.steps, step)
 
+    def describe(self) -> str:
+        """Where attention is quantized, in words: ``"blocks all, steps 2–end"``."""
+        return f"blocks {_span(self.blocks)}, steps {_span(self.steps)}"
+
+
+def _span(span) -> str:
+    if span is None:
+        return "all"
+    return f"{0 if span[0] is None else span[0]}–{'end' if span[1] is None else span[1] - 1}"
+
 
 def _within(span, i: int) -> bool:
     return span is None or ((span[0] is None or i >= span[0]) and (span[1] is None or i < span[1]))
