@@ -16,6 +16,7 @@ import torch
 
 import sixbit
 from sixbit import checkpoint, pretrained
+from sixbit.presets import resolve
 from sixbit.cli import main
 from sixbit.models import iter_blocks
 from tiny_models import build_tiny, sample
@@ -180,3 +181,25 @@ def test_a_loaded_model_generates_with_block_offloading(tmp_path):
     reference = sample(loaded, 2)
     enable_memory_optimization(loaded.model, prefetch_depth=1, offload_device=tmp_path / "offload")
     assert torch.equal(sample(loaded, 2), reference)
+
+
+def test_streamed_conversion_refines_the_branches_on_the_kept_calls(tmp_path):
+    tm = build_tiny("cogvideox")
+    folder = _folder(tm, tmp_path)
+    w4a8 = resolve("w4a8")  # with a rank-2 branch: at width 32 the preset's 0.5 bit buys none
+    base = dataclasses.replace(w4a8, weights=dataclasses.replace(w4a8.weights, lowrank_bits=0.0, lowrank_max_rank=0,
+                                                                 lowrank_rank=2))
+    refined_config = dataclasses.replace(base, weights=dataclasses.replace(base.weights, refine_steps=30))
+
+    def calibration(transformer):
+        return sample(dataclasses.replace(tm, model=transformer), 2)
+
+    plain = sixbit.convert_pretrained(folder, base, tmp_path / "plain.safetensors", calibration, progress=False)
+    refined = sixbit.convert_pretrained(folder, refined_config, tmp_path / "refined.safetensors", calibration, progress=False)
+    p_state = sixbit.load_pretrained(plain.path, folder).state_dict()
+    r_state = sixbit.load_pretrained(refined.path, folder).state_dict()
+    branches = [k for k in p_state if "lowrank_" in k]
+    assert branches and any(not torch.equal(p_state[k], r_state[k]) for k in branches)
+    # block 0 saw the same inputs in both: its codes and scales are untouched (later blocks see the refined outputs)
+    block0 = [k for k in p_state if k.startswith("transformer_blocks.0.") and "lowrank_" not in k]
+    assert block0 and all(torch.equal(p_state[k], r_state[k]) for k in block0)

@@ -102,6 +102,12 @@ class QuantConfig:
             keeps the branch's share of the bytes shrinking on big models instead.
         lowrank_iterations: alternating refinements of the branch against the quantized
             residual (default 2).
+        refine_steps: Adam iterations per block fitting the low-rank branches to the
+            full-precision block's outputs on the calibration inputs (:mod:`sixbit.weights.refine`;
+            needs a branch and calibration; 0: off, default). Only the branches change; a block
+            keeps them only if its output error drops.
+        refine_calls: recorded calls per block the refinement fits on (default 32, a seeded
+            random sample of every step and CFG branch).
         smooth_alpha: ``None`` (default) or α in (0, 1): before the low-rank split, smooth each
             branched layer as SVDQuant does, ``s_j = max|x_j|^α / max|W_j|^(1−α)`` from the
             calibration inputs, folded into the stored weight and divided out of every input
@@ -132,6 +138,8 @@ class QuantConfig:
     lowrank_bits: float = 0.0
     lowrank_max_rank: int = 0
     lowrank_iterations: int = 2
+    refine_steps: int = 0
+    refine_calls: int = 32
     smooth_alpha: float | None = None
 
     def __post_init__(self):
@@ -175,6 +183,12 @@ class QuantConfig:
             problems.append("set lowrank_rank or lowrank_bits, not both")
         elif self.lowrank_max_rank and not self.lowrank_bits:
             problems.append("lowrank_max_rank caps the rank lowrank_bits chooses: set lowrank_bits too (or drop it)")
+        if isinstance(self.refine_steps, int) and self.refine_steps < 0:
+            problems.append(f"refine_steps must be an integer ≥ 0, got {self.refine_steps!r}")
+        elif self.refine_steps and not (self.lowrank_rank or self.lowrank_bits):
+            problems.append("refine_steps refines the low-rank branches: set lowrank_rank or lowrank_bits too")
+        if isinstance(self.refine_calls, int) and self.refine_calls < 1:
+            problems.append(f"refine_calls must be an integer ≥ 1, got {self.refine_calls!r}")
         if self.smooth_alpha is not None and (isinstance(self.smooth_alpha, bool) or not isinstance(
                 self.smooth_alpha, (int, float)) or not 0 < self.smooth_alpha < 1):
             problems.append(f"smooth_alpha must be None or a number in (0, 1), got {self.smooth_alpha!r}")
@@ -186,8 +200,8 @@ class QuantConfig:
     @property
     def needs_calibration(self) -> bool:
         """Whether quantizing with this config runs calibration generations (GPTQ's Hessians,
-        smoothing's activation ranges)."""
-        return self.gptq or self.smooth_alpha is not None
+        smoothing's activation ranges, refinement's block inputs)."""
+        return self.gptq or self.smooth_alpha is not None or self.refine_steps > 0
 
     def lowrank_rank_for(self, in_features: int, out_features: int) -> int:
         """The branch rank of an ``in_features → out_features`` 4-bit layer (0: no branch)."""

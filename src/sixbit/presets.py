@@ -126,7 +126,9 @@ class ConvertConfig:
         if self.activations in ("dynamic", "static"):
             return f"activations={self.activations!r}"
         if self.weights is not None and self.weights.needs_calibration:
-            return "GPTQ weights (gptq=True)" if self.weights.gptq else "smoothed weights (smooth_alpha)"
+            w = self.weights
+            return ("GPTQ weights (gptq=True)" if w.gptq else "smoothed weights (smooth_alpha)" if w.smooth_alpha is not None
+                    else "refined low-rank branches (refine_steps)")
         return None
 
     def to_dict(self) -> dict[str, Any]:

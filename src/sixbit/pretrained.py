@@ -47,6 +47,7 @@ from .calibration import hessians
 from .convert import Conversion, conversion_state
 from .models import block_index_of, iter_blocks, spec_for
 from .presets import resolve
+from .weights import refine
 from .weights.sequential import build
 
 logger = logging.getLogger(__name__)
@@ -320,11 +321,17 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
                 if kept is not None:
                     stats = hessians.collect(module, lambda: kept.replay(module, advance=False),
                                              {name: net.get_submodule(name) for name in layers})
+            originals = {name[len(part) + 1:]: net.get_submodule(name) for name in layers}
             for name in layers:
                 fmt, hb, role = plan[name]
                 parent, _, child = name.rpartition(".")
                 layer = build(net.get_submodule(name), fmt, hb, config.weights, role, stats.get(name))
                 setattr(net.get_submodule(parent), child, layer)
+            if module is not net and kept is not None and config.weights.refine_steps:
+                calls = refine.sample_calls(kept.calls, config.weights.refine_calls)
+                result = refine.refine_block(part, module, originals, calls, config.weights.refine_steps)
+                logger.info("%s: low-rank branches refined, output error %.3g -> %.3g (%s)", part,
+                            result.error_before, result.error_after, "kept" if result.kept else "discarded")
             if module is net:  # the blocks are still on the meta device: everything else
                 in_blocks = {k for _, _, block_keys, _ in parts[1:] for k in block_keys}
                 writer.add(net, keys=set(net.state_dict()) - in_blocks)

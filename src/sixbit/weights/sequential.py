@@ -23,7 +23,7 @@ from ..config import QuantConfig
 from ..models import block_index_of, iter_blocks
 from ..nn import QuantLinear
 from ..transforms import hadamard, smoothquant
-from . import quantize_weight, supports
+from . import quantize_weight, refine, supports
 
 logger = logging.getLogger(__name__)
 
@@ -90,16 +90,23 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
         _swap(model, new)
         bar.close()
         return
-    blocks = {name: idx for idx, name, _, _ in iter_blocks(model)}
+    found = list(iter_blocks(model))
+    blocks = {name: idx for idx, name, _, _ in found}
     groups: dict[int, list[str]] = {}
     for name in plan:  # layers outside the blocks go with block 0 (the first pass)
         groups.setdefault(block_index_of(name, blocks) or 0, []).append(name)
     originals = {name: model.get_submodule(name) for name in plan}
     start, peak = time.perf_counter(), 0
+    refined: list[refine.RefineResult] = []
     try:
         for idx in sorted(groups):
             names = groups[idx]
-            stats = hessians.collect(model, run, {n: originals[n] for n in names})
+            recorder = refine.recording(model, idx, config.refine_calls) if config.refine_steps else None
+            try:
+                stats = hessians.collect(model, run, {n: originals[n] for n in names})
+            finally:
+                if recorder is not None:
+                    refine.stop(model, recorder)
             unused = [n for n in names if n not in stats]
             if unused:
                 logger.warning("calibration never ran %d layer(s) (e.g. %s): rounded without GPTQ", len(unused), unused[0])
@@ -111,6 +118,14 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
                 bar.update()
             _swap(model, new)
             del stats
+            if recorder is not None and idx < len(found):
+                _, block_name, block, _ = found[idx]
+                inside = {n[len(block_name) + 1:]: originals[n] for n in names if n.startswith(block_name + ".")}
+                result = refine.refine_block(block_name, block, inside, recorder.calls, config.refine_steps)
+                refined.append(result)
+                logger.info("refined the low-rank branches of %s (%d layers): output error %.3g -> %.3g (%s)",
+                            block_name, result.layers, result.error_before, result.error_after,
+                            "kept" if result.kept else "discarded: no better")
     except BaseException:
         _swap(model, originals)
         raise
@@ -118,3 +133,8 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
         bar.close()
     logger.info("calibrated weight quantization of %d layers in %d passes: %.1f s, Hessians ≤ %.1f MiB at a time",
                 len(plan), len(groups), time.perf_counter() - start, peak / 2**20)
+    if refined:
+        kept = [r for r in refined if r.kept]
+        logger.info("refinement kept in %d of %d blocks; mean block output error %.3g -> %.3g", len(kept),
+                    len(refined), sum(r.error_before for r in refined) / len(refined),
+                    sum(min(r.error_before, r.error_after) for r in refined) / len(refined))
