@@ -157,3 +157,18 @@ def test_a_run_that_returns_no_videos_is_a_clear_error(tiny):
 def test_a_budget_below_every_assignment_is_refused(tuner):
     with pytest.raises(ValueError, match="below the fewest bits"):
         tuner.search(max_bits=1.0)
+
+
+def test_max_bytes_is_respected(tuner):
+    library = tuner.library
+    low, high = (library.bytes(library.uniform(f)) for f in ("int4-g16", "int8"))
+    budget = (low + high) // 2
+    report = tuner.search(max_bytes=budget, generations=2, population=4)
+    assert report.best["bytes"] <= budget < report.uniform["int8"]["bytes"]
+    assert all(library.bytes(g) <= budget for g in report.search.measured)
+
+
+def test_an_unrepeatable_run_is_refused(tiny):
+    calls = iter(range(1000))  # every run adds another offset: no two runs agree
+    with pytest.raises(ValueError, match="different videos"):
+        Tuner(tiny.model, lambda: sample(tiny, steps=1) + next(calls), base=BASE, formats=FORMATS, progress=False)

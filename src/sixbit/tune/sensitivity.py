@@ -141,6 +141,9 @@ def measure(evaluator: Evaluator, stats: dict[str, hessians.InputStats], progres
     library = evaluator.library
     full = library.uniform(None)
     start = time.perf_counter()
+    if psnr_of(evaluator(full)) < PSNR_CAP:  # the same model twice: the runs must agree
+        raise ValueError("two calibration runs of the unchanged model generated different videos: make the run "
+                         "repeatable (a fixed generator or seed per video) so that errors can be measured")
     mse, proxy = [], []
     total = sum(len(layer.variants) - 1 for layer in library.layers)
     bar = tqdm(total=total, desc="sensitivity", disable=not progress, leave=False)
@@ -149,7 +152,7 @@ def measure(evaluator: Evaluator, stats: dict[str, hessians.InputStats], progres
         row_mse, row_proxy = [], []
         for j, variant in enumerate(layer.variants):
             if variant.module is original:
-                row_mse.append(torch.zeros_like(evaluator(full)))
+                row_mse.append(evaluator(full))  # zero: checked above
             else:
                 row_mse.append(evaluator(full[:i] + (j,) + full[i + 1:]))
                 bar.update()
