@@ -9,7 +9,10 @@ per weight". :func:`tune` finds a per-layer format map for one of those and retu
    to each candidate format, the calibration videos generated and compared with full precision;
    plus a cheap proxy (output error energy on the calibration inputs) and its rank correlation;
 2. **search** (:mod:`.search`): a greedy assignment from that ranking seeds a genetic search
-   whose fitness is the measured calibration PSNR.
+   whose fitness is the measured calibration PSNR;
+3. **refinement** happens at conversion, not here: the base recipe's ``refine_steps``
+   (:mod:`sixbit.weights.refine`: the low-rank branches fitted block by block to the
+   full-precision outputs) is kept in the tuned config and runs in ``convert_model``.
 
 The weight recipe (Hadamard rotation, scale search, GPTQ, low-rank branch) and the activations
 come from a base config (default the ``w4a8`` preset: per-token INT8 activations, a real integer
