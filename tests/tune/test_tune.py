@@ -172,3 +172,8 @@ def test_an_unrepeatable_run_is_refused(tiny):
     calls = iter(range(1000))  # every run adds another offset: no two runs agree
     with pytest.raises(ValueError, match="different videos"):
         Tuner(tiny.model, lambda: sample(tiny, steps=1) + next(calls), base=BASE, formats=FORMATS, progress=False)
+
+
+def test_an_unreachable_psnr_is_said_so(tuner, caplog):
+    report = tuner.search(min_psnr=150, generations=1, population=4)  # above even all-16-bit's cap
+    assert "NOT reached" in report.config.description and "no assignment reached 150.00 dB" in caplog.text

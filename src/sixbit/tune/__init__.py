@@ -182,11 +182,16 @@ class Tuner:
             result = genetic(self.evaluator, self.sensitivity, constraint, seed=seed, population=population,
                              generations=generations, time_budget_s=time_budget_s, progress=self.progress)
         best = self._described(result.best)
+        missed = constraint.min_psnr is not None and best["psnr"] < constraint.min_psnr
+        if missed:
+            logger.warning("no assignment reached %.2f dB on the calibration videos; the best reached %.2f dB "
+                           "(add 16-bit or 8-bit candidates, or lower min_psnr)", constraint.min_psnr, best["psnr"])
         weights = dataclasses.replace(config.weights, layer_formats=best["formats"])
         tuned = dataclasses.replace(
             config, weights=weights,
-            description=f"tuned to {constraint.describe()}: {best['bits']:.2f} bits per tuned weight, "
-                        f"{best['psnr']:.2f} dB on the calibration videos (base: {config.description})")
+            description=f"tuned to {constraint.describe()}{' (NOT reached)' if missed else ''}: {best['bits']:.2f} "
+                        f"bits per tuned weight, {best['psnr']:.2f} dB on the calibration videos "
+                        f"(base: {config.description})")
         return TuneReport(tuned, constraint, [layer.name for layer in library.layers],
                           [[v.format for v in layer.variants] for layer in library.layers],
                           [[v.bits for v in layer.variants] for layer in library.layers],

@@ -189,7 +189,7 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
     while len(pool) < population and tries < 20 * population:
         pool = list(dict.fromkeys(pool + [mutate(rng.choice(pool[:3]), 2.0 / n)]))
         tries += 1
-    pool = sorted(pool, key=predicted, reverse=True)[:population]
+    pool = pool[:1] + sorted(pool[1:], key=predicted, reverse=True)[:population - 1]  # greedy always runs
 
     bar = tqdm(total=generations, desc="genetic search", disable=not progress, leave=False)
     history, stopped = [], "generations"
