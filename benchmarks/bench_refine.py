@@ -78,7 +78,7 @@ def run_arch(arch: str, args) -> dict:
                    "blocks": counter.blocks, "psnr": float(np.mean([psnr(v, r) for v, r in zip(videos, ref)]))}
             rows.append(row)
             print(f"[{arch}] {row}", file=sys.stderr, flush=True)
-    return {"arch": arch, "rows": rows, "settings": vars(args)}
+    return {"arch": arch, "rows": rows, "settings": vars(args), "machine": machine_description()}
 
 
 def section(results: list[dict]) -> str:
@@ -87,7 +87,7 @@ def section(results: list[dict]) -> str:
         "## Offline refinement of the low-rank branches (issue 19, stage 3)",
         "",
         f"Written by `python benchmarks/bench_refine.py` (per model `--arch A --pairs {s['pairs']} --calib {s['calib']} "
-        f"--steps {s['steps']} --refine-steps {s['refine_steps']}`, then `--merge`). Machine: {machine_description()}. "
+        f"--steps {s['steps']} --refine-steps {s['refine_steps']}`, then `--merge`). Machine: {results[0].get('machine', machine_description())}; each model in its own process, side by side. "
         "Refinement fits each block's 16-bit low-rank branches (Adam, cosine schedule, on a sample of ≤ 32 recorded "
         "calibration calls: every step and CFG branch) to the full-precision block's outputs; codes, scales and every "
         f"model weight stay as GPTQ left them. Held-out: {s['pairs']} (prompt, seed) pairs never used in calibration.",
@@ -102,6 +102,16 @@ def section(results: list[dict]) -> str:
                          f"{r['convert_s']:.0f} | {r['convert_s'] / base['convert_s']:.2f} | "
                          f"{r['kept']}/{r['blocks']} |" if r["refine_steps"] else
                          f"| {r['preset']} | 0 | {r['psnr']:.2f} | — | {r['convert_s']:.0f} | 1.00 | — |")
+    gains = {res["arch"]: [r["psnr"] - next(b["psnr"] for b in res["rows"] if b["preset"] == r["preset"]
+                                          and b["refine_steps"] == 0) for r in res["rows"] if r["refine_steps"]]
+             for res in results}
+    helps = {arch: min(g) > 0.3 for arch, g in gains.items()}
+    lines += ["", "Default: " + ("**on**" if all(helps.values()) else "**off**") + " — refinement gains "
+              + "; ".join(f"shapes-{a}: {', '.join(f'{x:+.2f}' for x in g)} dB" for a, g in gains.items())
+              + (" on every row." if all(helps.values()) else
+                 f": it helps on {', '.join(f'shapes-{a}' for a, h in helps.items() if h) or 'no model'}, not on "
+                 f"{', '.join(f'shapes-{a}' for a, h in helps.items() if not h)}, so it is opt-in "
+                 "(`QuantConfig(refine_steps=200)`); check it on held-out prompts of your model.")]
     return "\n".join(lines) + "\n"
 
 

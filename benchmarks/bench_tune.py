@@ -112,7 +112,7 @@ def run_arch(arch: str, args) -> dict:
                "psnr": [None if float(m.sum()) == 0 else float(-10 * np.log10(float(m.mean()))) for m in sens.mse[i]],
                "proxy": sens.proxy[i]} for i, layer in enumerate(names)]
     return {"arch": arch, "rows": rows, "stage1_s": stage1, "spearman": sens.spearman, "layers": layers,
-            "settings": vars(args), "calibration_runs": tuner.evaluator.count}
+            "settings": vars(args), "calibration_runs": tuner.evaluator.count, "machine": machine_description()}
 
 
 def log(msg: str) -> None:
@@ -147,7 +147,7 @@ def section(results: list[dict]) -> str:
         "",
         f"Written by `python benchmarks/bench_tune.py` (per model: `--arch A --pairs {s['pairs']} --calib {s['calib']} "
         f"--steps {s['steps']} --population {s['population']} --generations {s['generations']}`, then `--merge`). "
-        f"Machine: {machine_description()}. Candidates: {', '.join('16-bit' if f is None else f for f in FORMATS)} "
+        f"Machine: {results[0].get('machine', machine_description())}; each model in its own process, side by side. Candidates: {', '.join('16-bit' if f is None else f for f in FORMATS)} "
         "(the `w4a8` recipe: Hadamard 128, MSE scales, GPTQ, low-rank branch on the 3/4-bit ones; INT8 activations). "
         "*calib*: PSNR on the tuning's own calibration pairs, as the search saw it (candidates built on full-precision "
         "inputs); *held-out*: the config converted for real by `convert_model` and scored on "
