@@ -35,12 +35,12 @@ from sixbit.eval.metrics import psnr
 from sixbit.eval.shapes import generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.presets import resolve
-from sixbit.tune import Tuner
+from sixbit.tune import DEFAULT_FORMATS, Tuner
 from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDANCE = 4.0
-FORMATS = ("int3-g64", "int4-g64", "nvfp4", "int6", "int8", None)
+FORMATS = DEFAULT_FORMATS
 
 
 def _bits(model, names) -> float:
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=["cogvideox", "wan"])
     parser.add_argument("--pairs", type=int, default=8, help="held-out (prompt, seed) pairs")
-    parser.add_argument("--calib", type=int, default=3, help="calibration (prompt, seed) pairs the tuning sees")
+    parser.add_argument("--calib", type=int, default=6, help="calibration (prompt, seed) pairs the tuning sees")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--population", type=int, default=10)
     parser.add_argument("--generations", type=int, default=6)

@@ -235,7 +235,7 @@ def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: fl
         time_budget_s: stop the search after about this many seconds (default: its generations).
         base: the preset, JSON path or config whose weight recipe and activations are tuned
             (default ``"w4a8"``); its other layers (modulation, …) keep their formats.
-        formats: the candidate formats (default NVFP4, INT4 g64, INT8, FP8 E4M3 and 16-bit).
+        formats: the candidate formats (default INT3 g64, NVFP4, INT6, INT8 and 16-bit: :data:`DEFAULT_FORMATS`).
         pipeline, calibration_kwargs: as for :func:`sixbit.convert_model`.
         progress: show progress bars.
 

@@ -59,7 +59,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=steps_type, help="sampling steps of the calibration runs (default: the pipeline's)")
     p.add_argument("--base", default="w4a8", help="preset or .json whose weight recipe and activations are tuned (default w4a8)")
     p.add_argument("--formats", help="comma-separated candidate formats, 16-bit for full precision "
-                   "(default int3-g64,int4-g64,nvfp4,int6,fp8_e4m3,int8,16-bit)")
+                   "(default int3-g64,nvfp4,int6,int8,16-bit)")
     p.add_argument("--seed", type=seed_type, default=0, help="the search's seed (default 0)")
     p.add_argument("--time-budget", type=float_in(1.0, 1e7), help="stop the search after about this many seconds")
     p.add_argument("--population", type=int_in(4, 1000), default=12, help="assignments per generation (default 12)")
