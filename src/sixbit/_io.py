@@ -11,7 +11,7 @@ import stat
 import struct
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -100,21 +100,15 @@ class SafetensorsWriter:
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
         self._data.flush()
-        fd, tmp = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target), suffix=".tmp")
+
+        def write(out) -> None:
+            out.write(struct.pack("<Q", len(raw)))
+            out.write(raw)
+            self._data.seek(0)
+            shutil.copyfileobj(self._data, out, _CHUNK)
+
         try:
-            with os.fdopen(fd, "wb") as out:
-                os.fchmod(out.fileno(), _mode_for(self._target))
-                out.write(struct.pack("<Q", len(raw)))
-                out.write(raw)
-                self._data.seek(0)
-                shutil.copyfileobj(self._data, out, _CHUNK)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self._target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            _write_atomically(self._target, write)
         finally:
             self.abort()
         return self.path
@@ -161,15 +155,14 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, fsync, rename: a
-    failure leaves any previous file at ``path`` intact and no partial file."""
-    target = Path(path)
+def _write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(file)`` into a temporary file beside ``target`` (``target``'s permissions), fsync,
+    rename over ``target``: a failure leaves any previous file intact and no partial file."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
+        with os.fdopen(fd, "wb") as out:
             os.fchmod(out.fileno(), _mode_for(target))
-            out.write(text)
+            write(out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)
@@ -177,6 +170,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`_write_atomically`)."""
+    target = Path(path)
+    _write_atomically(target, lambda out: out.write(text.encode("utf-8")))
     return target
 
 

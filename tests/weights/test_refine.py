@@ -23,11 +23,8 @@ def _quantized_block(tm, index: int = 1):
     _, name, block, _ = list(iter_blocks(tm.model))[index]
     # the attention and feed-forward linears (the norms' modulation linears stay in full precision)
     originals = {n: m for n, m in block.named_modules() if isinstance(m, torch.nn.Linear) and not n.startswith("norm")}
-    recorder = refine.recording(tm.model, index, max_calls=4)
-    try:
+    with refine.recording(tm.model, index, max_calls=4) as recorder:
         sample(tm, steps=3)
-    finally:
-        refine.stop(tm.model, recorder)
     sixbit.quantize(tm.model, QuantConfig(**RECIPE, include=[rf"{name}\..*"]), progress=False)
     return name, block, originals, recorder
 

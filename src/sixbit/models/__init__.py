@@ -10,6 +10,7 @@ from .registry import (
     register_model,
     registered,
     spec_for,
+    swap_layers,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "register_model",
     "registered",
     "spec_for",
+    "swap_layers",
 ]

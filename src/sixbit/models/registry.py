@@ -229,6 +229,13 @@ def iter_blocks(model: nn.Module, spec: ModelSpec | None = None) -> Iterator[tup
             index += 1
 
 
+def swap_layers(root: nn.Module, layers: dict[str, nn.Module]) -> None:
+    """Put each module of ``layers`` (``{dotted name under root: module}``) in place of the one there."""
+    for name, layer in layers.items():
+        parent, _, child = name.rpartition(".")
+        setattr(root.get_submodule(parent) if parent else root, child, layer)
+
+
 def block_index_of(layer_name: str, block_names: dict[str, int]) -> int | None:
     """Global block index of a layer given ``{block module name: index}``, or ``None``."""
     parts = layer_name.split(".")

@@ -25,7 +25,7 @@ from .. import formats
 from ..api import _fits, plan_layers
 from ..calibration import hessians
 from ..config import Role
-from ..models import block_index_of, iter_blocks
+from ..models import block_index_of, iter_blocks, swap_layers
 from ..presets import ConvertConfig
 from ..weights.sequential import build
 
@@ -73,13 +73,11 @@ class Library:
 
     def apply(self, genome: tuple[int, ...]) -> None:
         """Swap in variant ``genome[i]`` of layer ``i``."""
-        for layer, index in zip(self.layers, genome):
-            _swap(self.model, layer.name, layer.variants[index].module)
+        swap_layers(self.model, {layer.name: layer.variants[i].module for layer, i in zip(self.layers, genome)})
 
     def restore(self) -> None:
         """Put every original layer back."""
-        for name, module in self.originals.items():
-            _swap(self.model, name, module)
+        swap_layers(self.model, self.originals)
 
     def bits(self, genome: tuple[int, ...]) -> float:
         """Average stored bits per weight over the tuned layers."""
@@ -103,11 +101,6 @@ class Library:
                 return None
             genome.append(index)
         return tuple(genome)
-
-
-def _swap(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
 def tuned_layers(model: nn.Module, config: ConvertConfig) -> dict[str, tuple[int | None, str]]:

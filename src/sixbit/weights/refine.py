@@ -16,12 +16,15 @@ Cost: one forward and backward of the block per iteration, plus the recorded inp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
+from ..models import swap_layers
 from ..nn import QuantLinear
 from ..nn.precision import ActMode
 from ..runtime.blocks import OBSERVER_ORDER, BlockMethod, attach, detach
@@ -67,15 +70,15 @@ def sample_calls(calls: list, max_calls: int, seed: int = 0) -> list:
     return [calls[i] for i in keep]
 
 
-def recording(model: nn.Module, index: int, max_calls: int = 32) -> BlockRecorder:
-    """Attach a :class:`BlockRecorder` for block ``index`` (detach it with :func:`stop`)."""
+@contextlib.contextmanager
+def recording(model: nn.Module, index: int, max_calls: int = 32) -> Iterator[BlockRecorder]:
+    """A :class:`BlockRecorder` of block ``index`` attached for the ``with`` body."""
     recorder = BlockRecorder(index, max_calls)
     attach(model, recorder)
-    return recorder
-
-
-def stop(model: nn.Module, recorder: BlockRecorder) -> None:
-    detach(model, recorder)
+    try:
+        yield recorder
+    finally:
+        detach(model, recorder)
 
 
 @dataclasses.dataclass
@@ -117,11 +120,11 @@ def refine_block(name: str, block: nn.Module, originals: dict[str, nn.Linear], c
     if not branched or not calls:
         return RefineResult(name, float("nan"), float("nan"), False, 0)
     with torch.no_grad():
-        _swap(block, originals)
+        swap_layers(block, originals)
         try:
             targets = [[o.detach().float() for o in _outputs(block(*a, **k))] for a, k in calls]
         finally:
-            _swap(block, quantized)
+            swap_layers(block, quantized)
     modes = {n: q.act_mode for n, q in quantized.items()}
     stored = {n: (q.lowrank_down, q.lowrank_up) for n, q in branched.items()}
     groups = []
@@ -168,10 +171,4 @@ def refine_block(name: str, block: nn.Module, originals: dict[str, nn.Linear], c
     return RefineResult(name, before, after, kept, len(branched))
 
 
-def _swap(block: nn.Module, layers: dict[str, nn.Module]) -> None:
-    for name, layer in layers.items():
-        parent, _, child = name.rpartition(".")
-        setattr(block.get_submodule(parent) if parent else block, child, layer)
-
-
-__all__ = ["BlockRecorder", "RefineResult", "recording", "refine_block", "sample_calls", "stop"]
+__all__ = ["BlockRecorder", "RefineResult", "recording", "refine_block", "sample_calls"]

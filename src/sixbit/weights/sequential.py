@@ -10,6 +10,7 @@ One calibration run per block: the price of the method, paid once at conversion.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Callable
@@ -20,7 +21,7 @@ from torch import nn
 from .. import formats
 from ..calibration import hessians
 from ..config import QuantConfig
-from ..models import block_index_of, iter_blocks
+from ..models import block_index_of, iter_blocks, swap_layers
 from ..nn import QuantLinear
 from ..transforms import hadamard, smoothquant
 from . import quantize_weight, refine, supports
@@ -62,12 +63,6 @@ def build(linear: nn.Linear, fmt: str, hadamard_block: int | None, config: Quant
                        input_divisor=divisor, lowrank=branch, weight_only=weight_only)
 
 
-def _swap(model: nn.Module, layers: dict[str, nn.Module]) -> None:
-    for name, layer in layers.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, layer)
-
-
 def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str]], config: QuantConfig,
                     run: Callable[[], object] | None = None, progress: bool = True) -> None:
     """Replace the planned layers (``{name: (format, hadamard block, role)}``) of ``model``.
@@ -87,7 +82,7 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
         for name, (fmt, hb, role) in plan.items():
             new[name] = build(model.get_submodule(name), fmt, hb, config, role)
             bar.update()
-        _swap(model, new)
+        swap_layers(model, new)
         bar.close()
         return
     found = list(iter_blocks(model))
@@ -101,12 +96,10 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
     try:
         for idx in sorted(groups):
             names = groups[idx]
-            recorder = refine.recording(model, idx, config.refine_calls) if config.refine_steps else None
-            try:
+            # refinement needs the block's inputs: recorded in the same run (None without refinement)
+            recording = refine.recording(model, idx, config.refine_calls) if config.refine_steps else contextlib.nullcontext()
+            with recording as recorder:
                 stats = hessians.collect(model, run, {n: originals[n] for n in names})
-            finally:
-                if recorder is not None:
-                    refine.stop(model, recorder)
             unused = [n for n in names if n not in stats]
             if unused:
                 logger.warning("calibration never ran %d layer(s) (e.g. %s): rounded without GPTQ", len(unused), unused[0])
@@ -116,7 +109,7 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
                 fmt, hb, role = plan[name]
                 new[name] = build(originals[name], fmt, hb, config, role, stats.get(name))
                 bar.update()
-            _swap(model, new)
+            swap_layers(model, new)
             del stats
             if recorder is not None and idx < len(found):
                 _, block_name, block, _ = found[idx]
@@ -127,7 +120,7 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
                             block_name, result.layers, result.error_before, result.error_after,
                             "kept" if result.kept else "discarded: no better")
     except BaseException:
-        _swap(model, originals)
+        swap_layers(model, originals)
         raise
     finally:
         bar.close()

@@ -48,7 +48,7 @@ from ...calibration import time_ranges as tr
 from ...calibration.data import CalibrationData
 from ...config import Role, pattern_problems
 from ...formats import integer
-from ...models import block_index_of, iter_blocks, spec_for
+from ...models import block_index_of, iter_blocks, spec_for, swap_layers
 from ...nn import QuantLinear
 from ...runtime.context import track_steps
 from .fit import fit_layer
@@ -345,10 +345,9 @@ def apply_static_w8a8(
         state.layers[name] = {"alpha": fit.alpha, "weight_bits": wbits, "boundary": boundary,
                               "error": fit.error, "error_shared": fit.error_shared}
         built[name] = (layer, quantizer)
-    for name, (layer, quantizer) in built.items():
+    for layer, quantizer in built.values():
         layer.act_quantizer = quantizer
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, layer)
+    swap_layers(model, {name: layer for name, (layer, _) in built.items()})
     install(state, track_steps(model))
     logger.info("static W8A8: %d layers, %d time range(s), smoothing %s", len(built), len(ranges), smoothing.value)
     return model
