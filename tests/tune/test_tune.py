@@ -22,6 +22,8 @@ from sixbit import ConvertConfig, QuantConfig
 from sixbit.presets import from_json_dict
 from sixbit.tune import Tuner, tune, tune_model
 from sixbit.tune.library import tuned_layers
+from sixbit.tune.search import SHORTLIST_STEP_DB, Constraint, shortlist
+from sixbit.tune.sensitivity import PSNR_CAP
 
 BASE = ConvertConfig(weights=QuantConfig(weight_format="int4-g16"), activations="fp")
 FORMATS = ("int4-g16", "int8")
@@ -130,6 +132,7 @@ def test_tuning_leaves_the_model_unchanged(tiny):
     assert all(torch.equal(v, tiny.model.state_dict()[k]) for k, v in before.items())
     assert torch.equal(sample(tiny, steps=2), out)
     assert sixbit.conversion_of(tiny.model) is None
+    assert "forward" not in vars(tiny.model)  # the converted copies stood in only while they ran
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -140,6 +143,7 @@ def test_tuning_leaves_the_model_unchanged(tiny):
     (dict(max_bits=5, formats=["int9"]), "unknown format 'int9'"),
     (dict(max_bits=5, formats="int8"), "formats must be a non-empty list"),
     (dict(max_bits=5, time_budget_s=0), "time_budget_s must be"),
+    ({"max_bits": 5, "confirm": 0}, "confirm must be a whole number ≥ 1"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs, message):
     calls = []
@@ -177,3 +181,52 @@ def test_an_unrepeatable_run_is_refused(tiny):
 def test_an_unreachable_psnr_is_said_so(tuner, caplog):
     report = tuner.search(min_psnr=150, generations=1, population=4)  # above even all-16-bit's cap
     assert "NOT reached" in report.config.description and "no assignment reached 150.00 dB" in caplog.text
+
+
+def test_the_report_carries_the_real_conversions_psnr(tuner):
+    report = tuner.search(max_bits=tuner.library.bits(tuner.library.uniform("int4-g16")) + 2.0,
+                          generations=2, population=4, confirm=2)
+    assert 2 <= len(report.confirmed) <= 3 and report.best in report.confirmed and report.greedy in report.confirmed
+    assert report.confirmed[0]["formats"] == tuner.library.formats(report.search.best)  # the search's best first
+    for c in report.confirmed:  # round to nearest: convert_model builds exactly the candidates, so they agree
+        assert 20 < c["real_psnr"] < PSNR_CAP and c["real_psnr"] == pytest.approx(c["psnr"], abs=1e-6)
+    assert report.best["real_psnr"] == max(c["real_psnr"] for c in report.confirmed)
+    assert f"{report.best['real_psnr']:.2f} dB converted" in report.summary()
+    assert f"{report.best['real_psnr']:.2f} dB on the calibration videos" in report.config.description
+    assert report.seconds["confirm"] > 0
+
+
+def test_real_runs_decide_the_min_psnr_pick(tuner, monkeypatch):
+    """The real conversions fall short of the candidates' PSNR just enough that the search's own
+    pick misses the target: the pick moves up to the fewest bits whose real PSNR reaches it."""
+    target = tuner.uniform["int4-g16"]["psnr"] + 10
+    library = tuner.search(min_psnr=target, generations=3, population=6)
+    short = library.best["psnr"] - target + 0.01
+    psnr_of_formats = {tuple(c["formats"].values()): c["psnr"] for c in library.confirmed}
+    monkeypatch.setattr(tuner, "converted_psnr", lambda formats: psnr_of_formats[tuple(formats.values())] - short)
+    report = tuner.search(min_psnr=target, generations=3, population=6)
+    reaching = [c for c in report.confirmed if c["real_psnr"] >= target]
+    assert reaching, "the shortlist climbs above the target so that a shortfall still leaves one"
+    assert report.best["real_psnr"] >= target and report.best["bits"] == min(c["bits"] for c in reaching)
+    assert report.best["bits"] > library.best["bits"]  # the library's pick fell short once converted
+    assert report.best["bits"] < tuner.uniform["int8"]["bits"]
+
+
+def test_shortlist_climbs_above_a_psnr_target_and_takes_the_best_under_a_budget():
+    measured = {(0,): (4.0, 34.0), (1,): (4.2, 35.1), (2,): (4.3, 35.6), (3,): (4.5, 36.2), (4,): (5.0, 37.5),
+                (5,): (6.0, 40.0), (6,): (4.4, 33.0), (7,): (4.6, 36.1)}
+    assert shortlist(Constraint(min_psnr=35), measured, 3) == [(1,), (3,), (4,)]  # (7,): more bits, lower PSNR
+    assert SHORTLIST_STEP_DB == 1.0
+    assert shortlist(Constraint(min_psnr=50), measured, 2) == [(5,), (4,)]  # none reaches: the closest
+    assert shortlist(Constraint(max_bits=6), measured, 2) == [(5,), (4,)]
+
+
+def test_confirmation_converts_with_sequential_gptq_on_the_calibration_run(tiny):
+    before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
+    gptq = ConvertConfig(weights=QuantConfig(weight_format="int4-g16", gptq=True), activations="fp")
+    report = tune_model(tiny.model, _run(tiny), max_bits=6.0, base=gptq, formats=FORMATS, population=4,
+                        generations=1, confirm=1, progress=False)
+    assert report.config.weights.gptq and report.best["bits"] <= 6.0
+    assert all(20 < c["real_psnr"] < PSNR_CAP for c in report.confirmed)  # GPTQ's runs reached the converted copy
+    assert all(torch.equal(v, tiny.model.state_dict()[k]) for k, v in before.items())
+    assert sixbit.conversion_of(tiny.model) is None and "forward" not in vars(tiny.model)

@@ -17,6 +17,10 @@ calibration PSNR ≥ ``min_psnr`` at the fewest bits.
   the survivors: fitness is the measured calibration PSNR (true runs decide). Elites survive.
   Reproducible for a seed: every draw comes from ``random.Random(seed)`` and every run is
   seeded.
+- :func:`shortlist` picks, from what the search measured, the few assignments worth converting
+  for real (the search's PSNR comes from candidates built on full-precision inputs, which
+  ``convert_model``'s sequential GPTQ does not reproduce exactly: the tuner lets those real
+  conversions make the final pick).
 """
 
 from __future__ import annotations
@@ -129,7 +133,7 @@ class SearchResult:
     """The best assignment found, what every measured one scored, and the search's history."""
 
     best: tuple[int, ...]
-    measured: dict[tuple[int, ...], tuple[float, float]]  # genome → (bits, calibration PSNR), search's runs
+    measured: dict[tuple[int, ...], tuple[float, float]]  # genome → (bits, calibration PSNR), every one scored
     history: list[dict]  # per generation: evaluations, best bits, best PSNR, seconds
     seconds: float
     stopped: str  # "generations" or "time budget"
@@ -156,9 +160,12 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
     library, rng, start = evaluator.library, random.Random(seed), time.perf_counter()
     before = set(evaluator.results)
     n = len(library.layers)
+    measured: dict[tuple[int, ...], tuple[float, float]] = {}
 
     def score(genome: tuple[int, ...]) -> tuple:
-        return _key(constraint, library.bits(genome), evaluator.psnr(genome))
+        if genome not in measured:  # run, or remembered from an earlier search: the same either way
+            measured[genome] = (library.bits(genome), evaluator.psnr(genome))
+        return _key(constraint, *measured[genome])
 
     def predicted(genome: tuple[int, ...]) -> tuple:
         return _key(constraint, library.bits(genome), psnr_of(sens.predict(genome)))
@@ -226,8 +233,29 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
             stopped = "time budget"
             break
     bar.close()
-    measured = {g: (library.bits(g), psnr_of(m)) for g, m in evaluator.results.items() if g not in before}
     return SearchResult(ranked[0], measured, history, time.perf_counter() - start, stopped)
 
 
-__all__ = ["Constraint", "SearchResult", "genetic", "greedy"]
+#: Under ``min_psnr`` the shortlist climbs this far (dB) above the target per assignment: the
+#: candidates' PSNR ran up to 1.5 dB above the real conversion's (BENCHMARKS.md, section tune).
+SHORTLIST_STEP_DB = 1.0
+
+
+def shortlist(constraint: Constraint, measured: dict[tuple[int, ...], tuple[float, float]],
+              count: int) -> list[tuple[int, ...]]:
+    """Up to ``count`` distinct assignments of ``measured`` (genome → (bits, PSNR)) worth
+    converting for real, best first: under a budget the highest PSNR; under ``min_psnr`` the
+    fewest bits that reach the target, then the fewest that reach ``SHORTLIST_STEP_DB`` above
+    it, twice that, … each above the previous pick's PSNR (so that a real conversion falling
+    short still leaves one that reaches it), topped up in search order."""
+    ranked = sorted(measured, key=lambda g: (*_key(constraint, *measured[g]), g), reverse=True)
+    picks: list[tuple[int, ...]] = []
+    if not constraint.budget:
+        for genome in ranked:  # fewest bits first among those that reach the target
+            psnr, last = measured[genome][1], measured[picks[-1]][1] if picks else -math.inf
+            if len(picks) < count and psnr > last and psnr >= constraint.min_psnr + SHORTLIST_STEP_DB * len(picks):
+                picks.append(genome)
+    return (picks + [g for g in ranked if g not in picks])[:count]
+
+
+__all__ = ["Constraint", "SearchResult", "genetic", "greedy", "shortlist"]

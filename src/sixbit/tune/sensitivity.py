@@ -79,17 +79,22 @@ class Evaluator:
             start = time.perf_counter()
             self.library.apply(genome)
             try:
-                videos = as_videos(self.run())
+                result = self.run()
             finally:
                 self.library.restore()
-            if videos.shape != self.reference.shape:
-                raise ValueError(f"the calibration run returned videos shaped {tuple(videos.shape)}, then "
-                                 f"{tuple(self.reference.shape)}: every run must generate the same videos")
-            if not bool(torch.isfinite(videos).all()):
-                raise ValueError("a tuned assignment produced NaN or Inf pixels: check the model in full precision first")
-            self.results[genome] = (videos - self.reference).double().pow(2).flatten(1).mean(1)
+            self.results[genome] = self.error(result)
             self.seconds += time.perf_counter() - start
         return self.results[genome]
+
+    def error(self, result) -> torch.Tensor:
+        """Per-video MSE of a calibration run's videos against the full-precision ones."""
+        videos = as_videos(result)
+        if videos.shape != self.reference.shape:
+            raise ValueError(f"the calibration run returned videos shaped {tuple(videos.shape)}, then "
+                             f"{tuple(self.reference.shape)}: every run must generate the same videos")
+        if not bool(torch.isfinite(videos).all()):
+            raise ValueError("a tuned assignment produced NaN or Inf pixels: check the model in full precision first")
+        return (videos - self.reference).double().pow(2).flatten(1).mean(1)
 
     def psnr(self, genome: tuple[int, ...]) -> float:
         return psnr_of(self(genome))
