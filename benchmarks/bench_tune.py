@@ -8,10 +8,12 @@
 
 Per model: stage 1 once (``sixbit.tune.Tuner`` on calibration pairs with seeds 20 000+), then
 the greedy assignment and the genetic search at two bit budgets — the bits of uniform NVFP4 (the
-4-bit recipe) and 6 bits — and at ``min_psnr``. Every row, uniform ones included, is then
-**converted for real** (``sixbit.convert_model`` with the config's ``layer_formats``: sequential
+4-bit recipe) and 6 bits — and at ``min_psnr``; each search ends by converting its shortlist and
+the greedy assignment for real on the calibration pairs (``confirm``), which makes its pick.
+Every row, uniform ones included, is then **converted for real** (``sixbit.convert_model`` with the config's ``layer_formats``: sequential
 GPTQ, as users run it) on a fresh pipeline and scored on held-out (prompt, seed) pairs never used
-in tuning: PSNR against the full-precision videos of the same pairs. *bits*: average stored bits
+in tuning: PSNR against the full-precision videos of the same pairs (and, with the same
+conversion, on the calibration pairs: *calib converted*). *bits*: average stored bits
 per tuned weight (attention and feed-forward linears; scales and low-rank branch included; full
 precision counted at 16). Activations: per-token INT8 (the ``w4a8`` base), a real integer GEMM.
 """
@@ -36,6 +38,7 @@ from sixbit.eval.shapes import generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.presets import resolve
 from sixbit.tune import DEFAULT_FORMATS, Tuner
+from sixbit.tune.sensitivity import psnr_of
 from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,16 +57,18 @@ def _bits(model, names) -> float:
     return total / numel
 
 
-def heldout(arch: str, config, names, pairs, calib, steps: int, ref) -> dict:
+def heldout(arch: str, config, names, pairs, calib, steps: int, ref, evaluator) -> dict:
     """Convert a fresh pipeline with ``config`` and score it on the held-out pairs (``names``: the
-    tuned layers, for the bits)."""
+    tuned layers, for the bits) and on the calibration pairs (``evaluator``: the tuner's, whose
+    reference videos are the full-precision calibration ones)."""
     pipe = load_pipeline(arch)
     t0 = time.perf_counter()
     sixbit.convert_model(pipe, lambda: generate_heldout(pipe, calib, steps, GUIDANCE)[0], config)
     seconds = time.perf_counter() - t0
     videos, _ = generate_heldout(pipe, pairs, steps, GUIDANCE)
+    calib_real = psnr_of(evaluator.error(generate_heldout(pipe, calib, steps, GUIDANCE)[0]))
     return {"bits": _bits(pipe.transformer, names), "psnr": float(np.mean([psnr(v, r) for v, r in zip(videos, ref)])),
-            "convert_s": seconds}
+            "calib_real_psnr": calib_real, "convert_s": seconds}
 
 
 def _config(layer_formats: dict, description: str):
@@ -94,16 +99,21 @@ def run_arch(arch: str, args) -> dict:
         rows.append({"kind": "uniform", "target": label, "calib_bits": u["bits"], "calib_psnr": u["psnr"],
                      "config": _config(u["formats"], f"uniform {label}")})
     for label, target in searches.items():
-        report = tuner.search(**target, seed=args.seed, population=args.population, generations=args.generations)
+        report = tuner.search(**target, seed=args.seed, population=args.population, generations=args.generations,
+                              confirm=args.confirm)
         log(f"[{arch}] {label}:\n{report.summary()}")
         rows.append({"kind": "greedy", "target": label, "calib_bits": report.greedy["bits"],
                      "calib_psnr": report.greedy["psnr"], "config": _config(report.greedy["formats"], f"greedy {label}")})
         rows.append({"kind": "genetic", "target": label, "calib_bits": report.best["bits"], "calib_psnr": report.best["psnr"],
-                     "config": report.config, "search_s": report.search.seconds,
-                     "evaluations": len(report.search.measured), "history": report.search.history})
+                     "config": report.config, "search_s": report.search.seconds, "confirm_s": report.seconds["confirm"],
+                     "evaluations": report.search.history[-1]["evaluations"], "history": report.search.history,
+                     "confirmed": [{k: c[k] for k in ("bits", "psnr", "real_psnr")} | {"picked": c is report.best}
+                                   for c in report.confirmed]})
     for row in rows:
-        row.update(heldout(arch, row.pop("config"), [layer.name for layer in names], pairs, calib, args.steps, ref))
-        log(f"[{arch}] {row['kind']} {row['target']}: calib {row['calib_psnr']:.2f} dB @ {row['calib_bits']:.2f} bits, "
+        row.update(heldout(arch, row.pop("config"), [layer.name for layer in names], pairs, calib, args.steps, ref,
+                           tuner.evaluator))
+        log(f"[{arch}] {row['kind']} {row['target']}: calib {row['calib_psnr']:.2f} dB with the candidates, "
+            f"{row['calib_real_psnr']:.2f} dB converted @ {row['calib_bits']:.2f} bits, "
             f"held-out {row['psnr']:.2f} dB @ {row['bits']:.2f} bits")
     sens = tuner.sensitivity
     layers = [{"name": layer.name, "role": layer.role,
@@ -149,21 +159,39 @@ def section(results: list[dict]) -> str:
         f"--steps {s['steps']} --population {s['population']} --generations {s['generations']}`, then `--merge`). "
         f"Machine: {results[0].get('machine', machine_description())}; each model in its own process, side by side. Candidates: {', '.join('16-bit' if f is None else f for f in FORMATS)} "
         "(the `w4a8` recipe: Hadamard 128, MSE scales, GPTQ, low-rank branch on the 3/4-bit ones; INT8 activations). "
-        "*calib*: PSNR on the tuning's own calibration pairs, as the search saw it (candidates built on full-precision "
-        "inputs); *held-out*: the config converted for real by `convert_model` and scored on "
-        f"{s['pairs']} held-out pairs. ![pareto](benchmarks/plots/tune_pareto.png)",
+        "*calib cand.*: PSNR on the tuning's own calibration pairs as the search saw it (candidates built once, GPTQ "
+        "on full-precision inputs); *calib conv.*: the same pairs with the config converted for real by "
+        "`convert_model` (sequential GPTQ); *held-out*: that conversion scored on "
+        f"{s['pairs']} held-out pairs. Each search ends by converting its {s.get('confirm', 3)} shortlisted assignments "
+        "(the best under a budget; under a PSNR target the fewest bits at it, then ≥ 1 dB and ≥ 2 dB above it) and the "
+        "greedy one for real on the calibration pairs; that real PSNR makes the pick (*confirm s*). "
+        "![pareto](benchmarks/plots/tune_pareto.png)",
     ]
     for res in results:
         lines += ["", f"### shapes-{res['arch']}", "",
                   f"Stage 1: {len(res['layers'])} layers × {len(FORMATS) - 1} formats in {res['stage1_s']:.0f} s; "
                   f"proxy (output error energy on the calibration inputs) vs measured video error: Spearman "
                   f"**{res['spearman']:+.2f}**.", "",
-                  "| assignment | target | bits | calib PSNR dB | held-out PSNR dB | calib − held-out | search s | runs |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+                  ("| assignment | target | bits | calib cand. dB | calib conv. dB | held-out dB | cand. − conv. "
+                   "| conv. − held-out | search s | confirm s | runs |"),
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in res["rows"]:
-            lines.append(f"| {r['kind']} | {r['target']} | {r['bits']:.2f} | {r['calib_psnr']:.2f} | {r['psnr']:.2f} | "
-                         f"{r['calib_psnr'] - r['psnr']:+.2f} | {r.get('search_s', 0):.0f} | {r.get('evaluations', '')} |")
+            lines.append(f"| {r['kind']} | {r['target']} | {r['bits']:.2f} | {r['calib_psnr']:.2f} | "
+                         f"{r['calib_real_psnr']:.2f} | {r['psnr']:.2f} | {r['calib_psnr'] - r['calib_real_psnr']:+.2f} | "
+                         f"{r['calib_real_psnr'] - r['psnr']:+.2f} | {r.get('search_s', 0):.0f} | "
+                         f"{r.get('confirm_s', 0):.0f} | {r.get('evaluations', '')} |")
         lines.append("")
+        for r in res["rows"]:
+            if r.get("confirmed"):
+                lines.append(f"- {r['target']}, converted for real on the calibration pairs (bits: candidates → "
+                             "converted dB): " + ", ".join(
+                                 f"{'**' if c['picked'] else ''}{c['bits']:.2f}: {c['psnr']:.2f} → {c['real_psnr']:.2f}"
+                                 f"{'**' if c['picked'] else ''}" for c in r["confirmed"]) + " (bold: the pick).")
+        gaps = [(r["calib_psnr"] - r["calib_real_psnr"], r["calib_real_psnr"] - r["psnr"]) for r in res["rows"]]
+        lines.append(f"- Gaps over the rows: candidates − converted (calibration) {np.mean([g[0] for g in gaps]):+.2f} dB "
+                     f"on average (from {min(g[0] for g in gaps):+.2f} to {max(g[0] for g in gaps):+.2f}); converted "
+                     f"calibration − held-out {np.mean([g[1] for g in gaps]):+.2f} dB (from {min(g[1] for g in gaps):+.2f} "
+                     f"to {max(g[1] for g in gaps):+.2f}).")
         lines += checks(res)
     return "\n".join(lines) + "\n"
 
@@ -200,6 +228,7 @@ def main(argv=None) -> int:
     parser.add_argument("--generations", type=int, default=6)
     parser.add_argument("--min-psnr", type=float, default=35.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--confirm", type=int, default=3, help="shortlisted assignments each search converts for real")
     parser.add_argument("--quick", action="store_true", help="2 pairs, 1 calibration pair, 3 steps, tiny search")
     parser.add_argument("--json", help="write this model's results here")
     parser.add_argument("--merge", nargs="+", help="results files to write the BENCHMARKS.md section from")
@@ -210,13 +239,15 @@ def main(argv=None) -> int:
         plots = ROOT / "benchmarks" / "plots"
         plots.mkdir(parents=True, exist_ok=True)
         _plot(results, plots / "tune_pareto.png")
+        for res, path in zip(results, args.merge):
+            (ROOT / "benchmarks" / "results" / f"tune_shapes-{res['arch']}.json").write_text(Path(path).read_text())
         update_section(args.out, "tune", section(results))
         print(f"wrote section 'tune' of {args.out}")
         return 0
     if args.arch is None or args.json is None:
         parser.error("give --arch and --json (or --merge)")
     if args.quick:
-        args.pairs, args.calib, args.steps, args.population, args.generations = 2, 1, 3, 4, 1
+        args.pairs, args.calib, args.steps, args.population, args.generations, args.confirm = 2, 1, 3, 4, 1, 1
     result = run_arch(args.arch, args)
     Path(args.json).write_text(json.dumps(result, indent=1, default=float))
     print(f"wrote {args.json}")
