@@ -31,6 +31,7 @@ naming an extension this sixbit does not know is refused before the model change
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -161,7 +162,9 @@ class CheckpointWriter:
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
     """Write ``model``'s quantized state to ``path`` (a ``.safetensors`` file), atomically.
 
-    ``model`` may also be a pipeline: its ``.transformer`` is saved.
+    ``model`` may also be a pipeline: its ``.transformer`` is saved. A model split across
+    processes (:class:`sixbit.parallel.TensorParallelWrapper`) is saved whole by rank 0, as one
+    file: every rank must call this.
 
     Example:
         >>> import torch, sixbit, tempfile, os
@@ -172,9 +175,13 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         '.safetensors'
     """
     from .optimize import resident_weights  # optimize imports this module
+    from .parallel import wrapper_of
 
     model = module_of(model)
-    with resident_weights(model):  # offloaded blocks are read back (refused if their files are gone)
+    wrapper = wrapper_of(model)  # split across processes: rank 0 writes the whole model
+    with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:
+        if not writes:
+            return Path(path)
         stored = {}
         for name, ext in extensions().items():
             payload = ext.export(model)
@@ -334,6 +341,9 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     """
     target = model
     model = module_of(model)
+    if getattr(model, "_sixbit_parallel", None) is not None:
+        raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
+                         "(every rank loads the whole file, then wraps)")
     path = Path(path)
     header, tensors = _open(path)
     stored, ext_tensors = _extension_parts(path, header, tensors)

@@ -151,12 +151,14 @@ def nvfp4_linear_reference(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torc
     return F.linear(nvfp4.quantize(x.float(), check=False).dequantize(), w.dequantize()).to(dtype)
 
 
-def nvfp4_linear(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """``x @ Wᵀ`` with dynamic NVFP4 activations on FP4 tensor cores (``torch._scaled_mm``)."""
+def nvfp4_linear(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torch.dtype = torch.bfloat16,
+                 x_global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ Wᵀ`` with dynamic NVFP4 activations on FP4 tensor cores (``torch._scaled_mm``);
+    ``x_global_scale``: the activations' per-tensor scale (default: from ``amax(|x|)``)."""
     if not fp4_supported(x.device):
         raise RuntimeError(f"NVFP4 × NVFP4 GEMMs need a Blackwell GPU (sm_100/sm_120), not {x.device}: "
                            "use nvfp4_linear_reference (emulation)")
-    xq = nvfp4.quantize(x.float(), check=False)
+    xq = nvfp4.quantize(x.float(), x_global_scale, check=False)
     a, sa = nvfp4_operands(xq)
     b, sb = nvfp4_operands(w)
     y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import formats, kernels
+from .._distributed import token_max, tokens_split
 from ..formats import Quantized, check_finite, integer, nvfp4
 from ..kernels import int8_matmul, int8_matmul_backend
 from ..transforms import hadamard
@@ -270,6 +271,54 @@ class QuantLinear(nn.Module):
         """The LoRAs on this layer: ``{name: scale}``."""
         return dict(self._loras)
 
+    # ---------------------------------------------------------------- row shards (tensor parallelism)
+
+    def row_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor holding one slice per output row, by attribute name: the weight's per-row
+        fields (codes, block or channel scales), the bias, the up factors of the low-rank branch
+        and of LoRAs. Per-tensor fields (NVFP4's global scale) are not among them."""
+        stored = self.quantized_weight()
+        if self.out_features < 2:
+            raise ValueError("a layer with one output row has no row shards")
+        one = stored.rows(0, 1).tensors()  # a field whose shape a row range changes is per-row
+        out = {f"weight_{n}": t for n, t in stored.tensors().items() if one[n].shape != t.shape}
+        if self.bias is not None:
+            out["bias"] = self.bias
+        if self.lowrank_up is not None:
+            out["lowrank_up"] = self.lowrank_up
+        out.update({f"lora_{n}_up": getattr(self, f"lora_{n}_up") for n in self._loras})
+        return out
+
+    def narrow_rows(self, start: int, stop: int) -> None:
+        """Keep output rows ``start:stop`` only, in place: a tensor-parallel shard. The packed
+        formats' blocks and groups run along the input dimension, so any row range holds whole
+        ones; per-tensor scales are kept; kept conversions are dropped."""
+        if not 0 <= start < stop <= self.out_features:
+            raise ValueError(f"rows {start}:{stop} are not a range of this layer's {self.out_features} rows")
+        if self.act_quantizer is not None:
+            raise ValueError("a layer with static activation scales (static W8A8) cannot be split by rows")
+        try:
+            part = self.quantized_weight().rows(start, stop).tensors()
+        except NotImplementedError as e:
+            raise ValueError(f"this {self.weight_format} weight cannot be split by rows: {e}") from None
+        rows = {}
+        for name, t in self.row_tensors().items():
+            field = name.removeprefix("weight_")
+            rows[name] = (part[field] if name.startswith("weight_") else t[start:stop]).clone()
+        self.set_rows(rows, stop - start)
+
+    def set_rows(self, tensors: dict[str, torch.Tensor], out_features: int) -> None:
+        """Replace the per-row tensors (:meth:`row_tensors`' names, all of them) by ones holding
+        ``out_features`` rows: :meth:`narrow_rows`' inverse when given every shard's rows in order."""
+        if set(tensors) != set(self.row_tensors()):
+            raise ValueError(f"set_rows needs exactly {sorted(self.row_tensors())}, got {sorted(tensors)}")
+        for name, t in tensors.items():
+            setattr(self, name, nn.Parameter(t, requires_grad=False) if name == "bias" else t)
+        self.out_features = out_features
+        if "shape" in self._weight_meta:
+            self._weight_meta = {**self._weight_meta, "shape": [out_features, self.in_features]}
+        self._converted.clear()
+
     def config(self) -> dict[str, Any]:
         """JSON-serialisable description used by checkpoints."""
         return {
@@ -397,10 +446,12 @@ class QuantLinear(nn.Module):
         return kernels.int8_linear_reference(x, w_codes, w_scale)  # torch ops: the fused path's twin
 
     def _forward_nvfp4(self, x: torch.Tensor) -> torch.Tensor:
+        # the per-tensor scale from every rank's tokens when a sequence-parallel model splits them
+        scale = nvfp4.global_scale_for(token_max(x.detach().abs().amax())) if tokens_split() else None
         if kernels.fp4_supported(x.device):  # FP4 tensor cores
-            return kernels.nvfp4_linear(x, self._weight_as("nvfp4"), torch.float32)
+            return kernels.nvfp4_linear(x, self._weight_as("nvfp4"), torch.float32, scale)
         # Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32.
-        return F.linear(nvfp4.quantize(x, check=False).dequantize(), self._weight_as("nvfp4").dequantize())
+        return F.linear(nvfp4.quantize(x, scale, check=False).dequantize(), self._weight_as("nvfp4").dequantize())
 
     def execution(self, mode: ActMode | str | None = None) -> str:
         """How a call at ``mode`` (default: the layer's own) runs, e.g. ``"int8 (real, torch._int_mm)"``."""

@@ -1,0 +1,218 @@
+"""Sequence (context) parallelism: each rank holds a contiguous slice of every call's video tokens.
+
+From the first block to the last, each rank holds ``1/N`` of the video tokens; attention
+exchanges tokens for heads (Ulysses: all-to-all) so every rank attends over the whole sequence
+for ``1/N`` of the heads, then exchanges back. Splitting and gathering are diffusers' own
+(``ContextParallelConfig``, its hooks and model plans); so is the attention exchange where the
+model's processors support it (Wan's, through diffusers' attention dispatcher). sixbit adds:
+
+- a plan and an attention exchange for CogVideoX, which diffusers does not split: its attention
+  runs over ``[text, video]``; the text tokens stay whole on every rank (226 of them against
+  thousands of video tokens), each rank takes its heads' share of them, and the video tokens go
+  through the all-to-all (``torch.distributed``'s functional collective), so the sequence every
+  head attends over is ``[text, video]`` in the single process's order;
+- the CPU: diffusers' ``enable_parallelism`` assumes an accelerator, so the same config is set
+  up here on a CPU device mesh (gloo);
+- runtime statistics over every rank's tokens (:mod:`sixbit._distributed`), so the delta cache,
+  DMPQ and PDR decide as the single process does.
+
+On this CPU both shipped models reproduce the single process's videos bit for bit, quantized
+ones included (the exchange keeps every head's token order; a different order would round
+differently, and quantized models amplify that: see :mod:`sixbit.parallel.tensor`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks.context_parallel import (
+    apply_context_parallel,
+    remove_context_parallel,
+)
+from diffusers.models._modeling_parallel import (
+    ContextParallelConfig,
+    ContextParallelInput,
+    ContextParallelOutput,
+    ParallelConfig,
+)
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .. import _distributed
+from ..methods.attention import attention_quant_of
+from ..models import iter_blocks
+from ..runtime.blocks import HOOK_NAME as BLOCK_HOOK
+
+ROUTE_HOOK = "sixbit_joint_attention"
+
+
+def _cogvideox_plan(model: nn.Module) -> dict:
+    rotary = ContextParallelInput(split_dim=0, expected_dims=2)
+    return {
+        "": {"image_rotary_emb": (rotary, rotary)},
+        "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
+        "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+    }
+
+
+# models whose diffusers class ships no context-parallel plan: sixbit's plan, and their attention
+# processors call F.scaled_dot_product_attention on [text, video] with the text whole on every rank
+_PLANS = {"CogVideoXTransformer3DModel": _cogvideox_plan}
+
+
+def plan_for(model: nn.Module) -> dict:
+    """diffusers' context-parallel plan of ``model`` (its own, or sixbit's for a class without one)."""
+    plan = getattr(model, "_cp_plan", None)
+    if plan:
+        return plan
+    build = _PLANS.get(type(model).__name__)
+    if build is None:
+        raise ValueError(f"{type(model).__name__} has no context-parallel plan (diffusers' _cp_plan), and sixbit has "
+                         f"none for it (it has: {sorted(_PLANS)}): use mode='tensor'")
+    return build(model)
+
+
+def _to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """``(B, H, L, D)``, this rank's tokens of every head → ``(B, H/N, N·L, D)``, every rank's
+    tokens (in rank order) of this rank's heads."""
+    b, h, n, d = x.shape
+    x = x.reshape(b, world, h // world, n, d).transpose(0, 1).contiguous()
+    x = funcol.wait_tensor(funcol.all_to_all_single(x, None, None, group))
+    return x.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * n, d)
+
+
+def _to_tokens(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """The inverse of :func:`_to_heads`."""
+    b, h, n, d = x.shape
+    x = x.reshape(b, h, world, n // world, d).permute(2, 0, 1, 3, 4).contiguous()
+    x = funcol.wait_tensor(funcol.all_to_all_single(x, None, None, group))
+    return x.transpose(0, 1).reshape(b, world * h, n // world, d)
+
+
+def joint_attention(q, k, v, text: int, scale, group) -> torch.Tensor:
+    """Attention over ``[text, video]`` (``(B, H, T + L, D)`` each; the ``T`` text tokens whole on
+    every rank, ``L`` video tokens this rank's slice), as the single process computes it."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    h = q.shape[1] // world
+
+    def gather(x):
+        return torch.cat([x[:, rank * h:(rank + 1) * h, :text], _to_heads(x[:, :, text:], group, world)], dim=2)
+
+    out = F.scaled_dot_product_attention(gather(q), gather(k), gather(v), scale=scale)
+    text_out = funcol.wait_tensor(funcol.all_gather_single(out[:, :, :text].contiguous(), 1, group))
+    return torch.cat([text_out, _to_tokens(out[:, :, text:], group, world)], dim=2)
+
+
+class _JointSDPA(TorchFunctionMode):
+    def __init__(self, text: int, group):
+        super().__init__()
+        self.text, self.group = text, group
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v, *rest = args
+        if rest or kwargs.get("attn_mask") is not None or kwargs.get("is_causal") or kwargs.get("dropout_p"):
+            raise ValueError("sequence parallelism runs unmasked, non-causal attention only; this model's attention "
+                             "has a mask, dropout or causal flag: use mode='tensor'")
+        return joint_attention(q, k, v, self.text, kwargs.get("scale"), self.group)
+
+
+class _JointHook(ModelHook):
+    """Inside an attention module: its ``F.scaled_dot_product_attention`` call → :func:`joint_attention`."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+
+    def new_forward(self, module, *args, **kwargs):
+        text = kwargs.get("encoder_hidden_states")
+        with _JointSDPA(0 if text is None else text.shape[1], self.group):
+            return self.fn_ref.original_forward(*args, **kwargs)
+
+
+@dataclasses.dataclass
+class SequenceShards:
+    """What :func:`enable` installed: the plan, the processors it configured and the modules it routes."""
+
+    config: ParallelConfig
+    plan: dict
+    configured: list[nn.Module]
+    routed: list[nn.Module]
+
+
+def _attention_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if getattr(m, "processor", None) is not None and hasattr(m, "to_q")]
+
+
+def check(model: nn.Module, world: int) -> None:
+    """Refuse a model sequence parallelism cannot run across ``world`` ranks (nothing changes)."""
+    plan_for(model)
+    if type(model).__name__ not in _PLANS:
+        plain = sorted({type(m.processor).__name__ for m in _attention_modules(model)
+                        if not hasattr(m.processor, "_parallel_config")})
+        if plain:
+            raise ValueError(f"the attention processors {plain} do not support diffusers' context parallelism: "
+                             "use mode='tensor'")
+    heads = {m.heads for m in _attention_modules(model)}
+    bad = sorted(h for h in heads if h % world)
+    if bad:
+        raise ValueError(f"Ulysses attention splits the heads across ranks: {bad[0]} heads do not divide across "
+                         f"{world} ranks; run with a number of processes that divides {bad[0]}, or mode='tensor'")
+    if attention_quant_of(model) is not None:
+        raise ValueError("quantized attention (ConvertConfig.attention) does not run sequence-parallel yet: "
+                         "convert without it, or use mode='tensor'")
+
+
+def enable(model: nn.Module, group) -> SequenceShards:
+    """Split ``model``'s tokens across ``group`` (in place; see the module doc)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if world != dist.get_world_size():
+        raise ValueError("sequence parallelism runs on the default process group (every rank) only")
+    check(model, world)
+    cp = ContextParallelConfig(ulysses_degree=world)
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    mesh = dist.device_mesh.init_device_mesh(device, cp.mesh_shape, mesh_dim_names=cp.mesh_dim_names)
+    config = ParallelConfig(context_parallel_config=cp)
+    config.setup(rank, world, torch.device(device), mesh=mesh)
+    configured, routed = [], []
+    plan = plan_for(model)
+    joint = type(model).__name__ in _PLANS
+    for m in _attention_modules(model):
+        if joint:
+            HookRegistry.check_if_exists_or_initialize(m).register_hook(_JointHook(group), ROUTE_HOOK)
+            routed.append(m)
+        else:
+            m.processor._parallel_config = config
+            configured.append(m)
+    apply_context_parallel(model, cp, plan)  # after the runtime methods' block hooks: it wraps them
+    _distributed.set_token_group(group)
+    return SequenceShards(config, plan, configured, routed)
+
+
+def check_order(model: nn.Module) -> None:
+    """Refuse to run when a runtime method was installed after the split (it would see whole
+    inputs and split outputs): install methods first, then wrap."""
+    for _, _, block, _ in iter_blocks(model):
+        registry = getattr(block, "_diffusers_hook", None)
+        order = [] if registry is None else registry._hook_order
+        if BLOCK_HOOK in order and any(n.startswith("cp_") for n in order) and \
+                order.index(BLOCK_HOOK) > max(i for i, n in enumerate(order) if n.startswith("cp_")):
+            raise RuntimeError("a runtime method (delta cache, DMPQ) was installed after the model was made "
+                               "sequence-parallel: install it first (convert_model, enable_delta_cache), then wrap")
+
+
+def disable(model: nn.Module, shards: SequenceShards) -> None:
+    """Undo :func:`enable`: whole sequences on every rank again."""
+    remove_context_parallel(model, shards.plan)
+    for m in shards.configured:
+        m.processor._parallel_config = None
+    for m in shards.routed:
+        m._diffusers_hook.remove_hook(ROUTE_HOOK, recurse=False)
+    _distributed.set_token_group(None, active=False)

@@ -1,0 +1,100 @@
+"""Run by ``test_parallel.py`` under ``torchrun --nproc-per-node 2`` (gloo, CPU).
+
+For each shipped model, full precision and quantized (``w4a8-rtn`` with the delta cache): the
+single-process video is made first on every rank, then a fresh pipeline is wrapped in each mode
+and its video compared with it; the cache's decisions are gathered from both ranks. A wrapped
+quantized model is saved (one file) and loaded into a fresh pipeline on rank 0; a runtime method
+installed after the split is refused. Rank 0 writes
+the measurements to ``argv[1]`` (JSON); the test asserts on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import sixbit
+from sixbit.eval.metrics import psnr
+from sixbit.methods.delta_cache import DeltaCache, DeltaCacheConfig, enable_delta_cache
+from sixbit.parallel import TensorParallelWrapper
+from sixbit.presets import resolve
+from sixbit.runtime import blocks
+from sixbit.zoo.shapes import load_pipeline
+
+STEPS = 10
+# a threshold at which both models skip blocks within the few steps
+QUANTIZED = dataclasses.replace(resolve("w4a8-rtn"), cache=DeltaCacheConfig(threshold=0.4),
+                                description="w4a8-rtn + delta cache")
+
+
+def build(arch: str, quantized: bool):
+    pipe = load_pipeline(arch)
+    if quantized:
+        sixbit.convert_model(pipe, None, QUANTIZED)
+    return pipe
+
+
+def video(pipe) -> np.ndarray:
+    return pipe(["a red circle moving right"], num_inference_steps=STEPS, guidance_scale=4.0,
+                generator=[torch.Generator().manual_seed(0)]).frames
+
+
+def decisions(transformer) -> dict | None:
+    cache = next(iter(blocks.attached(transformer, DeltaCache)), None)
+    return None if cache is None else {str(k): v for k, v in cache.report().decisions.items()}
+
+
+def main(out: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    results = {}
+    for arch in ("wan", "cogvideox"):
+        for quantized in (False, True):
+            ref_pipe = build(arch, quantized)
+            ref, ref_decisions = video(ref_pipe), decisions(ref_pipe.transformer)
+            ref_bytes = sum(t.numel() * t.element_size() for t in (*ref_pipe.transformer.parameters(),
+                                                                    *ref_pipe.transformer.buffers()))
+            for mode in ("tensor", "sequence"):
+                pipe = TensorParallelWrapper(build(arch, quantized), mode=mode)
+                got = video(pipe)
+                mine = decisions(pipe.transformer)
+                every = [None] * dist.get_world_size()
+                dist.all_gather_object(every, mine)
+                case = {"psnr": float(psnr(got[0], ref[0])), "max_diff": float(np.abs(got - ref).max()),
+                        "decisions_agree": all(d == every[0] for d in every),
+                        "decisions_as_single": every[0] == ref_decisions,
+                        "skips": 0 if mine is None else sum(v == "skip" for v in mine.values()),
+                        "bytes_ratio": pipe.weight_bytes() / ref_bytes}
+                if quantized and mode == "tensor":  # one checkpoint from the split model
+                    path = Path(tempfile.gettempdir()) / f"sixbit-parallel-{arch}.safetensors"
+                    sixbit.save(pipe, path)
+                    if rank == 0:
+                        fresh = load_pipeline(arch)
+                        sixbit.load(path, fresh)
+                        case["loaded_max_diff"] = float(np.abs(video(fresh) - ref).max())
+                        path.unlink()
+                if mode == "sequence":
+                    pipe.unwrap()
+                results[f"{arch}/{'quantized' if quantized else 'fp'}/{mode}"] = case
+    pipe = TensorParallelWrapper(build("wan", False), mode="sequence")
+    enable_delta_cache(pipe.transformer)  # after the split: refused at the call, on every rank
+    try:
+        video(pipe)
+        results["late_method_refused"] = False
+    except RuntimeError as e:
+        results["late_method_refused"] = "install it first" in str(e)
+    pipe.unwrap()
+    if rank == 0:
+        Path(out).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

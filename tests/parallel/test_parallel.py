@@ -1,0 +1,90 @@
+"""sixbit.parallel: a real 2-process gloo job on the shipped models, and the refusals in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import sixbit
+from sixbit.parallel import TensorParallelWrapper, sequence, tensor
+from sixbit.zoo.shapes import load_pipeline
+
+WORKER = Path(__file__).with_name("gloo_worker.py")
+
+
+@pytest.fixture(scope="module")
+def gloo_job(tmp_path_factory) -> dict:
+    """``torchrun --nproc-per-node 2`` of the worker (both shipped models, both modes, fp and
+    quantized with the delta cache): its measurements."""
+    out = tmp_path_factory.mktemp("parallel") / "results.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(WORKER), str(out)], check=False, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("arch", ["wan", "cogvideox"])
+@pytest.mark.parametrize("mode", ["tensor", "sequence"])
+@pytest.mark.parametrize("kind", ["fp", "quantized"])
+def test_two_processes_reproduce_the_single_process(gloo_job, arch, mode, kind):
+    case = gloo_job[f"{arch}/{kind}/{mode}"]
+    assert case["psnr"] >= (60 if kind == "fp" else 50), case
+    assert case["decisions_agree"] and case["decisions_as_single"], case
+    if kind == "quantized":
+        assert case["skips"] > 0, "the delta cache never skipped: its decisions were not exercised"
+    if mode == "tensor":
+        assert case["bytes_ratio"] <= 0.55, case
+    if kind == "quantized" and mode == "tensor":  # the one checkpoint of the split model, loaded whole
+        assert case["loaded_max_diff"] == 0.0, case
+
+
+def test_a_method_installed_after_the_split_is_refused(gloo_job):
+    assert gloo_job["late_method_refused"]
+
+
+@pytest.fixture
+def one_rank():
+    """A gloo process group of one rank in this process (removed afterwards)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_without_a_process_group_the_error_says_how_to_launch():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="torchrun --nproc-per-node"):
+        TensorParallelWrapper(load_pipeline("wan"))
+
+
+def test_heads_that_do_not_divide_are_refused_before_anything_changes():
+    transformer = load_pipeline("wan").transformer  # 4 heads
+    before = {k: v.clone() for k, v in transformer.state_dict().items()}
+    with pytest.raises(ValueError, match="4 attention heads, which do not divide across 3 ranks"):
+        tensor.check(transformer, 3)
+    with pytest.raises(ValueError, match="4 heads do not divide across 3 ranks"):
+        sequence.check(transformer, 3)
+    assert all(torch.equal(before[k], v) for k, v in transformer.state_dict().items())
+
+
+def test_one_rank_wraps_runs_and_refuses_misuse(one_rank, tmp_path):
+    pipe = load_pipeline("cogvideox")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        TensorParallelWrapper(pipe, mode="pipeline")
+    wrapped = TensorParallelWrapper(pipe, mode="tensor")
+    assert "nothing split" in wrapped.describe()
+    assert wrapped.transformer is pipe.transformer and wrapped.config is pipe.config  # delegation
+    with pytest.raises(ValueError, match="already wrapped"):
+        TensorParallelWrapper(pipe)
+    path = sixbit.save(wrapped, tmp_path / "m.safetensors")
+    with pytest.raises(ValueError, match="before wrapping"):
+        sixbit.load(path, pipe)
+    with pytest.raises(ValueError, match="device_ids names 2 devices for 1 ranks"):
+        TensorParallelWrapper(load_pipeline("cogvideox"), device_ids=[0, 1])
