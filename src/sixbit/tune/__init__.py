@@ -170,8 +170,8 @@ class Tuner:
 
     Building it records the input statistics, builds every candidate and measures the
     sensitivity (the expensive part); :meth:`search` runs stage 2 for one target. The model is
-    unchanged between calls (candidates are swapped in only while a run is measured). Arguments
-    as :func:`tune`."""
+    unchanged between calls (candidates are swapped in only while a run is measured, and a
+    converted copy stands in for it only while a confirmation runs). Arguments as :func:`tune`."""
 
     def __init__(self, model, calibration_data, *, base="w4a8", formats=DEFAULT_FORMATS, pipeline=None,
                  calibration_kwargs: dict | None = None, progress: bool = True):
