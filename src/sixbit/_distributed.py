@@ -18,28 +18,27 @@ from __future__ import annotations
 import torch
 
 _group = None  # the process group whose ranks split the tokens; None: nothing is split
-_active = False
 
 
-def set_token_group(group, active: bool = True) -> None:
-    """Reduce statistics over ``group`` from now on (``active=False``: stop)."""
-    global _group, _active
-    _group, _active = (group, True) if active else (None, False)
+def set_token_group(group) -> None:
+    """Reduce statistics over ``group`` from now on (``None``: stop)."""
+    global _group
+    _group = group
 
 
 def tokens_split() -> bool:
     """Whether a call's tokens are split across processes."""
-    return _active
+    return _group is not None
 
 
 def token_sum(t: torch.Tensor) -> torch.Tensor:
     """``t`` summed over the ranks that split the tokens (``t`` itself when none do)."""
-    return _reduce(t, torch.distributed.ReduceOp.SUM) if _active else t
+    return _reduce(t, torch.distributed.ReduceOp.SUM) if _group is not None else t
 
 
 def token_max(t: torch.Tensor) -> torch.Tensor:
     """``t``'s element-wise max over the ranks that split the tokens (``t`` itself when none do)."""
-    return _reduce(t, torch.distributed.ReduceOp.MAX) if _active else t
+    return _reduce(t, torch.distributed.ReduceOp.MAX) if _group is not None else t
 
 
 @torch.compiler.disable

@@ -4,7 +4,7 @@ For each shipped model, full precision and quantized (``w4a8-rtn`` with the delt
 single-process video is made first on every rank, then a fresh pipeline is wrapped in each mode
 and its video compared with it; the cache's decisions are gathered from both ranks. A wrapped
 quantized model is saved (one file) and loaded into a fresh pipeline on rank 0; a runtime method
-installed after the split is refused. Rank 0 writes
+installed after the split is refused; a plain loop calls the wrapped transformer. Rank 0 writes
 the measurements to ``argv[1]`` (JSON); the test asserts on them.
 """
 
@@ -83,6 +83,16 @@ def main(out: str) -> None:
                 if mode == "sequence":
                     pipe.unwrap()
                 results[f"{arch}/{'quantized' if quantized else 'fp'}/{mode}"] = case
+    g = torch.Generator().manual_seed(1)  # a plain loop: the transformer called directly, both modes
+    inputs = dict(hidden_states=torch.randn(2, 3, 4, 32, 32, generator=g), timestep=torch.tensor([500, 300]),
+                  encoder_hidden_states=torch.randn(2, 10, 64, generator=g), return_dict=False)
+    with torch.no_grad():
+        ref = load_pipeline("wan").transformer(**inputs)[0]
+        for mode in ("tensor", "sequence"):
+            wrapped = TensorParallelWrapper(load_pipeline("wan").transformer, mode=mode)
+            results[f"plain/{mode}"] = float((wrapped(**inputs)[0] - ref).abs().max())
+            if mode == "sequence":
+                wrapped.unwrap()
     pipe = TensorParallelWrapper(build("wan", False), mode="sequence")
     enable_delta_cache(pipe.transformer)  # after the split: refused at the call, on every rank
     try:

@@ -46,6 +46,11 @@ def test_two_processes_reproduce_the_single_process(gloo_job, arch, mode, kind):
         assert case["loaded_max_diff"] == 0.0, case
 
 
+@pytest.mark.parametrize("mode", ["tensor", "sequence"])
+def test_a_plain_loop_calls_the_wrapped_transformer(gloo_job, mode):
+    assert gloo_job[f"plain/{mode}"] < 1e-4
+
+
 def test_a_method_installed_after_the_split_is_refused(gloo_job):
     assert gloo_job["late_method_refused"]
 

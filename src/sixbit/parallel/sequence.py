@@ -52,12 +52,14 @@ ROUTE_HOOK = "sixbit_joint_attention"
 
 
 def _cogvideox_plan(model: nn.Module) -> dict:
-    rotary = ContextParallelInput(split_dim=0, expected_dims=2)
-    return {
-        "": {"image_rotary_emb": (rotary, rotary)},
+    plan = {
         "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
         "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
     }
+    if model.config.use_rotary_positional_embeddings:  # the video tokens' (cos, sin) tables, split alike
+        rotary = ContextParallelInput(split_dim=0, expected_dims=2)
+        plan[""] = {"image_rotary_emb": (rotary, rotary)}
+    return plan
 
 
 # models whose diffusers class ships no context-parallel plan: sixbit's plan, and their attention
@@ -215,4 +217,4 @@ def disable(model: nn.Module, shards: SequenceShards) -> None:
         m.processor._parallel_config = None
     for m in shards.routed:
         m._diffusers_hook.remove_hook(ROUTE_HOOK, recurse=False)
-    _distributed.set_token_group(None, active=False)
+    _distributed.set_token_group(None)
