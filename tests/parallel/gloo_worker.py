@@ -1,9 +1,10 @@
 """Run by ``test_parallel.py`` under ``torchrun --nproc-per-node 2`` (gloo, CPU).
 
-For each shipped model, full precision and quantized (``w4a8-rtn`` with the delta cache): the
-single-process video is made first on every rank, then a fresh pipeline is wrapped in each mode
-and its video compared with it; the cache's decisions are gathered from both ranks. A wrapped
-quantized model is saved (one file) and loaded into a fresh pipeline on rank 0; a runtime method
+For each shipped model, full precision and quantized, each with the delta cache off and on
+(:data:`KINDS`): the single-process video is made first on every rank, then a fresh pipeline is
+wrapped in each mode and its video compared with it; the cache's decisions are gathered from
+both ranks. A wrapped ``balanced`` model is saved (one file) and loaded into a fresh pipeline on
+rank 0; a runtime method
 installed after the split is refused; a plain loop calls the wrapped transformer. Rank 0 writes
 the measurements to ``argv[1]`` (JSON); the test asserts on them.
 """
@@ -29,21 +30,35 @@ from sixbit.runtime import blocks
 from sixbit.zoo.shapes import load_pipeline
 
 STEPS = 10
-# a threshold at which both models skip blocks within the few steps
-QUANTIZED = dataclasses.replace(resolve("w4a8-rtn"), cache=DeltaCacheConfig(threshold=0.4),
-                                description="w4a8-rtn + delta cache")
+CACHE = DeltaCacheConfig(threshold=0.4)  # a threshold at which both models skip blocks within the few steps
+BALANCED = resolve("balanced")
+KINDS = {  # full precision and quantized, each with the delta cache off and on (balanced: DMPQ too)
+    "fp": None,
+    "fp+cache": dataclasses.replace(resolve("tdc"), cache=CACHE),
+    "w4a8-rtn": resolve("w4a8-rtn"),
+    "balanced+cache": dataclasses.replace(BALANCED, cache=dataclasses.replace(BALANCED.cache, threshold=0.4)),
+}
 
 
-def build(arch: str, quantized: bool):
+def build(arch: str, kind: str, folder: Path):
+    """A fresh pipeline of ``kind``. ``balanced`` calibrates (GPTQ, DMPQ): converted once per rank
+    and model, then loaded from that rank's own checkpoint."""
     pipe = load_pipeline(arch)
-    if quantized:
-        sixbit.convert_model(pipe, None, QUANTIZED)
+    config = KINDS[kind]
+    if kind.startswith("balanced"):
+        path = folder / f"{arch}-{dist.get_rank()}.safetensors"
+        if not path.exists():
+            sixbit.convert_model(pipe, lambda: video(pipe, seed=7), config)
+            sixbit.save(pipe, path)
+        sixbit.load(path, pipe)
+    elif config is not None:
+        sixbit.convert_model(pipe, None, config)
     return pipe
 
 
-def video(pipe) -> np.ndarray:
+def video(pipe, seed: int = 0) -> np.ndarray:
     return pipe(["a red circle moving right"], num_inference_steps=STEPS, guidance_scale=4.0,
-                generator=[torch.Generator().manual_seed(0)]).frames
+                generator=[torch.Generator().manual_seed(seed)]).frames
 
 
 def decisions(transformer) -> dict | None:
@@ -55,14 +70,15 @@ def main(out: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     results = {}
+    folder = Path(tempfile.mkdtemp())
     for arch in ("wan", "cogvideox"):
-        for quantized in (False, True):
-            ref_pipe = build(arch, quantized)
+        for kind in KINDS:
+            ref_pipe = build(arch, kind, folder)
             ref, ref_decisions = video(ref_pipe), decisions(ref_pipe.transformer)
             ref_bytes = sum(t.numel() * t.element_size() for t in (*ref_pipe.transformer.parameters(),
                                                                     *ref_pipe.transformer.buffers()))
             for mode in ("tensor", "sequence"):
-                pipe = TensorParallelWrapper(build(arch, quantized), mode=mode)
+                pipe = TensorParallelWrapper(build(arch, kind, folder), mode=mode)
                 got = video(pipe)
                 mine = decisions(pipe.transformer)
                 every = [None] * dist.get_world_size()
@@ -72,20 +88,19 @@ def main(out: str) -> None:
                         "decisions_as_single": every[0] == ref_decisions,
                         "skips": 0 if mine is None else sum(v == "skip" for v in mine.values()),
                         "bytes_ratio": pipe.weight_bytes() / ref_bytes}
-                if quantized and mode == "tensor":  # one checkpoint from the split model
-                    path = Path(tempfile.gettempdir()) / f"sixbit-parallel-{arch}.safetensors"
+                if kind.startswith("balanced") and mode == "tensor":  # one checkpoint from the split model
+                    path = folder / f"split-{arch}.safetensors"
                     sixbit.save(pipe, path)
                     if rank == 0:
                         fresh = load_pipeline(arch)
                         sixbit.load(path, fresh)
                         case["loaded_max_diff"] = float(np.abs(video(fresh) - ref).max())
-                        path.unlink()
                 if mode == "sequence":
                     pipe.unwrap()
-                results[f"{arch}/{'quantized' if quantized else 'fp'}/{mode}"] = case
+                results[f"{arch}/{kind}/{mode}"] = case
     g = torch.Generator().manual_seed(1)  # a plain loop: the transformer called directly, both modes
-    inputs = dict(hidden_states=torch.randn(2, 3, 4, 32, 32, generator=g), timestep=torch.tensor([500, 300]),
-                  encoder_hidden_states=torch.randn(2, 10, 64, generator=g), return_dict=False)
+    inputs = {"hidden_states": torch.randn(2, 3, 4, 32, 32, generator=g), "timestep": torch.tensor([500, 300]),
+              "encoder_hidden_states": torch.randn(2, 10, 64, generator=g), "return_dict": False}
     with torch.no_grad():
         ref = load_pipeline("wan").transformer(**inputs)[0]
         for mode in ("tensor", "sequence"):
@@ -93,7 +108,7 @@ def main(out: str) -> None:
             results[f"plain/{mode}"] = float((wrapped(**inputs)[0] - ref).abs().max())
             if mode == "sequence":
                 wrapped.unwrap()
-    pipe = TensorParallelWrapper(build("wan", False), mode="sequence")
+    pipe = TensorParallelWrapper(load_pipeline("wan"), mode="sequence")
     enable_delta_cache(pipe.transformer)  # after the split: refused at the call, on every rank
     try:
         video(pipe)
