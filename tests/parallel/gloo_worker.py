@@ -108,6 +108,13 @@ def main(out: str) -> None:
             results[f"plain/{mode}"] = float((wrapped(**inputs)[0] - ref).abs().max())
             if mode == "sequence":
                 wrapped.unwrap()
+    wrapped = TensorParallelWrapper(load_pipeline("wan").transformer, mode="sequence")
+    try:  # 2 latent frames of 20 × 12: one frame patch of 5 × 3 = 15 tokens, refused by the check
+        wrapped(**{**inputs, "hidden_states": torch.randn(2, 3, 2, 20, 12, generator=g)})
+        results["odd_tokens_refused"] = False
+    except ValueError as e:
+        results["odd_tokens_refused"] = "do not split evenly across 2 ranks" in str(e)
+    wrapped.unwrap()
     pipe = TensorParallelWrapper(load_pipeline("wan"), mode="sequence")
     enable_delta_cache(pipe.transformer)  # after the split: refused at the call, on every rank
     try:

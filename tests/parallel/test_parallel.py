@@ -55,6 +55,10 @@ def test_a_method_installed_after_the_split_is_refused(gloo_job):
     assert gloo_job["late_method_refused"]
 
 
+def test_tokens_that_do_not_split_evenly_are_refused_with_the_fix(gloo_job):
+    assert gloo_job["odd_tokens_refused"]
+
+
 @pytest.fixture
 def one_rank():
     """A gloo process group of one rank in this process (removed afterwards)."""

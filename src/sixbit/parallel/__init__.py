@@ -82,14 +82,13 @@ class TensorParallelWrapper:
             if not torch.cuda.is_available():
                 raise ValueError("device_ids names CUDA devices, and this machine has none: leave it None on CPUs")
         self._model, self.mode, self.group = model, mode, group
-        self._order_check = self.shards = None
+        self.shards = None
         if self.world == 1:
             pass  # one rank: nothing to split (the script runs as it would unwrapped)
         elif mode == "tensor":
             self.shards = tensor.shard(transformer, group)
         else:
             self.shards = sequence.enable(transformer, group)
-            self._order_check = transformer.register_forward_pre_hook(lambda module, args: sequence.check_order(module))
         if device_ids is not None:
             transformer.to(torch.device("cuda", device_ids[self.rank]))
         transformer._sixbit_parallel = self
@@ -118,7 +117,6 @@ class TensorParallelWrapper:
         transformer = self.transformer
         if self.shards is not None:
             sequence.disable(transformer, self.shards)
-            self._order_check.remove()
         del transformer._sixbit_parallel
         return self._model
 

@@ -49,6 +49,7 @@ from ..models import iter_blocks
 from ..runtime.blocks import HOOK_NAME as BLOCK_HOOK
 
 ROUTE_HOOK = "sixbit_joint_attention"
+GUARD_HOOK = "sixbit_sequence_guard"
 
 
 def _cogvideox_plan(model: nn.Module) -> dict:
@@ -195,7 +196,27 @@ def enable(model: nn.Module, group) -> SequenceShards:
             configured.append(m)
     apply_context_parallel(model, cp, plan)  # after the runtime methods' block hooks: it wraps them
     _distributed.set_token_group(group)
+    HookRegistry.check_if_exists_or_initialize(model).register_hook(_Guard(world), GUARD_HOOK)  # outermost
     return SequenceShards(config, plan, configured, routed)
+
+
+class _Guard(ModelHook):
+    """Around the whole call: refuse methods installed after the split; name the fix when the
+    tokens do not split evenly (diffusers' sharder only asserts)."""
+
+    def __init__(self, world: int):
+        super().__init__()
+        self.world = world
+
+    def new_forward(self, module, *args, **kwargs):
+        check_order(module)
+        try:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        except AssertionError as e:
+            if "divisible by mesh size" not in str(e):
+                raise
+            raise ValueError(f"this call's video tokens do not split evenly across {self.world} ranks: choose frames, "
+                             f"height and width whose latent patches divide by {self.world}, or use mode='tensor'") from None
 
 
 def check_order(model: nn.Module) -> None:
@@ -217,4 +238,5 @@ def disable(model: nn.Module, shards: SequenceShards) -> None:
         m.processor._parallel_config = None
     for m in shards.routed:
         m._diffusers_hook.remove_hook(ROUTE_HOOK, recurse=False)
+    model._diffusers_hook.remove_hook(GUARD_HOOK, recurse=False)
     _distributed.set_token_group(None)
