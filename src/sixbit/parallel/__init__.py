@@ -56,8 +56,9 @@ class TensorParallelWrapper:
         mode: ``"tensor"`` (default) or ``"sequence"`` (see :mod:`sixbit.parallel`).
         group: the process group (default: every rank).
 
-    Each rank's tokens in sequence mode are an equal, contiguous slice of the sequence: the
-    video tokens (and CogVideoX's text tokens) must divide by the world size.
+    In sequence mode each rank holds an equal, contiguous slice of every call's video tokens:
+    their number must divide by the world size (a clear error says so). Tensor mode needs the
+    attention heads to divide by it.
 
     Example:
         >>> transformer = TensorParallelWrapper(transformer, mode="tensor")   # doctest: +SKIP
@@ -141,12 +142,14 @@ class TensorParallelWrapper:
     def writing(self) -> Iterator[bool]:
         """For a checkpoint: yields whether this rank writes it (rank 0, holding the whole
         weights inside); every rank must enter it, and all leave together."""
-        if self.mode == "tensor" and self.shards is not None:
-            with tensor.whole_on_rank0(self.transformer, self.shards):
+        try:
+            if self.mode == "tensor" and self.shards is not None:
+                with tensor.whole_on_rank0(self.transformer, self.shards):
+                    yield self.rank == 0
+            else:
                 yield self.rank == 0
-        else:
-            yield self.rank == 0
-        dist.barrier(group=self.group)
+        finally:  # a failed write raises on rank 0 and leaves the others waiting no longer
+            dist.barrier(group=self.group)
 
     def save(self, path) -> Path:
         """``sixbit.save`` of the whole model: one checkpoint, written by rank 0."""

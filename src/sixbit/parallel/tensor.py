@@ -106,7 +106,6 @@ class TensorShards:
     cut: dict[str, int] = dataclasses.field(default_factory=dict)
     heads: dict[str, int] = dataclasses.field(default_factory=dict)
     whole: list[str] = dataclasses.field(default_factory=list)
-    handles: list = dataclasses.field(default_factory=list, repr=False)
 
 
 def _linears(module: nn.Module) -> bool:
@@ -129,10 +128,20 @@ def check(model: nn.Module, world: int) -> None:
             layer = getattr(attn, proj)
             if not _linears(layer):
                 raise ValueError(f"{name}.{proj} is a {type(layer).__name__}, not a linear: cannot cut it by heads")
+            if layer.out_features != attn.to_q.out_features:
+                raise ValueError(f"{name} has fewer key/value heads than query heads (grouped-query attention), "
+                                 "which tensor parallelism does not cut: use mode='sequence'")
     for name, m in model.named_modules():
-        if isinstance(m, QuantLinear) and m.act_quantizer is not None:
+        if not isinstance(m, QuantLinear):
+            continue
+        if m.act_quantizer is not None:
             raise ValueError(f"{name} has static activation scales (static W8A8), which tensor parallelism does not "
                              "split: use mode='sequence' or another preset")
+        try:
+            m.quantized_weight().rows(0, 1)
+        except NotImplementedError as e:
+            raise ValueError(f"{name}'s {m.weight_format} weight cannot be cut by rows ({e}): "
+                             "use mode='sequence'") from None
 
 
 def shard(model: nn.Module, group) -> TensorShards:
@@ -160,8 +169,8 @@ def shard(model: nn.Module, group) -> TensorShards:
             n = getattr(attn, norm, None)
             if n is not None and _width(n) == inner:  # across all heads: run it on all of them, keep ours
                 start, stop = _rows(inner, rank, world)
-                shards.handles.append(n.register_forward_pre_hook(_gather_input(group)))
-                shards.handles.append(n.register_forward_hook(lambda _, __, y, a=start, b=stop: y[..., a:b]))
+                n.register_forward_pre_hook(_gather_input(group))
+                n.register_forward_hook(lambda _, __, y, a=start, b=stop: y[..., a:b])
         for out in ("to_out.0", "to_add_out"):
             if _linears(modules.get(f"{name}.{out}")):
                 gathered_in.add(f"{name}.{out}")
@@ -186,12 +195,12 @@ def shard(model: nn.Module, group) -> TensorShards:
             shards.whole.append(name)
             continue
         if name in gathered_in:
-            shards.handles.append(m.register_forward_pre_hook(_gather_input(group)))
+            m.register_forward_pre_hook(_gather_input(group))
         if m.out_features % world:  # its input was gathered; it stays whole
             shards.whole.append(name)
             continue
         cut(name, m.out_features)
-        shards.handles.append(m.register_forward_hook(lambda _, __, y: _gather_last(y, group)))
+        m.register_forward_hook(lambda _, __, y: _gather_last(y, group))
     return shards
 
 
