@@ -67,8 +67,10 @@ def register(subparsers) -> None:
         description="Run every method through the same pipeline, prompts, seeds and steps; write results.md, "
         "results.csv, results.json, PNG plots and index.html with the videos into -o. Method names: fp, the "
         "sixbit presets (balanced, w8a8-static, w4a6-dynamic, tdc, …) and peers (fbcache, magcache, taylorseer, "
-        "pab, fastercache, torchao-int8dq, quanto-qint8, quanto-qint4); append -VALUE to set a method's knob, "
-        "e.g. fbcache-0.2 (threshold), pab-3 (skip range), tdc-0.25 (threshold). --list-methods shows them all. "
+        "pab, fastercache, cache-dit's dbcache, dbcache-ts1, dbcache-ts2, dbcache-f1b1, dbcache-f1b1-ts1, "
+        "dbcache-nocap, torchao-int8dq, quanto-qint8, quanto-qint4); append -VALUE to set a method's knob, "
+        "e.g. fbcache-0.2 (threshold), pab-3 (skip range), tdc-0.25 (threshold), dbcache-ts1-0.12 (residual diff "
+        "threshold). --list-methods shows them all. "
         "A run starts when it names its --methods or is confirmed with --yes; bare `sixbit bench` only prints "
         "what it would run (every default method: a long run).",
     )

@@ -7,7 +7,9 @@ to full precision, say); other linears (``nn.Linear``, peers' quantized linears)
 hook installed *innermost* on each, labelled by ``precision_of``. Attention is counted where it
 happens, at ``torch.nn.functional.scaled_dot_product_attention`` (a ``TorchFunctionMode``):
 a cache that skips attention (PAB, FasterCache) or whole blocks (FirstBlockCache, MagCache,
-TDC) simply never reaches it. A block call "ran" when any linear inside it ran.
+TDC) simply never reaches it. A block call "ran" when any linear inside it ran; a block not
+called at all during a transformer call (cache-dit's DBCache loops over the blocks itself and
+leaves out the cached ones) counts as a skipped call.
 
 The counters add Python work to every call: install them for an untimed run only.
 
@@ -168,9 +170,16 @@ class WorkCounter:
         self._mode.__exit__(*exc)
         self.active = False
 
+    def _transformer_calls(self) -> set[tuple[int, str]]:
+        """``(step, branch)`` of every transformer call in which some block ran or was skipped."""
+        return {(s, b) for s, b, _ in self.calls}
+
     def totals(self) -> WorkTotals:
-        skipped = sum(1 for ran, _ in self.calls.values() if not ran)
-        return WorkTotals(dict(self.gemm), self.attention, len(self.calls), skipped)
+        # a block never called during a transformer call that ran is a skipped call too: cache-dit
+        # swaps the block list for its own loop and does not call the blocks it serves from cache
+        expected = len(self._transformer_calls()) * self.n_blocks
+        skipped = sum(1 for ran, _ in self.calls.values() if not ran) + expected - len(self.calls)
+        return WorkTotals(dict(self.gemm), self.attention, expected, skipped)
 
     def grid(self, branch: str | None = None) -> tuple[list[int], list[list[str]]]:
         """``(steps, map[step][block])``: ``"skip"`` or the precision with most GEMM FLOPs in that call.
@@ -187,8 +196,8 @@ class WorkCounter:
         for s in steps:
             row = []
             for block in range(self.n_blocks):
-                ran, flops = self.calls.get((s, branch, block), (None, {}))
-                row.append("" if ran is None else ("skip" if not ran else max(flops, key=flops.get)))
+                ran, flops = self.calls.get((s, branch, block), (False, {}))  # not called: skipped
+                row.append("skip" if not ran else max(flops, key=flops.get))
             rows.append(row)
         return steps, rows
 

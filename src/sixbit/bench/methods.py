@@ -7,6 +7,14 @@ threshold 0.25. Our methods are the presets of :mod:`sixbit.presets` (``balanced
 ``w8a8-static``, ``w4a6-dynamic``, …), converted with :func:`sixbit.convert_model` on
 calibration generations made with the benchmark's own steps and CFG.
 
+cache-dit's DBCache (family ``cache-dit``, the ``bench`` extra) is registered as
+``dbcache``, ``dbcache-ts1``, ``dbcache-ts2`` (TaylorSeer calibrator of order 1, 2),
+``dbcache-f1b1``, ``dbcache-f1b1-ts1`` (Fn=1 front and Bn=1 back compute blocks) and
+``dbcache-nocap``; ``-VALUE`` is the residual-diff threshold (default 0.12: ``dbcache-0.12``,
+``dbcache-ts1-0.2``), every variant but ``nocap`` caps cached steps in a row at 3, and all
+compute Fn=1 front blocks. What each sets and what cache-dit needs from a pipeline:
+:mod:`sixbit.bench.peer_cache_dit`.
+
 A peer whose library is missing or that fails here is reported with the reason, not dropped
 (:meth:`Method.unavailable`, and the harness catches errors while applying it).
 """
@@ -24,6 +32,8 @@ import torch
 from torch import nn
 
 from .counting import default_precision
+from .peer_cache_dit import VARIANTS as CACHE_DIT_VARIANTS
+from .peer_cache_dit import apply_dbcache
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +59,7 @@ class Method:
 
     Attributes:
         name: base name used in ``--methods``.
-        family: who provides it (``"sixbit"``, ``"diffusers"``, ``"torchao"``, ``"optimum-quanto"``, ``"reference"``).
+        family: who provides it (``"sixbit"``, ``"diffusers"``, ``"cache-dit"``, ``"torchao"``, ``"optimum-quanto"``, ``"reference"``).
         description: one line for the tables.
         apply: ``apply(pipe, context, value) -> note`` changes ``pipe`` in place; the note goes in the table.
         param: what ``-VALUE`` sets (``None``: no knob); without ``-VALUE`` the library's default applies.
@@ -289,6 +299,18 @@ register(Method("magcache", "diffusers", "MagCache (diffusers), calibrated on th
 register(Method("taylorseer", "diffusers", "TaylorSeerCache (diffusers)", _apply_taylorseer, "cache_interval"))
 register(Method("pab", "diffusers", "PyramidAttentionBroadcast (diffusers)", _apply_pab, "skip range"))
 register(Method("fastercache", "diffusers", "FasterCache (diffusers)", _apply_fastercache, "skip range"))
+
+
+# ------------------------------------------------------------------------ cache-dit (its DBCache; see peer_cache_dit)
+
+
+def _apply_cache_dit(variant):
+    return lambda pipe, ctx, value: apply_dbcache(pipe, ctx, value, variant)
+
+
+for _variant in CACHE_DIT_VARIANTS:
+    register(Method(_variant.name, "cache-dit", _variant.description, _apply_cache_dit(_variant),
+                    "residual_diff_threshold", requires=("cache_dit",)))
 
 
 # ------------------------------------------------------------------------ quantization peers
