@@ -1,0 +1,368 @@
+"""Every cache on the shipped models, speedup against PSNR, with cache-dit's DBCache (issue 23).
+
+The delta cache (``tdc``) at several thresholds, diffusers' caches, cache-dit's DBCache
+configurations and the quantized preset with the cache (``balanced``) → BENCHMARKS.md (section
+``cache-pareto``) and ``benchmarks/plots/cache_pareto.png`` (issue 23's deliverable 3 and its
+done-when check).
+
+    python benchmarks/bench_caches.py                          # both models side by side, then the section
+    python benchmarks/bench_caches.py --model shapes-wan       # one model (one harness process), no section
+    python benchmarks/bench_caches.py --merge                  # the section from the results already written
+    python benchmarks/bench_caches.py --quick                  # checks the script: 1 prompt × 4 steps, scratch files
+
+Each model runs the harness (``python -m sixbit.cli bench --prompts 4 --steps 20
+--calibration-prompts 4 --threads 1 --quiet``) in its own process with one CPU thread, the two
+side by side, like ``run_all.py``'s lanes (about 15 minutes each on 2 shared cores); full outputs
+in ``benchmarks/results/caches-<model>/`` (``results.json``/``results.csv`` are committed; the skip
+maps and ``index.html`` with the videos are not).
+
+The methods (:data:`METHODS`), chosen from skip shares measured at 20 steps:
+
+* ``tdc`` from threshold 0.1 (skips ≈ 0–10 % of block calls) to 0.4. From ≈ 0.15 up it skips
+  every step it may: ``max_skips=2`` (at most two skipped steps in a row) caps it at ≈ 50 % of
+  block calls, ≈ 2×, so larger thresholds add the same point again (0.4 shows it);
+* diffusers' caches at ``run_all.py``'s settings plus FirstBlockCache 0.1 and 0.5 and
+  TaylorSeer intervals 2 and 5;
+* cache-dit's DBCache (:mod:`sixbit.bench.peer_cache_dit`): with one compute block in front
+  (Fn=1) of the shipped models' four, warm-up 4 steps and at most 3 cached steps in a row, it
+  can skip at most 45 % of block calls (≈ 1.7×) however high the threshold; Bn=1 at most 30 %
+  (≈ 1.35×); only ``dbcache-nocap`` goes further (60 %, ≈ 2.3×). The thresholds span each
+  configuration from its first skips (≈ 0.1) to that ceiling, so 3× is out of reach of all of them.
+
+The check (the issue's done-when, like ``run_all.py``'s ``cache-check``): for every cache-dit point
+with 1.5× ≤ speedup ≤ 2.5×, is there a ``tdc`` point at equal or greater speedup with higher PSNR;
+and is the default ``tdc`` on the Pareto front of every cache point (all rows but FP). Speedups
+are wall-clock on a shared CPU and drift by tenths; skip shares are exact, so the section also
+gives the same check by skip share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PLOTS = ROOT / "benchmarks" / "plots"
+MODELS = ("shapes-cogvideox", "shapes-wan")
+SECTION = "cache-pareto"
+
+TDC = "tdc-0.1,tdc-0.12,tdc-0.14,tdc-0.17,tdc,tdc-0.25,tdc-0.3,tdc-0.4"
+DIFFUSERS = ("fbcache-0.1,fbcache-0.2,fbcache-0.3,fbcache-0.4,fbcache-0.5,magcache,magcache-0.12,magcache-0.24,"
+             "magcache-0.3,taylorseer-2,taylorseer-3,taylorseer-5,pab-2,fastercache-2")
+CACHE_DIT = ("dbcache-0.12,dbcache-0.15,dbcache-0.2,dbcache-0.3,dbcache-0.5,"
+             "dbcache-ts1-0.12,dbcache-ts1-0.15,dbcache-ts1-0.2,dbcache-ts1-0.3,dbcache-ts1-0.5,"
+             "dbcache-ts2-0.12,dbcache-ts2-0.2,dbcache-ts2-0.3,dbcache-ts2-0.5,"
+             "dbcache-f1b1-0.2,dbcache-f1b1-1,dbcache-f1b1-ts1-0.2,dbcache-f1b1-ts1-1,"
+             "dbcache-nocap-0.2,dbcache-nocap-0.3,dbcache-nocap-0.5,dbcache-nocap-1,dbcache-nocap-2")
+METHODS = f"fp,{TDC},{DIFFUSERS},{CACHE_DIT},balanced"
+QUICK = "fp,tdc,tdc-0.3,fbcache-0.2,dbcache-0.2,dbcache-ts1-0.2,dbcache-nocap-0.5"
+CHECK_RANGE = (1.5, 2.5)
+
+
+def _bench_cmd(model: str, out: Path, quick: bool) -> list[str]:
+    prompts, steps, calib = ("1", "4", "1") if quick else ("4", "20", "4")
+    return [sys.executable, "-m", "sixbit.cli", "bench", "--model", model, "--methods", QUICK if quick else METHODS,
+            "--prompts", prompts, "--steps", steps, "--calibration-prompts", calib, "--threads", "1", "--quiet",
+            "-o", str(out)]
+
+
+def _results_dir(model: str, quick: bool) -> Path:
+    return RESULTS / "_parts" / f"caches-quick-{model}" if quick else RESULTS / f"caches-{model}"
+
+
+def run_models(models, quick: bool) -> dict[str, tuple[int, float]]:
+    """One harness process per model, side by side, one thread each; returns model → (exit code, seconds)."""
+    logs = RESULTS / "_parts"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    running, status = {}, {}
+    with contextlib.ExitStack() as stack:
+        for model in models:
+            log = stack.enter_context(open(logs / f"caches_{model}.log", "w"))
+            running[model] = (subprocess.Popen(_bench_cmd(model, _results_dir(model, quick), quick), stdout=log,
+                                               stderr=subprocess.STDOUT, env=env, cwd=ROOT), log.name, time.perf_counter())
+        for model, (proc, log_name, t0) in running.items():
+            rc = proc.wait()
+            status[model] = (rc, time.perf_counter() - t0)
+            print(f"{model}: {'ok' if rc == 0 else f'FAILED (exit {rc}, see {log_name})'} in "
+                  f"{status[model][1] / 60:.1f} min", flush=True)
+    return status
+
+
+# ------------------------------------------------------------------------ reading the rows
+
+
+def _psnr(row) -> float:
+    return float(row["psnr"])  # the harness writes "inf" for a video identical to FP
+
+
+def _kind(row) -> str:
+    """``tdc``, a diffusers cache's or a cache-dit configuration's base name, ``balanced`` or ``fp``."""
+    name, family = row["method"], row["family"]
+    if family == "cache-dit":
+        head, _, tail = name.rpartition("-")
+        return head if head and tail.replace(".", "", 1).isdigit() else name
+    return name.split("-")[0]
+
+
+def _is_tdc(row) -> bool:
+    return row["family"] == "sixbit" and _kind(row) == "tdc"
+
+
+def load(model: str, quick: bool = False) -> dict | None:
+    path = _results_dir(model, quick) / "results.json"
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    result["rows"] = [r for r in result["rows"] if r.get("status") == "ok"]
+    result["failed"] = [r for r in json.loads(path.read_text())["rows"] if r.get("status") != "ok"]
+    return result
+
+
+def _dominates(q: dict, r: dict) -> bool:
+    """``q`` is at least as good as ``r`` on speedup and PSNR and better on one."""
+    return (q["speedup"] >= r["speedup"] and _psnr(q) >= _psnr(r)
+            and (q["speedup"] > r["speedup"] or _psnr(q) > _psnr(r)))
+
+
+def front(rows: list[dict]) -> list[dict]:
+    """The rows no other row dominates (speedup and PSNR), by speedup."""
+    return sorted((r for r in rows if not any(_dominates(q, r) for q in rows)), key=lambda r: r["speedup"])
+
+
+def _best_tdc(tdc: list[dict], at_least: float, key: str) -> dict | None:
+    """The highest-PSNR tdc row whose ``key`` (speedup or skip_share) is ≥ ``at_least``."""
+    found = [t for t in tdc if t[key] >= at_least - 1e-9]
+    return max(found, key=_psnr) if found else None
+
+
+def check(result: dict) -> dict:
+    """The done-when check on one model's rows (see the module docstring)."""
+    rows = [r for r in result["rows"] if r["method"] != "fp"]
+    tdc = [r for r in rows if _is_tdc(r)]
+    lo, hi = CHECK_RANGE
+    points = []
+    for r in sorted((r for r in rows if r["family"] == "cache-dit"), key=lambda r: r["speedup"]):
+        if not lo <= r["speedup"] <= hi:
+            continue
+        by_speed = _best_tdc(tdc, r["speedup"], "speedup")
+        by_skip = _best_tdc(tdc, r["skip_share"], "skip_share")
+        points.append({"row": r, "tdc": by_speed, "ok": by_speed is not None and _psnr(by_speed) > _psnr(r),
+                       "tdc_skip": by_skip, "ok_skip": by_skip is not None and _psnr(by_skip) > _psnr(r)})
+    on_front = front(rows)
+    default = next((r for r in rows if r["method"] == "tdc"), None)
+    beaten_by = [q for q in rows if default is not None and _dominates(q, default)]
+    # every non-tdc cache point that no tdc point beats at ≥ its speed: where the delta cache loses
+    losses = []
+    for r in rows:
+        if _is_tdc(r) or r["speedup"] < 1.0:
+            continue
+        best = _best_tdc(tdc, r["speedup"], "speedup")
+        if best is None or _psnr(best) <= _psnr(r):
+            losses.append((r, best))
+    return {"points": points, "front": on_front, "default": default, "default_on_front": default in on_front,
+            "beaten_by": beaten_by, "losses": sorted(losses, key=lambda x: x[0]["speedup"]), "tdc": tdc}
+
+
+# ------------------------------------------------------------------------ plot and section
+
+
+def _style(kind: str):
+    """(color, marker, draw a line through the sweep) per configuration."""
+    styles = {
+        "tdc": ("#d7191c", "o", True), "balanced": ("black", "*", False),
+        "fbcache": ("#2b83ba", "s", True), "magcache": ("#5e3c99", "D", True), "taylorseer": ("#008837", "^", True),
+        "pab": ("#7f7f7f", "v", False), "fastercache": ("#b15928", "P", False),
+        "dbcache": ("#fdae61", "o", True), "dbcache-ts1": ("#f46d43", "^", True), "dbcache-ts2": ("#a6611a", "v", True),
+        "dbcache-f1b1": ("#80cdc1", "s", True), "dbcache-f1b1-ts1": ("#018571", "s", True),
+        "dbcache-nocap": ("#dfc27d", "X", True),
+    }
+    return styles.get(kind, ("#999999", ".", False))
+
+
+def plot(results: dict[str, dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(7.5 * len(results), 5.5), squeeze=False)
+    for ax, (model, res) in zip(axes[0], results.items()):
+        rows = [r for r in res["rows"] if r["method"] != "fp"]
+        finite = [_psnr(r) for r in rows if math.isfinite(_psnr(r))]
+        top = (max(finite) if finite else 40.0) + 2
+
+        def y(r, top=top):
+            return _psnr(r) if math.isfinite(_psnr(r)) else top
+
+        kinds = list(dict.fromkeys(_kind(r) for r in rows))
+        for kind in kinds:
+            pts = sorted((r for r in rows if _kind(r) == kind), key=lambda r: r["speedup"])
+            color, marker, line = _style(kind)
+            label = {"tdc": "tdc (ours)", "balanced": "balanced (ours: NVFP4 + DMPQ + tdc)"}.get(kind, kind)
+            ax.plot([r["speedup"] for r in pts], [y(r) for r in pts], ("-" if line else "") + marker, color=color,
+                    ms=9 if kind in ("tdc", "balanced") else 6, lw=1.6 if kind == "tdc" else 0.8, label=label,
+                    zorder=3 if kind == "tdc" else 2)
+        fr = check(res)["front"]
+        ax.step([r["speedup"] for r in fr], [y(r) for r in fr], where="post", color="gray", ls="--", lw=0.8,
+                label="Pareto front", zorder=1)
+        default = next((r for r in rows if r["method"] == "tdc"), None)
+        if default is not None:
+            ax.annotate("tdc (default)", (default["speedup"], y(default)), fontsize=8, xytext=(6, 6),
+                        textcoords="offset points", color="#d7191c")
+        ax.axvspan(*CHECK_RANGE, color="#eeeeee", zorder=0, label=f"the check's range ({CHECK_RANGE[0]}×–{CHECK_RANGE[1]}×)")
+        ax.set_xlabel("wall-clock speedup over FP (shared 2-core CPU; drifts by tenths)")
+        ax.set_ylabel(f"PSNR vs FP video (dB; identical to FP drawn at {top:.0f})")
+        ax.set_title(f"{model}: every cache, {res['settings']['prompts']} prompts × {res['settings']['steps']} steps",
+                     fontsize=10)
+        ax.grid(alpha=0.3)
+    legend = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=6, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * math.ceil(len(legend) / 6), 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt_psnr(row) -> str:
+    return "identical" if not math.isfinite(_psnr(row)) else f"{_psnr(row):.2f}"
+
+
+def _gap(a: dict, b: dict) -> str:
+    """PSNR of ``a`` minus ``b`` in dB (a video identical to FP counts as above any finite one)."""
+    d = _psnr(a) - _psnr(b)
+    return f"{d:+.2f} dB" if math.isfinite(d) else ("above (identical to FP)" if d > 0 else
+                                                   "below (the other is identical to FP)" if d < 0 else "equal")
+
+
+def _pt(row) -> str:
+    quality = f"{_psnr(row):.2f} dB" if math.isfinite(_psnr(row)) else "identical to FP"
+    return f"`{row['method']}` ({row['speedup']:.2f}×, {100 * row['skip_share']:.0f}%, {quality})"
+
+
+def section(results: dict[str, dict], plot_path: str, command: str) -> str:
+    first = next(iter(results.values()))
+    s = first["settings"]
+    minutes = ", ".join(f"{m} {res['total_seconds'] / 60:.1f} min" for m, res in results.items())
+    lo, hi = CHECK_RANGE
+    lines = [
+        "## Every cache: speedup vs PSNR, with cache-dit (issue 23)",
+        "",
+        f"Written by `{command}`: the harness (`sixbit bench --prompts {s['prompts']} --steps {s['steps']} "
+        f"--calibration-prompts {s['calibration_prompts']} --threads 1`) with only cache methods — `tdc` (our delta "
+        "cache on the full-precision model) at several thresholds, diffusers' caches, cache-dit's DBCache "
+        "configurations (`sixbit.bench.peer_cache_dit`: Fn=1 front compute block, warm-up = the delta cache's, "
+        "≤ 3 cached steps in a row except `-nocap`; `-ts1`/`-ts2`: TaylorSeer calibrator order 1/2; `-f1b1`: the last "
+        "block always computed; the suffix is `residual_diff_threshold`) and `balanced` (NVFP4 weights + DMPQ + the "
+        f"delta cache) — one model per process, the two side by side ({minutes}). Machine: {first['machine']}.",
+        "",
+        "**Speedups are wall-clock on a shared 2-core CPU and drift by tenths** (each is the method's median of "
+        f"{s['runs']} timed runs against FP runs timed right before and after it); **skipped shares are exact** "
+        "(block calls not run, counted). PSNR: against the FP videos of the same seeds. `tdc` and cache-dit skip "
+        "nothing in their first 4 of 20 steps (warm-up); after it, with the shipped models' 4 blocks, cache-dit's "
+        "Fn=1 (first block always run) and cap of 3 cached steps in a row allow at most 45 % of block calls "
+        "skipped (Bn=1: 30 %, no cap: 60 %), and `tdc` (at most 2 skipped steps in a row, the last step always "
+        "run) 50 %: no cache here can reach 3× at 20 steps.",
+        "",
+        f"![cache Pareto]({plot_path})",
+    ]
+    for model, res in results.items():
+        c = check(res)
+        on_front = {id(r) for r in c["front"]}
+        lines += ["", f"### {model}", "",
+                  "| method | family | speedup | skipped | PSNR dB | on the front |", "|---|---|---:|---:|---:|---|"]
+        order = {"reference": 0, "sixbit": 1, "cache-dit": 2, "diffusers": 3}
+        for r in sorted(res["rows"], key=lambda r: (order.get(r["family"], 4), _kind(r) != "tdc", _kind(r), r["speedup"])):
+            lines.append(f"| {r['method']} | {r['family']} | {r['speedup']:.2f}× | {100 * r['skip_share']:.1f}% | "
+                         f"{_fmt_psnr(r)} | {'yes' if id(r) in on_front and r['method'] != 'fp' else ''} |")
+        for r in res["failed"]:
+            lines.append(f"| {r['method']} | {r['family']} | — | — | — | {r['status']}: {r['note']} |")
+        lines += ["", f"**The check** (issue 23's done-when): each cache-dit point at {lo}×–{hi}× against the best "
+                      "`tdc` point at equal or greater speedup; beside it, the same by skipped share (exact).", "",
+                  "| cache-dit point | speedup | skipped | PSNR dB | best tdc at ≥ its speedup | tdc higher PSNR? | margin "
+                  "| best tdc at ≥ its skip share | by skip share |",
+                  "|---|---:|---:|---:|---|---|---:|---|---|"]
+        for p in c["points"]:
+            r, t, k = p["row"], p["tdc"], p["tdc_skip"]
+            margin = _gap(t, r) if t is not None else "—"
+            lines.append(
+                f"| {r['method']} | {r['speedup']:.2f}× | {100 * r['skip_share']:.1f}% | {_fmt_psnr(r)} | "
+                f"{_pt(t) if t else 'none that fast'} | {'yes' if p['ok'] else '**no**'} | {margin} | "
+                f"{_pt(k) if k else 'none skips as much'} | "
+                f"{('yes' if p['ok_skip'] else '**no**') + (f' ({_gap(k, r)})' if k else '')} |")
+        if not c["points"]:
+            lines.append(f"| no cache-dit point measured between {lo}× and {hi}× | | | | | | | | |")
+        passed = sum(p["ok"] for p in c["points"])
+        d = c["default"]
+        if d is None:
+            verdict = "the default `tdc` was not measured"
+        elif c["default_on_front"]:
+            verdict = f"{_pt(d)} (the default) **is on the Pareto front** of all {len(res['rows']) - 1} cache points"
+        else:
+            verdict = (f"{_pt(d)} (the default) **is not on the front**: dominated by "
+                       + ", ".join(_pt(q) for q in c["beaten_by"]))
+        lines += ["", f"- Verdict: tdc ahead at **{passed} of {len(c['points'])}** cache-dit points in {lo}×–{hi}× "
+                      f"(by skip share: {sum(p['ok_skip'] for p in c['points'])} of {len(c['points'])}); {verdict}.",
+                  "- Pareto front: " + ", ".join(_pt(r) for r in c["front"]) + "."]
+        if c["losses"]:
+            lines.append("- Where no `tdc` point at equal or greater speedup has higher PSNR (any cache, any speed): "
+                         + "; ".join(f"{_pt(r)}: " + ("no tdc point that fast" if t is None else
+                                                      f"best tdc at ≥ its speedup {_pt(t)}, {_gap(t, r)}")
+                                     for r, t in c["losses"]) + ".")
+        else:
+            lines.append("- Every other cache point has a `tdc` point at equal or greater speedup with higher PSNR.")
+    return "\n".join(lines) + "\n"
+
+
+def merge(models, quick: bool, out: Path, command: str) -> int:
+    from sixbit.bench.report import update_section
+
+    results = {m: load(m, quick) for m in models}
+    missing = [m for m, r in results.items() if r is None]
+    if missing:
+        print(f"no results for {', '.join(missing)} (run them first)", file=sys.stderr)
+        return 1
+    if quick:
+        path = RESULTS / "_parts" / "cache_pareto_quick.png"
+        rel = path.name
+    else:
+        path, rel = PLOTS / "cache_pareto.png", "benchmarks/plots/cache_pareto.png"
+    plot(results, path)
+    update_section(out, SECTION, section(results, rel, command))
+    print(f"wrote section {SECTION!r} of {out} and {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODELS, help="run the harness on this model only (no section)")
+    parser.add_argument("--merge", action="store_true", help="only write the section and plot from existing results")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 prompt × 4 steps, a few methods, results and section in benchmarks/results/_parts/")
+    parser.add_argument("--out", help="markdown file of the section (default BENCHMARKS.md; --quick: a scratch file)")
+    args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else (RESULTS / "_parts" / "caches_quick.md" if args.quick else ROOT / "BENCHMARKS.md")
+    command = "python benchmarks/bench_caches.py" + (" --quick" if args.quick else "")
+    if args.merge:
+        return merge(MODELS, args.quick, out, command)
+    if args.model:
+        return run_models([args.model], args.quick)[args.model][0]
+    status = run_models(MODELS, args.quick)
+    rc = merge(MODELS, args.quick, out, command)
+    return rc or max(code for code, _ in status.values())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
