@@ -2,6 +2,7 @@
 
     python benchmarks/bench_parallel.py              # every model and setting; writes the section
     python benchmarks/bench_parallel.py --quick      # checks the script (2 steps, 1 timed call)
+    python benchmarks/bench_parallel.py --rows benchmarks/results/parallel.json   # the section from a saved run
 
 Models: the two shipped ones (their pipelines, fp32 as shipped, 10 steps: *s / step* is a
 denoising step, both CFG branches) and a CogVideoX-2B-width transformer with 2 blocks (30 heads
@@ -106,6 +107,7 @@ def worker(model: str, preset: str, setting: str, out: str, quick: bool) -> None
         t0 = time.perf_counter()
         output = run()
         times.append((time.perf_counter() - t0) / per)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the profiler's own memory
     share = _collective_share(run) if mode else 0.0
     target = pipe.transformer if hasattr(pipe, "transformer") else pipe
     weights = sum(t.numel() * t.element_size() for t in (*target.parameters(), *target.buffers()))
@@ -113,7 +115,7 @@ def worker(model: str, preset: str, setting: str, out: str, quick: bool) -> None
         np.save(out + ".npy", np.asarray(output, dtype=np.float32))
         Path(out).write_text(json.dumps({
             "s_per_step": statistics.median(times), "comm_share": share, "weights_mib": weights / 2**20,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+            "peak_rss_mib": rss}))
     if mode:
         dist.destroy_process_group()
 
@@ -150,14 +152,13 @@ def section(rows: list[dict], quick: bool) -> str:
         "## Two processes against one (issue 20: `sixbit.parallel`, CPU measurements)", "",
         f"Written by `python benchmarks/bench_parallel.py{' --quick' if quick else ''}`. Machine: {machine_description()}; "
         "gloo over shared memory on the same two cores. " + __doc__.split("\n\n", 2)[2].replace("\n", " ").strip(),
-        "", "| model | weights | setting | s / step | vs 1 process, 1 thread | comm | weights MiB / rank | peak RSS MiB | video PSNR dB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "", "| model | weights | setting | s / step | vs 1 process, 1 thread | comm | weights MiB / rank | video PSNR dB |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         psnr = "—" if r["psnr"] is None else ("identical" if r["psnr"] == float("inf") else f"{r['psnr']:.1f}")
         lines.append(f"| {r['model']} | {r['preset']} | {r['setting']} | {r['s_per_step']:.3f} | "
-                     f"{r['base'] / r['s_per_step']:.2f}× | {r['comm_share'] * 100:.0f}% | {r['weights_mib']:.1f} | "
-                     f"{r['peak_rss_mib']:.0f} | {psnr} |")
+                     f"{r['base'] / r['s_per_step']:.2f}× | {r['comm_share'] * 100:.0f}% | {r['weights_mib']:.1f} | {psnr} |")
     return "\n".join(lines) + "\n"
 
 
@@ -166,6 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", nargs=4, metavar=("MODEL", "PRESET", "SETTING", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="2 steps, 1 timed call; prints the table only")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--rows", help="write the section from this saved run (benchmarks/results/parallel.json)")
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     if args.worker:
@@ -173,6 +175,11 @@ def main(argv=None) -> int:
         return 0
     from sixbit.bench.report import update_section
 
+    results = ROOT / "benchmarks" / "results" / "parallel.json"
+    if args.rows:  # the section again from a full run's saved rows
+        update_section(args.out, "parallel", section(json.loads(Path(args.rows).read_text()), False))
+        print(f"wrote section 'parallel' of {args.out} from {args.rows}")
+        return 0
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for model in args.models:
@@ -189,8 +196,8 @@ def main(argv=None) -> int:
         print(body)
         return 0
     update_section(args.out, "parallel", body)
-    (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
-    (ROOT / "benchmarks" / "results" / "parallel.json").write_text(json.dumps(rows, indent=1))
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps(rows, indent=1))
     print(f"wrote section 'parallel' of {args.out}")
     return 0
 
