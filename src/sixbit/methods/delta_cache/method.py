@@ -396,7 +396,8 @@ def _purify(cache: DeltaCache, layer: nn.Module, x: torch.Tensor) -> ActMode | N
     if mode is ActMode.FP:
         return None
     a = x.detach().abs()
-    stats = token_sum(torch.stack([a.sum(), a.new_tensor(float(a.numel()))]))  # over every rank's tokens
+    total = a.sum(dtype=torch.float32)
+    stats = token_sum(torch.stack([total, total.new_tensor(float(a.numel()))]))  # over every rank's tokens
     if float(token_max(a.amax())) <= cache.config.pdr_outlier_ratio * float(stats[0] / stats[1]):
         return None
     report = cache.reports.current
