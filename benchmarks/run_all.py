@@ -23,7 +23,8 @@ threads to help a single generation):
 cache-dit's included, swept on both models: about 15 minutes per model, the two side by side,
 then its own merge), ``bench_parallel.py`` (one process against two, about 10 minutes, both cores)
 and ``benchmarks/gpu/run.py`` (a GPU) are not run here: a full run keeps their
-sections from the existing file.
+sections from the existing file, as it keeps ``balanced-cpu`` (a harness run written by hand, its
+command in the section).
 
 ``--only STEP …`` runs some steps and updates only their sections of the existing file.
 
@@ -60,9 +61,9 @@ SWEEP = "tdc-0.3,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.
 CACHES = ("tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache")  # method names: family-knob
 ORDER = ["shapes-adherence", "cache-check", "cache-pareto", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "weights",
          "stabilize-frames", "memory",
-         "hot-path-linear", "hot-path-compile", "attention", "tune", "refine", "parallel", "real-size", "gpu"]
+         "hot-path-linear", "hot-path-compile", "attention", "balanced-cpu", "tune", "refine", "parallel", "real-size", "gpu"]
 # Sections no step here writes (hours of CPU, or a GPU): a full run keeps them from the existing file.
-KEPT = ("cache-pareto", "tune", "refine", "parallel", "real-size", "gpu")
+KEPT = ("cache-pareto", "balanced-cpu", "tune", "refine", "parallel", "real-size", "gpu")
 # The sections each step writes (``--only`` updates just these).
 SECTIONS_OF = {
     "bench shapes-cogvideox": ("bench-shapes-cogvideox", "cache-check"),
