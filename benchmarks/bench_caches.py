@@ -21,6 +21,7 @@ The methods (:data:`METHODS`), chosen from skip shares measured at 20 steps:
 * ``tdc`` from threshold 0.1 (skips ≈ 0–10 % of block calls) to 0.4. From ≈ 0.15 up it skips
   every step it may: ``max_skips=2`` (at most two skipped steps in a row) caps it at ≈ 50 % of
   block calls, ≈ 2×, so larger thresholds add the same point again (0.4 shows it);
+  ``tdc-skips3`` / ``tdc-skips4`` (``max_skips`` 3 / 4, ablations of that cap) reach ≈ 55 / 60 %;
 * diffusers' caches at ``run_all.py``'s settings plus FirstBlockCache 0.1 and 0.5 and
   TaylorSeer intervals 2 and 5;
 * cache-dit's DBCache (:mod:`sixbit.bench.peer_cache_dit`): with one compute block in front
@@ -54,7 +55,8 @@ PLOTS = ROOT / "benchmarks" / "plots"
 MODELS = ("shapes-cogvideox", "shapes-wan")
 SECTION = "cache-pareto"
 
-TDC = "tdc-0.1,tdc-0.12,tdc-0.14,tdc-0.17,tdc,tdc-0.25,tdc-0.3,tdc-0.4"
+TDC = ("tdc-0.1,tdc-0.12,tdc-0.14,tdc-0.17,tdc,tdc-0.25,tdc-0.3,tdc-0.4,"
+       "tdc-skips3-0.3,tdc-skips3-0.4,tdc-skips4-0.4,tdc-skips4-0.6")
 DIFFUSERS = ("fbcache-0.1,fbcache-0.2,fbcache-0.3,fbcache-0.4,fbcache-0.5,magcache,magcache-0.12,magcache-0.24,"
              "magcache-0.3,taylorseer-2,taylorseer-3,taylorseer-5,pab-2,fastercache-2")
 CACHE_DIT = ("dbcache-0.12,dbcache-0.15,dbcache-0.2,dbcache-0.3,dbcache-0.5,"

@@ -184,6 +184,9 @@ if "balanced" in _preset_names():  # issue 7's ablations
                     _apply_preset("tdc", "blocks decide alone", decide_per_block=True), param="threshold"))
     register(Method("tdc-nodrift", "sixbit", "the delta cache replaying residuals unchanged (no drift term)",
                     _apply_preset("tdc", "no drift term", drift=0.0), param="threshold"))
+    for skips in (3, 4):  # the cap on consecutive skips, which bounds the delta cache's speed (default 2)
+        register(Method(f"tdc-skips{skips}", "sixbit", f"the delta cache allowing {skips} skipped steps in a row (default 2)",
+                        _apply_preset("tdc", f"up to {skips} skips in a row", max_skips=skips), param="threshold"))
 
 
 def _apply_int8_attention(pipe, ctx, value):
