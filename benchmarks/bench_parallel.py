@@ -41,7 +41,7 @@ COLLECTIVE = ("c10d", "gloo", "all_gather", "all_to_all", "allreduce", "all_redu
 
 
 def _build(model: str, preset: str):
-    """(callable running one step, its pipeline or transformer, the step count of a timed run)."""
+    """The model to time: a shipped pipeline, or the 2B-width transformer (``preset`` applied)."""
     import sixbit
     from sixbit.zoo.shapes import load_pipeline
 
@@ -50,7 +50,7 @@ def _build(model: str, preset: str):
         pipe = load_pipeline(model.removeprefix("shapes-"))
         if preset != "fp":
             sixbit.convert_model(pipe, None, preset)
-        return pipe, pipe
+        return pipe
     from diffusers import CogVideoXTransformer3DModel
 
     transformer = CogVideoXTransformer3DModel(
@@ -59,7 +59,7 @@ def _build(model: str, preset: str):
         temporal_compression_ratio=4, max_text_seq_length=226).to(torch.bfloat16).eval()
     if preset != "fp":
         sixbit.convert_model(transformer, None, preset)
-    return transformer, transformer
+    return transformer
 
 
 def _step_fn(model: str, target, steps: int):
@@ -95,7 +95,7 @@ def worker(model: str, preset: str, setting: str, out: str, quick: bool) -> None
     from sixbit.parallel import TensorParallelWrapper
 
     steps, calls = (2, 1) if quick else (10, 3)
-    pipe, _ = _build(model, preset)
+    pipe = _build(model, preset)
     mode = {"2 processes, tensor": "tensor", "2 processes, sequence": "sequence"}.get(setting)
     if mode:
         dist.init_process_group("gloo")

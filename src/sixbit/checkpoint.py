@@ -340,8 +340,10 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         >>> sixbit.load("6bit_model.safetensors", pipe)   # doctest: +SKIP
     """
     target = model
+    from .parallel import wrapper_of
+
     model = module_of(model)
-    if getattr(model, "_sixbit_parallel", None) is not None:
+    if wrapper_of(model) is not None:
         raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
                          "(every rank loads the whole file, then wraps)")
     path = Path(path)

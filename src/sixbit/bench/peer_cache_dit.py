@@ -95,8 +95,12 @@ VARIANTS = (
 
 
 def warmup_steps(steps: int) -> int:
-    """Steps always computed first: the delta cache's rule, ``max(2, round(0.2 × steps))``."""
-    return max(2, round(0.2 * steps))
+    """Steps always computed first: the delta cache's default rule, ``max(warmup_steps,
+    round(warmup_fraction × steps))`` (2 and 0.2)."""
+    from ..methods.delta_cache import DeltaCacheConfig
+
+    defaults = DeltaCacheConfig()
+    return max(defaults.warmup_steps, round(defaults.warmup_fraction * steps))
 
 
 def _own_class(pipe) -> None:

@@ -145,7 +145,6 @@ class _JointHook(ModelHook):
 class SequenceShards:
     """What :func:`enable` installed: the plan, the processors it configured and the modules it routes."""
 
-    config: ParallelConfig
     plan: dict
     configured: list[nn.Module]
     routed: list[nn.Module]
@@ -198,7 +197,7 @@ def enable(model: nn.Module, group) -> SequenceShards:
     apply_context_parallel(model, cp, plan)  # after the runtime methods' block hooks: it wraps them
     _distributed.set_token_group(group)
     HookRegistry.check_if_exists_or_initialize(model).register_hook(_Guard(world), GUARD_HOOK)  # outermost
-    return SequenceShards(config, plan, configured, routed)
+    return SequenceShards(plan, configured, routed)
 
 
 class _Guard(ModelHook):

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from ... import formats
-from ..._distributed import token_max, token_sum
+from ..._distributed import token_max, token_mean
 from ..._validate import report, type_problems
 from ...models import iter_blocks
 from ...nn.precision import ActMode, Level, gemm_flops
@@ -396,9 +396,7 @@ def _purify(cache: DeltaCache, layer: nn.Module, x: torch.Tensor) -> ActMode | N
     if mode is ActMode.FP:
         return None
     a = x.detach().abs()
-    total = a.sum(dtype=torch.float32)
-    stats = token_sum(torch.stack([total, total.new_tensor(float(a.numel()))]))  # over every rank's tokens
-    if float(token_max(a.amax())) <= cache.config.pdr_outlier_ratio * float(stats[0] / stats[1]):
+    if float(token_max(a.amax())) <= cache.config.pdr_outlier_ratio * float(token_mean(a)):  # every rank's tokens
         return None
     report = cache.reports.current
     report.pdr_full_precision_calls += 1
