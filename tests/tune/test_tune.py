@@ -22,8 +22,8 @@ from sixbit import ConvertConfig, QuantConfig
 from sixbit.presets import from_json_dict
 from sixbit.tune import Tuner, tune, tune_model
 from sixbit.tune.library import tuned_layers
-from sixbit.tune.search import SHORTLIST_STEP_DB, Constraint, shortlist
-from sixbit.tune.sensitivity import PSNR_CAP
+from sixbit.tune.search import SHORTLIST_STEP_DB, Constraint, greedy, shortlist
+from sixbit.tune.sensitivity import PSNR_CAP, Sensitivity, psnr_bound, psnr_of
 
 BASE = ConvertConfig(weights=QuantConfig(weight_format="int4-g16"), activations="fp")
 FORMATS = ("int4-g16", "int8")
@@ -202,8 +202,9 @@ def test_real_runs_decide_the_min_psnr_pick(tuner, monkeypatch):
     target = tuner.uniform["int4-g16"]["psnr"] + 10
     library = tuner.search(min_psnr=target, generations=3, population=6)
     short = library.best["psnr"] - target + 0.01
-    psnr_of_formats = {tuple(c["formats"].values()): c["psnr"] for c in library.confirmed}
-    monkeypatch.setattr(tuner, "converted_psnr", lambda formats: psnr_of_formats[tuple(formats.values())] - short)
+    genomes = {tuple(tuner.library.formats(g).values()): g for g in tuner.evaluator.results}
+    monkeypatch.setattr(tuner, "converted_error",  # the candidates' error, every video `short` dB worse
+                        lambda formats: tuner.evaluator(genomes[tuple(formats.values())]) * 10 ** (short / 10))
     report = tuner.search(min_psnr=target, generations=3, population=6)
     reaching = [c for c in report.confirmed if c["real_psnr"] >= target]
     assert reaching, "the shortlist climbs above the target so that a shortfall still leaves one"
@@ -230,3 +231,37 @@ def test_confirmation_converts_with_sequential_gptq_on_the_calibration_run(tiny)
     assert all(20 < c["real_psnr"] < PSNR_CAP for c in report.confirmed)  # GPTQ's runs reached the converted copy
     assert all(torch.equal(v, tiny.model.state_dict()[k]) for k, v in before.items())
     assert sixbit.conversion_of(tiny.model) is None and "forward" not in vars(tiny.model)
+
+
+def _videos(*psnrs: float) -> torch.Tensor:
+    """Per-video MSEs of videos with these PSNRs (dB)."""
+    return torch.tensor([10 ** (-p / 10) for p in psnrs], dtype=torch.float64)
+
+
+def test_min_psnr_is_checked_against_the_mean_minus_one_standard_error(tuner, monkeypatch):
+    """Two calibration videos at 30 and 40 dB: mean 35 dB, SD 7.07, SE 5 dB — a 34 dB target is
+    met on the mean but not on its lower bound; one video has no margin."""
+    spread, alone = _videos(30, 40), _videos(35)
+    assert psnr_of(spread) == pytest.approx(35) and psnr_bound(spread) == pytest.approx(30)
+    assert psnr_bound(alone) == psnr_of(alone) == pytest.approx(35)
+    target = Constraint(min_psnr=34)
+    assert target.psnr(spread) == pytest.approx(30) and target.psnr(alone) == pytest.approx(35)
+    assert Constraint(max_bits=5).psnr(spread) == pytest.approx(35)  # budgets maximize the mean
+
+    # the search's feasibility: only the first layer costs anything; its lowest format alone
+    # gives those videos (feasible on the mean), its next one 40 dB on both (feasible on the bound)
+    library = tuner.library
+    for first, reached in ((spread, 1), (alone, 0)):
+        zero = torch.zeros_like(first)
+        mse = [[zero] * len(layer.variants) for layer in library.layers]
+        mse[0] = [first, _videos(*[40] * len(first)), zero][: len(library.layers[0].variants)]
+        sens = Sensitivity(mse, [[0.0] * len(row) for row in mse], float("nan"), 0.0)
+        assert greedy(library, sens, target)[0] == reached  # upgraded only when the bound misses
+
+    # the confirmation's pick and the warning: every real conversion at 30 and 40 dB
+    monkeypatch.setattr(tuner, "converted_error", lambda formats: spread)
+    report = tuner.search(min_psnr=34, generations=1, population=4, confirm=1)
+    assert all(c["real_psnr"] == pytest.approx(35) and c["real_psnr_bound"] == pytest.approx(30)
+               for c in report.confirmed)
+    assert "NOT reached" in report.config.description
+    assert "mean − 1 SE 30.00 dB" in report.summary()

@@ -13,7 +13,9 @@ per weight". :func:`tune` finds a per-layer format map for one of those and retu
    full-precision inputs, while ``convert_model`` runs GPTQ block by block on the quantized
    blocks' outputs, so the search's PSNR is an estimate: a few of its best assignments and the
    greedy one are then **converted for real** (a copy of the model, ``convert_model``) and
-   measured again, and that real PSNR makes the final pick;
+   measured again, and that real PSNR makes the final pick. A ``min_psnr`` target is checked
+   against the calibration videos' mean PSNR minus one standard error
+   (:func:`~.sensitivity.psnr_bound`), a margin for prompts the tuning has not seen;
 3. **refinement** happens at conversion, not here: the base recipe's ``refine_steps``
    (:mod:`sixbit.weights.refine`: the low-rank branches fitted block by block to the
    full-precision outputs) is kept in the tuned config and runs in ``convert_model``.
@@ -50,7 +52,7 @@ from ..convert import _calibration_runner, _check, _transformer_of, convert_mode
 from ..presets import ConvertConfig, resolve
 from .library import DEFAULT_FORMATS, Library, build_library, input_stats, tuned_layers
 from .search import Constraint, SearchResult, _key, genetic, greedy, shortlist
-from .sensitivity import Evaluator, Sensitivity, measure, psnr_of
+from .sensitivity import Evaluator, Sensitivity, measure, psnr_bound, psnr_of
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +67,14 @@ class TuneReport:
         layers: the tuned layers' names; ``variants[i]`` their candidate formats (``None``:
             full precision), fewest bits first, and ``variant_bits[i]`` their stored bits.
         sensitivity: stage 1's measured errors and proxy (:class:`~.sensitivity.Sensitivity`).
-        greedy / best: ``{"bits", "psnr", "real_psnr", "bytes", "formats"}`` of the greedy
-            assignment and of the pick: calibration PSNR (dB) with the search's candidates
-            (``psnr``) and converted for real by ``convert_model`` (``real_psnr``).
+        greedy / best: ``{"bits", "psnr", "psnr_bound", "real_psnr", "real_psnr_bound", "bytes",
+            "formats"}`` of the greedy assignment and of the pick: calibration PSNR (dB, the mean
+            over the videos) with the search's candidates (``psnr``) and converted for real by
+            ``convert_model`` (``real_psnr``); ``*_bound``: that mean minus one standard error,
+            what ``min_psnr`` is checked against (:func:`~.sensitivity.psnr_bound`).
         confirmed: the same for every assignment converted for real (the search's shortlist,
             then the greedy one); ``best`` is the one of them the real PSNR picked.
-        uniform: ``{format label: {"bits", "psnr", "bytes", "formats"}}`` of every uniform
+        uniform: ``{format label: {"bits", "psnr", "psnr_bound", "bytes", "formats"}}`` of every uniform
             assignment, measured with the candidates.
         search: the genetic search's :class:`~.search.SearchResult`.
         seconds: time per stage.
@@ -97,13 +101,15 @@ class TuneReport:
             f"tuned {len(self.layers)} layers to {self.constraint.describe()} "
             f"(calibration: {' '.join(str(v) for v in (self.calibration.get('count'), self.calibration['source']) if v)})",
             (f"  search:  {self.best['bits']:.2f} bits, {self.best['real_psnr']:.2f} dB converted "
-             f"({self.best['psnr']:.2f} dB with the candidates), {self.best['bytes'] / 2**20:.2f} MiB  "
+             f"(mean − 1 SE {self.best['real_psnr_bound']:.2f} dB; {self.best['psnr']:.2f} dB with the candidates), "
+             f"{self.best['bytes'] / 2**20:.2f} MiB  "
              f"({self.search.stopped}: {len(self.search.history)} generations, {len(self.search.measured)} assignments "
              f"scored, {len(self.confirmed)} converted for real)"),
             (f"  greedy:  {self.greedy['bits']:.2f} bits, {self.greedy['real_psnr']:.2f} dB converted "
-             f"({self.greedy['psnr']:.2f} dB with the candidates)"),
-            "  converted: " + ", ".join(f"{c['bits']:.2f} bits {c['psnr']:.2f} → {c['real_psnr']:.2f} dB"
-                                        for c in self.confirmed),
+             f"(mean − 1 SE {self.greedy['real_psnr_bound']:.2f} dB; {self.greedy['psnr']:.2f} dB with the candidates)"),
+            "  converted (candidates → converted, mean − 1 SE): " + ", ".join(
+                f"{c['bits']:.2f} bits {c['psnr']:.2f} → {c['real_psnr']:.2f} dB ({c['real_psnr_bound']:.2f})"
+                for c in self.confirmed),
         ]
         lines += [f"  uniform {label}: {u['bits']:.2f} bits, {u['psnr']:.2f} dB with the candidates"
                   for label, u in self.uniform.items()]
@@ -207,26 +213,37 @@ class Tuner:
 
     def _described(self, genome) -> dict:
         with torch.no_grad():
-            psnr = self.evaluator.psnr(genome)
+            error = self.evaluator(genome)
         library = self.library
-        return {"bits": library.bits(genome), "psnr": psnr, "bytes": library.bytes(genome), "formats": library.formats(genome)}
+        return {"bits": library.bits(genome), "psnr": psnr_of(error), "psnr_bound": psnr_bound(error),
+                "bytes": library.bytes(genome), "formats": library.formats(genome)}
 
-    def converted_psnr(self, layer_formats: dict) -> float:
-        """Calibration PSNR of the base config with ``layer_formats`` converted for real
-        (``convert_model`` on a copy of the model; the model itself is left as it is)."""
+    def converted_error(self, layer_formats: dict) -> torch.Tensor:
+        """Per-video MSE of the calibration videos with the base config and ``layer_formats``
+        converted for real (``convert_model`` on a copy of the model; the model itself is left as
+        it is), against full precision."""
         self.library.restore()  # the copy starts from the original layers
         converted = copy.deepcopy(self.transformer)
         with torch.no_grad(), _stand_in(self.transformer, converted):
             convert_model(converted, self.run, _with_formats(self.config, layer_formats))
-            return psnr_of(self.evaluator.error(self.run()))
+            return self.evaluator.error(self.run())
+
+    def converted_psnr(self, layer_formats: dict) -> float:
+        """Mean calibration PSNR of :meth:`converted_error`."""
+        return psnr_of(self.converted_error(layer_formats))
 
     def search(self, *, max_bits: float | None = None, min_psnr: float | None = None, max_bytes: int | None = None,
                seed: int = 0, time_budget_s: float | None = None, population: int = 12,
                generations: int = 8, confirm: int = 3) -> TuneReport:
         """Stage 2 for one target: the :class:`TuneReport` (``.config`` is the tuned config).
 
-        ``confirm``: how many of the search's best assignments (:func:`~.search.shortlist`) are
-        converted for real, besides the greedy one; the real calibration PSNR picks among them."""
+        ``max_bits`` / ``max_bytes``: the best mean calibration PSNR within that budget.
+        ``min_psnr``: the fewest average bits whose calibration videos' mean PSNR minus one
+        standard error reaches this — a margin for prompts the tuning has not seen; more
+        calibration prompts shrink it (:func:`~.sensitivity.psnr_bound`). ``confirm``: how many
+        of the search's best assignments (:func:`~.search.shortlist`) are converted for real,
+        besides the greedy one; the real calibration PSNR (under ``min_psnr``, its lower bound)
+        picks among them. Other arguments as :func:`tune`."""
         constraint = _target(max_bits, min_psnr, max_bytes, time_budget_s, confirm)
         library, config = self.library, self.config
         greedy_genome = greedy(library, self.sensitivity, constraint)
@@ -236,18 +253,22 @@ class Tuner:
         start = time.perf_counter()
         genomes = list(dict.fromkeys([*shortlist(constraint, result.measured, confirm), greedy_genome]))
         confirmed = [self._described(g) for g in genomes]
+        judged = "real_psnr" if constraint.budget else "real_psnr_bound"  # Constraint.psnr of the real conversion
         for described in confirmed:
-            described["real_psnr"] = self.converted_psnr(described["formats"])
-        best = max(confirmed, key=lambda d: _key(constraint, d["bits"], d["real_psnr"]))  # ties: the search's order
-        missed = constraint.min_psnr is not None and best["real_psnr"] < constraint.min_psnr
+            error = self.converted_error(described["formats"])
+            described["real_psnr"], described["real_psnr_bound"] = psnr_of(error), psnr_bound(error)
+        best = max(confirmed, key=lambda d: _key(constraint, d["bits"], d[judged]))  # ties: the search's order
+        missed = constraint.min_psnr is not None and best["real_psnr_bound"] < constraint.min_psnr
         if missed:
-            logger.warning("no assignment reached %.2f dB on the calibration videos once converted; the best reached "
-                           "%.2f dB (add 16-bit or 8-bit candidates, or lower min_psnr)", constraint.min_psnr,
-                           best["real_psnr"])
+            logger.warning("no assignment reached %.2f dB on the calibration videos once converted (their mean PSNR "
+                           "minus one standard error); the best reached %.2f dB (mean %.2f dB). Add calibration "
+                           "prompts (a smaller margin), 16-bit or 8-bit candidates, or lower min_psnr",
+                           constraint.min_psnr, best["real_psnr_bound"], best["real_psnr"])
         tuned = _with_formats(
             config, best["formats"],
             f"tuned to {constraint.describe()}{' (NOT reached)' if missed else ''}: {best['bits']:.2f} bits per tuned "
-            f"weight, {best['real_psnr']:.2f} dB on the calibration videos (base: {config.description})")
+            f"weight, {best['real_psnr']:.2f} dB on the calibration videos (mean − 1 SE {best['real_psnr_bound']:.2f} "
+            f"dB; base: {config.description})")
         return TuneReport(tuned, constraint, [layer.name for layer in library.layers],
                           [[v.format for v in layer.variants] for layer in library.layers],
                           [[v.bits for v in layer.variants] for layer in library.layers],
@@ -264,7 +285,11 @@ def tune_model(model, calibration_data, *, max_bits: float | None = None, min_ps
     """Tune per-layer weight formats; the :class:`TuneReport` (its ``.config`` is what
     :func:`tune` returns). Arguments as :func:`tune`, plus ``population`` and ``generations``
     (the search's size: about ``population × generations`` assignments run) and ``confirm``
-    (:meth:`Tuner.search`)."""
+    (:meth:`Tuner.search`).
+
+    ``min_psnr``: the fewest average bits whose calibration videos' mean PSNR minus one standard
+    error reaches this — a margin for prompts the tuning has not seen; more calibration prompts
+    shrink it."""
     _target(max_bits, min_psnr, max_bytes, time_budget_s, confirm)  # a bad target fails before the expensive part
     tuner = Tuner(model, calibration_data, base=base, formats=formats, pipeline=pipeline,
                   calibration_kwargs=calibration_kwargs, progress=progress)
@@ -288,7 +313,9 @@ def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: fl
             [0, 1], or a pipeline output). Every run must generate the same videos.
         max_bits: the best calibration PSNR at ≤ this many average stored bits per tuned weight
             (scales and low-rank branches included; full precision counts 16).
-        min_psnr: the fewest average bits whose calibration videos reach this PSNR (dB).
+        min_psnr: the fewest average bits whose calibration videos' mean PSNR minus one standard
+            error reaches this (dB) — a margin for prompts the tuning has not seen; more
+            calibration prompts shrink it (one video: no margin).
         max_bytes: the best PSNR whose transformer fits in this many bytes (the bf16 model's
             other tensors included). Give exactly one of the three.
         seed: the search's seed (same seed, same result).

@@ -52,7 +52,8 @@ def register(sub) -> None:
     p.add_argument("--model", required=True, help="shapes-cogvideox, shapes-wan, a save_pretrained folder or a Hub id")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--max-bits", type=float_in(1.0, 32.0), help="best PSNR at ≤ this many average bits per weight")
-    target.add_argument("--min-psnr", type=float_in(1.0, 99.0), help="fewest bits whose calibration videos reach this PSNR (dB)")
+    target.add_argument("--min-psnr", type=float_in(1.0, 99.0), help="fewest bits whose calibration videos' mean PSNR minus one "
+                        "standard error reaches this (dB): a margin for other prompts")
     target.add_argument("--max-mib", type=float_in(0.001, 1e7), help="best PSNR whose transformer fits in this many MiB")
     p.add_argument("--calib", help="a text file with one prompt per line (default for the shapes models: 8 of theirs)")
     p.add_argument("--prompts", type=int_in(1, 10_000), default=4, help="use the first N calibration prompts (default 4)")

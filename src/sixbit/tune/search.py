@@ -3,7 +3,10 @@ ranking, and a genetic search seeded with it (seed 000 §2.1, step 2).
 
 An assignment (*genome*) gives each tuned layer one of its variants. The constraint is one of:
 average weight bits ≤ ``max_bits``, transformer bytes ≤ ``max_bytes`` (both *budgets*), or
-calibration PSNR ≥ ``min_psnr`` at the fewest bits.
+calibration PSNR ≥ ``min_psnr`` at the fewest bits. Budgets maximize the mean per-video PSNR
+(:func:`~sixbit.tune.sensitivity.psnr_of`); ``min_psnr`` is checked against its lower bound,
+the mean minus one standard error (:func:`~sixbit.tune.sensitivity.psnr_bound`): a margin for
+prompts the tuning has not seen, which more calibration videos shrink (:meth:`Constraint.psnr`).
 
 - :func:`greedy` starts every layer at its fewest bits and repeatedly upgrades the layer whose
   upgrade removes the most predicted error per added bit, until the budget is spent (or the
@@ -31,13 +34,14 @@ import random
 import time
 
 from .library import Library
-from .sensitivity import Evaluator, Sensitivity, psnr_of
+from .sensitivity import Evaluator, Sensitivity, psnr_bound, psnr_of
 
 
 @dataclasses.dataclass(frozen=True)
 class Constraint:
     """Exactly one of: ``max_bits`` (average stored bits per tuned weight), ``max_bytes``
-    (transformer bytes), ``min_psnr`` (dB on the calibration videos, at the fewest bits)."""
+    (transformer bytes), ``min_psnr`` (dB on the calibration videos — their mean PSNR minus one
+    standard error — at the fewest bits)."""
 
     max_bits: float | None = None
     max_bytes: int | None = None
@@ -62,12 +66,18 @@ class Constraint:
             return library.bytes(genome) <= self.max_bytes
         return True
 
+    def psnr(self, mse) -> float:
+        """The PSNR (dB) this constraint judges per-video MSEs by: under ``min_psnr`` the lower
+        bound :func:`~.sensitivity.psnr_bound` (mean − one standard error), under a budget the
+        mean :func:`~.sensitivity.psnr_of`."""
+        return psnr_of(mse) if self.budget else psnr_bound(mse)
+
     def describe(self) -> str:
         if self.max_bits is not None:
             return f"≤ {self.max_bits:g} bits per weight"
         if self.max_bytes is not None:
             return f"≤ {self.max_bytes / 2**20:.2f} MiB"
-        return f"≥ {self.min_psnr:g} dB at the fewest bits"
+        return f"≥ {self.min_psnr:g} dB (mean − 1 SE) at the fewest bits"
 
 
 def _upgrades(library: Library, sens: Sensitivity, genome: list[int]):
@@ -84,9 +94,9 @@ def _upgrades(library: Library, sens: Sensitivity, genome: list[int]):
 def _fill(library: Library, sens: Sensitivity, constraint: Constraint, genome: list[int],
           target_psnr: float | None = None) -> list[int]:
     """Upgrade greedily (most error removed per bit first) while the budget allows, or until
-    the predicted PSNR reaches ``target_psnr``."""
+    the predicted PSNR's lower bound (:func:`~.sensitivity.psnr_bound`) reaches ``target_psnr``."""
     while True:
-        if target_psnr is not None and psnr_of(sens.predict(tuple(genome))) >= target_psnr:
+        if target_psnr is not None and psnr_bound(sens.predict(tuple(genome))) >= target_psnr:
             return genome
         for _, i, j in sorted(_upgrades(library, sens, genome), reverse=True):
             trial = genome[:i] + [j] + genome[i + 1:]
@@ -133,7 +143,7 @@ class SearchResult:
     """The best assignment found, what every measured one scored, and the search's history."""
 
     best: tuple[int, ...]
-    measured: dict[tuple[int, ...], tuple[float, float]]  # genome → (bits, calibration PSNR), every one scored
+    measured: dict[tuple[int, ...], tuple[float, float]]  # genome → (bits, Constraint.psnr), every one scored
     history: list[dict]  # per generation: evaluations, best bits, best PSNR, seconds
     seconds: float
     stopped: str  # "generations" or "time budget"
@@ -141,7 +151,8 @@ class SearchResult:
 
 def _key(constraint: Constraint, bits: float, psnr: float) -> tuple:
     """Larger is better: the PSNR under a budget; under ``min_psnr`` the fewest bits among the
-    assignments that reach it, then the closest to reaching it."""
+    assignments that reach it, then the closest to reaching it. ``psnr``: :meth:`Constraint.psnr`
+    (under ``min_psnr``, the lower bound)."""
     if constraint.budget:
         return (psnr, -bits)
     if psnr >= constraint.min_psnr:
@@ -164,11 +175,11 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
 
     def score(genome: tuple[int, ...]) -> tuple:
         if genome not in measured:  # run, or remembered from an earlier search: the same either way
-            measured[genome] = (library.bits(genome), evaluator.psnr(genome))
+            measured[genome] = (library.bits(genome), constraint.psnr(evaluator(genome)))
         return _key(constraint, *measured[genome])
 
     def predicted(genome: tuple[int, ...]) -> tuple:
-        return _key(constraint, library.bits(genome), psnr_of(sens.predict(genome)))
+        return _key(constraint, library.bits(genome), constraint.psnr(sens.predict(genome)))
 
     def legal(genome: list[int]) -> tuple[int, ...]:
         if constraint.budget:
@@ -226,7 +237,8 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
             ranked = sorted(dict.fromkeys(elite + kept + ranked), key=score, reverse=True)[:population]
         best = ranked[0]
         history.append({"generation": generation, "evaluations": evaluator.count - len(before), "bits": library.bits(best),
-                        "psnr": evaluator.psnr(best), "seconds": time.perf_counter() - start})
+                        "psnr": evaluator.psnr(best), "psnr_bound": evaluator.psnr_bound(best),
+                        "seconds": time.perf_counter() - start})
         bar.set_postfix_str(f"best {history[-1]['psnr']:.2f} dB at {history[-1]['bits']:.2f} bits")
         bar.update()
         if over_time():
@@ -243,8 +255,9 @@ SHORTLIST_STEP_DB = 1.0
 
 def shortlist(constraint: Constraint, measured: dict[tuple[int, ...], tuple[float, float]],
               count: int) -> list[tuple[int, ...]]:
-    """Up to ``count`` distinct assignments of ``measured`` (genome → (bits, PSNR)) worth
-    converting for real, best first: under a budget the highest PSNR; under ``min_psnr`` the
+    """Up to ``count`` distinct assignments of ``measured`` (genome → (bits, PSNR as
+    :meth:`Constraint.psnr` judges it: under ``min_psnr`` the lower bound)) worth converting for
+    real, best first: under a budget the highest PSNR; under ``min_psnr`` the
     fewest bits that reach the target, then the fewest that reach ``SHORTLIST_STEP_DB`` above
     it, twice that, … each above the previous pick's PSNR (so that a real conversion falling
     short still leaves one that reaches it), topped up in search order."""
