@@ -13,7 +13,9 @@ the greedy assignment for real on the calibration pairs (``confirm``), which mak
 Every row, uniform ones included, is then **converted for real** (``sixbit.convert_model`` with the config's ``layer_formats``: sequential
 GPTQ, as users run it) on a fresh pipeline and scored on held-out (prompt, seed) pairs never used
 in tuning: PSNR against the full-precision videos of the same pairs (and, with the same
-conversion, on the calibration pairs: *calib converted*). *bits*: average stored bits
+conversion, on the calibration pairs: *calib converted*), with each video's PSNR kept (the
+held-out standard error, paired differences); each row's ``layer_formats`` is stored, so rows
+can be re-scored without searching again. *bits*: average stored bits
 per tuned weight (attention and feed-forward linears; scales and low-rank branch included; full
 precision counted at 16). Activations: per-token INT8 (the ``w4a8`` base), a real integer GEMM.
 """
@@ -38,7 +40,7 @@ from sixbit.eval.shapes import generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.presets import resolve
 from sixbit.tune import DEFAULT_FORMATS, Tuner
-from sixbit.tune.sensitivity import psnr_of
+from sixbit.tune.sensitivity import psnr_bound, psnr_of
 from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,15 +62,23 @@ def _bits(model, names) -> float:
 def heldout(arch: str, config, names, pairs, calib, steps: int, ref, evaluator) -> dict:
     """Convert a fresh pipeline with ``config`` and score it on the held-out pairs (``names``: the
     tuned layers, for the bits) and on the calibration pairs (``evaluator``: the tuner's, whose
-    reference videos are the full-precision calibration ones)."""
+    reference videos are the full-precision calibration ones); per-video PSNRs kept."""
     pipe = load_pipeline(arch)
     t0 = time.perf_counter()
     sixbit.convert_model(pipe, lambda: generate_heldout(pipe, calib, steps, GUIDANCE)[0], config)
     seconds = time.perf_counter() - t0
     videos, _ = generate_heldout(pipe, pairs, steps, GUIDANCE)
-    calib_real = psnr_of(evaluator.error(generate_heldout(pipe, calib, steps, GUIDANCE)[0]))
-    return {"bits": _bits(pipe.transformer, names), "psnr": float(np.mean([psnr(v, r) for v, r in zip(videos, ref)])),
-            "calib_real_psnr": calib_real, "convert_s": seconds}
+    per_video = [float(psnr(v, r)) for v, r in zip(videos, ref)]
+    calib_error = evaluator.error(generate_heldout(pipe, calib, steps, GUIDANCE)[0])
+    return {"bits": _bits(pipe.transformer, names), "psnr": float(np.mean(per_video)), "psnr_videos": per_video,
+            "calib_real_psnr": psnr_of(calib_error), "calib_real_psnr_bound": psnr_bound(calib_error),
+            "calib_real_psnr_videos": [float(-10 * np.log10(max(m, 1e-10))) for m in calib_error.tolist()], "convert_s": seconds}
+
+
+def _se(values) -> float:
+    """Standard error of the mean (sample SD / √n; 0 for one value)."""
+    values = np.asarray(values, dtype=float)
+    return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
 
 
 def _config(layer_formats: dict, description: str):
@@ -80,6 +90,7 @@ def _config(layer_formats: dict, description: str):
 
 def run_arch(arch: str, args) -> dict:
     torch.manual_seed(0)
+    log(f"[{arch}] torch threads: {torch.get_num_threads()}; {args.pairs} held-out pairs, {args.calib} calibration pairs")
     pairs, calib = heldout_pairs(args.pairs), calibration_pairs(args.calib)
     pipe = load_pipeline(arch)
     ref, _ = generate_heldout(pipe, pairs, args.steps, GUIDANCE)
@@ -97,24 +108,29 @@ def run_arch(arch: str, args) -> dict:
         if label == "16-bit":
             continue
         rows.append({"kind": "uniform", "target": label, "calib_bits": u["bits"], "calib_psnr": u["psnr"],
-                     "config": _config(u["formats"], f"uniform {label}")})
+                     "calib_psnr_bound": u["psnr_bound"], "config": _config(u["formats"], f"uniform {label}")})
     for label, target in searches.items():
         report = tuner.search(**target, seed=args.seed, population=args.population, generations=args.generations,
                               confirm=args.confirm)
         log(f"[{arch}] {label}:\n{report.summary()}")
         rows.append({"kind": "greedy", "target": label, "calib_bits": report.greedy["bits"],
-                     "calib_psnr": report.greedy["psnr"], "config": _config(report.greedy["formats"], f"greedy {label}")})
+                     "calib_psnr": report.greedy["psnr"], "calib_psnr_bound": report.greedy["psnr_bound"],
+                     "config": _config(report.greedy["formats"], f"greedy {label}")})
         rows.append({"kind": "genetic", "target": label, "calib_bits": report.best["bits"], "calib_psnr": report.best["psnr"],
-                     "config": report.config, "search_s": report.search.seconds, "confirm_s": report.seconds["confirm"],
+                     "calib_psnr_bound": report.best["psnr_bound"], "config": report.config, "search_s": report.search.seconds, "confirm_s": report.seconds["confirm"],
                      "evaluations": report.search.history[-1]["evaluations"], "history": report.search.history,
-                     "confirmed": [{k: c[k] for k in ("bits", "psnr", "real_psnr")} | {"picked": c is report.best}
+                     "confirmed": [{k: c[k] for k in ("bits", "psnr", "psnr_bound", "real_psnr", "real_psnr_bound")}
+                                   | {"picked": c is report.best}
                                    for c in report.confirmed]})
     for row in rows:
-        row.update(heldout(arch, row.pop("config"), [layer.name for layer in names], pairs, calib, args.steps, ref,
+        config = row.pop("config")
+        row["layer_formats"] = dict(config.weights.layer_formats)
+        row.update(heldout(arch, config, [layer.name for layer in names], pairs, calib, args.steps, ref,
                            tuner.evaluator))
         log(f"[{arch}] {row['kind']} {row['target']}: calib {row['calib_psnr']:.2f} dB with the candidates, "
-            f"{row['calib_real_psnr']:.2f} dB converted @ {row['calib_bits']:.2f} bits, "
-            f"held-out {row['psnr']:.2f} dB @ {row['bits']:.2f} bits")
+            f"{row['calib_real_psnr']:.2f} dB converted (mean − 1 SE {row['calib_real_psnr_bound']:.2f}) @ "
+            f"{row['calib_bits']:.2f} bits, held-out {row['psnr']:.2f} ± {_se(row['psnr_videos']):.2f} dB @ "
+            f"{row['bits']:.2f} bits")
     sens = tuner.sensitivity
     layers = [{"name": layer.name, "role": layer.role,
                "formats": ["16-bit" if v.format is None else v.format for v in layer.variants],
@@ -162,9 +178,13 @@ def section(results: list[dict]) -> str:
         "*calib cand.*: PSNR on the tuning's own calibration pairs as the search saw it (candidates built once, GPTQ "
         "on full-precision inputs); *calib conv.*: the same pairs with the config converted for real by "
         "`convert_model` (sequential GPTQ); *held-out*: that conversion scored on "
-        f"{s['pairs']} held-out pairs. Each search ends by converting its {s.get('confirm', 3)} shortlisted assignments "
+        f"{s['pairs']} held-out pairs (*held-out SE*: the per-video PSNRs' SD / √n). A PSNR target is checked against "
+        "the calibration videos' mean PSNR minus one standard error (`sixbit.tune.sensitivity.psnr_bound`: a margin "
+        "for unseen prompts), budgets maximize the mean. Each search ends by converting its "
+        f"{s.get('confirm', 3)} shortlisted assignments "
         "(the best under a budget; under a PSNR target the fewest bits at it, then ≥ 1 dB and ≥ 2 dB above it) and the "
-        "greedy one for real on the calibration pairs; that real PSNR makes the pick (*confirm s*). "
+        "greedy one for real on the calibration pairs; that real PSNR makes the pick (*confirm s*). Each row's "
+        "`layer_formats` and per-video PSNRs are in `benchmarks/results/tune_shapes-*.json`. "
         "![pareto](benchmarks/plots/tune_pareto.png)",
     ]
     for res in results:
@@ -172,21 +192,25 @@ def section(results: list[dict]) -> str:
                   f"Stage 1: {len(res['layers'])} layers × {len(FORMATS) - 1} formats in {res['stage1_s']:.0f} s; "
                   f"proxy (output error energy on the calibration inputs) vs measured video error: Spearman "
                   f"**{res['spearman']:+.2f}**.", "",
-                  ("| assignment | target | bits | calib cand. dB | calib conv. dB | held-out dB | cand. − conv. "
-                   "| conv. − held-out | search s | confirm s | runs |"),
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  ("| assignment | target | bits | calib cand. dB | calib conv. dB | held-out dB | held-out SE (SD) "
+                   "| cand. − conv. | conv. − held-out | search s | confirm s | runs |"),
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in res["rows"]:
             lines.append(f"| {r['kind']} | {r['target']} | {r['bits']:.2f} | {r['calib_psnr']:.2f} | "
-                         f"{r['calib_real_psnr']:.2f} | {r['psnr']:.2f} | {r['calib_psnr'] - r['calib_real_psnr']:+.2f} | "
+                         f"{r['calib_real_psnr']:.2f} | {r['psnr']:.2f} | {_se(r['psnr_videos']):.2f} "
+                         f"(SD {np.std(r['psnr_videos'], ddof=1) if len(r['psnr_videos']) > 1 else 0:.2f}) | "
+                         f"{r['calib_psnr'] - r['calib_real_psnr']:+.2f} | "
                          f"{r['calib_real_psnr'] - r['psnr']:+.2f} | {r.get('search_s', 0):.0f} | "
                          f"{r.get('confirm_s', 0):.0f} | {r.get('evaluations', '')} |")
         lines.append("")
         for r in res["rows"]:
             if r.get("confirmed"):
+                psnr_target = r["target"].startswith("≥")
                 lines.append(f"- {r['target']}, converted for real on the calibration pairs (bits: candidates → "
-                             "converted dB): " + ", ".join(
+                             f"converted dB{' (mean − 1 SE)' if psnr_target else ''}): " + ", ".join(
                                  f"{'**' if c['picked'] else ''}{c['bits']:.2f}: {c['psnr']:.2f} → {c['real_psnr']:.2f}"
-                                 f"{'**' if c['picked'] else ''}" for c in r["confirmed"]) + " (bold: the pick).")
+                                 + (f" ({c['real_psnr_bound']:.2f})" if psnr_target else "")
+                                 + f"{'**' if c['picked'] else ''}" for c in r["confirmed"]) + " (bold: the pick).")
         gaps = [(r["calib_psnr"] - r["calib_real_psnr"], r["calib_real_psnr"] - r["psnr"]) for r in res["rows"]]
         lines.append(f"- Gaps over the rows: candidates − converted (calibration) {np.mean([g[0] for g in gaps]):+.2f} dB "
                      f"on average (from {min(g[0] for g in gaps):+.2f} to {max(g[0] for g in gaps):+.2f}); converted "
@@ -205,13 +229,21 @@ def checks(res: dict) -> list[str]:
         near = [u for u in uniform if abs(u["bits"] - gen["bits"]) <= 0.1]
         best_u = max(near, key=lambda u: u["psnr"]) if near else None
         budget = not target.startswith("≥")  # the greedy/uniform checks are at equal bits: budgets only
+        diff = np.subtract(gen["psnr_videos"], gre["psnr_videos"])  # the same held-out pairs: paired
         text = (f"- {target}: genetic {gen['psnr']:.2f} dB at {gen['bits']:.2f} bits vs greedy {gre['psnr']:.2f} dB at "
-                f"{gre['bits']:.2f} bits: **{gen['psnr'] - gre['psnr']:+.2f} dB**" + (" (needs ≥ +0.5)" if budget else ""))
+                f"{gre['bits']:.2f} bits: **{gen['psnr'] - gre['psnr']:+.2f} dB** (" + ("needs ≥ +0.5; " if budget else "")
+                + f"per-video differences on the {len(diff)} held-out pairs: mean {diff.mean():+.2f}, paired SE "
+                  f"{_se(diff):.2f} dB)")
         if budget:
             text += (f"; vs the best uniform within ±0.1 bits ({best_u['target']}, {best_u['psnr']:.2f} dB): "
-                     f"**{gen['psnr'] - best_u['psnr']:+.2f} dB** (needs ≥ +3)" if best_u else "; no uniform assignment within ±0.1 bits")
+                     f"**{gen['psnr'] - best_u['psnr']:+.2f} dB** (needs ≥ +3; paired SE "
+                     f"{_se(np.subtract(gen['psnr_videos'], best_u['psnr_videos'])):.2f} dB)"
+                     if best_u else "; no uniform assignment within ±0.1 bits")
         else:
             int8 = next((u for u in uniform if u["target"] == "int8"), None)
+            text += (f"; calibration converted {gen['calib_real_psnr']:.2f} dB, mean − 1 SE "
+                     f"**{gen['calib_real_psnr_bound']:.2f} dB**; held-out {gen['psnr']:.2f} ± {_se(gen['psnr_videos']):.2f} "
+                     f"dB (SE)")
             text += (f"; held-out ≥ 34 dB: **{'yes' if gen['psnr'] >= 34 else 'no'}**, at fewer bits than uniform INT8 "
                      f"({int8['bits']:.2f}): **{'yes' if gen['bits'] < int8['bits'] else 'no'}**" if int8 else "")
         out.append(text + ".")
@@ -221,7 +253,7 @@ def checks(res: dict) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=["cogvideox", "wan"])
-    parser.add_argument("--pairs", type=int, default=8, help="held-out (prompt, seed) pairs")
+    parser.add_argument("--pairs", type=int, default=24, help="held-out (prompt, seed) pairs (24: every 2nd of the 48)")
     parser.add_argument("--calib", type=int, default=6, help="calibration (prompt, seed) pairs the tuning sees")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--population", type=int, default=10)
