@@ -26,3 +26,60 @@ def test_backend_and_errors():
         int8_matmul(torch.zeros(2, 2), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="inner dimensions"):
         int8_matmul(torch.zeros(2, 3, dtype=torch.int8), torch.zeros(2, 4, dtype=torch.int8))
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """Every size takes the compiled kernels (fresh compilation state)."""
+    from sixbit.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(cpu, "_COMPILED", {})
+    monkeypatch.setattr(cpu, "_STATE", {"enabled": True, "broken": None})
+    return cpu
+
+
+def test_compiled_ops_are_bit_identical_to_the_eager_ones(compiled):
+    from sixbit.formats import integer
+
+    torch.manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = (torch.randn(37, 96) * torch.logspace(-3, 3, 37).reshape(-1, 1)).to(dtype)
+        x[5] = 0  # an all-zero row: scale 1
+        codes, scale = compiled.quantize_rows(x)
+        ref = integer.quantize(x.float(), bits=8, granularity="token", check=False)
+        assert torch.equal(codes, ref.values()) and torch.equal(scale, ref.scale)
+    acc = torch.randint(-2**20, 2**20, (37, 40), dtype=torch.int32)
+    xs, ws = torch.rand(37, 1), torch.rand(40)
+    extra, bias = torch.randn(37, 40), torch.randn(40, dtype=torch.bfloat16)
+    for args in ((None, None, torch.float32), (extra, None, torch.bfloat16), (extra, bias, torch.bfloat16),
+                 (None, bias, torch.float32)):
+        assert torch.equal(compiled.scale_epilogue(acc, xs, ws, *args), compiled.scale_epilogue_reference(acc, xs, ws, *args))
+    assert set(compiled._COMPILED) == {"quantize_rows_reference", "scale_epilogue_reference"}
+
+
+def test_a_failing_compiler_leaves_the_eager_ops(compiled, monkeypatch, caplog):
+    def broken(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    x = torch.randn(8, 32)
+    with caplog.at_level("WARNING"):
+        codes, scale = compiled.quantize_rows(x)
+    assert torch.equal(codes, compiled.quantize_rows_reference(x)[0])
+    assert "no C++ compiler" in caplog.text and not compiled.fused_cpu(x)
+
+
+def test_compiled_nvfp4_to_int8_equals_dequantize_then_round(compiled):
+    from sixbit.formats import integer, nvfp4
+
+    torch.manual_seed(0)
+    w = torch.randn(24, 96) * torch.logspace(-2, 2, 24).reshape(-1, 1)
+    w[3] = 0
+    q = nvfp4.quantize(w)
+    ref = integer.quantize(q.dequantize(), bits=8, granularity="channel", check=False)
+    codes, scale = compiled.nvfp4_to_int8(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table())
+    assert torch.equal(codes, ref.values()) and torch.equal(scale, ref.scale.reshape(-1))
+    assert "nvfp4_to_int8_reference" in compiled._COMPILED

@@ -149,7 +149,7 @@ def test_pdr_refreshes_outlier_layers_in_full_precision(monkeypatch):
 
     def spy(mode):
         original = quant_linear._PATHS[mode]
-        monkeypatch.setitem(quant_linear._PATHS, mode, lambda self, x: seen.append(mode.value) or original(self, x))
+        monkeypatch.setitem(quant_linear._PATHS, mode, lambda self, x, *rest: seen.append(mode.value) or original(self, x, *rest))
 
     for mode in ActMode:
         spy(mode)

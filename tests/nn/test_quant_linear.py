@@ -175,3 +175,25 @@ def test_forward_traces_without_graph_breaks(mode):
     x = torch.randn(2, 5, 64)
     compiled = torch.compile(layer, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["w8a8", "w4a8", "lora"])
+def test_compiled_cpu_kernels_change_no_bit(kind, monkeypatch):
+    """The INT8 path's compiled quantize and epilogue (large CPU inputs) give the eager result."""
+    from sixbit.kernels import cpu
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 48)
+    if kind == "w8a8":
+        layer = QuantLinear.from_linear(lin, "int8", act_mode="int8")
+    else:
+        layer = QuantLinear.from_linear(lin, "nvfp4", hadamard_block=32, act_mode="int8")
+        layer.lowrank_up, layer.lowrank_down = torch.randn(48, 4) * 0.01, torch.randn(4, 128) * 0.01
+    if kind == "lora":
+        layer.add_lora("style", torch.randn(2, 128) * 0.1, torch.randn(48, 2) * 0.1)
+    x = torch.randn(2, 9, 128, dtype=torch.bfloat16)
+    eager = layer(x)
+    monkeypatch.setattr(cpu, "_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(cpu, "_COMPILED", {})
+    assert cpu.fused_cpu(x)
+    assert torch.equal(layer(x), eager) and eager.dtype == torch.bfloat16

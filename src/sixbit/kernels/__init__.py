@@ -3,7 +3,20 @@
 :func:`available` says which path each precision takes on a device.
 """
 
-from .cpu import int8_matmul, int8_matmul_backend, int8_matmul_reference
+from .cpu import (
+    compiled_cpu_ops,
+    fastest_float_dtype,
+    fused_cpu,
+    int8_matmul,
+    int8_matmul_backend,
+    int8_matmul_reference,
+    nvfp4_to_int8,
+    nvfp4_to_int8_reference,
+    quantize_rows,
+    quantize_rows_reference,
+    scale_epilogue,
+    scale_epilogue_reference,
+)
 from .cuda import (
     available,
     fp4_supported,
@@ -19,8 +32,9 @@ from .cuda import (
 from .triton.gemm import weight4_linear, weight4_linear_reference, weight4_supported
 
 __all__ = [
-    "available", "fp4_supported", "fp8_linear", "fp8_linear_reference", "fused_int8", "int8_linear",
-    "int8_linear_reference", "int8_matmul", "int8_matmul_backend", "int8_matmul_reference", "nvfp4_linear",
+    "available", "compiled_cpu_ops", "fastest_float_dtype", "fused_cpu", "quantize_rows", "quantize_rows_reference", "scale_epilogue",
+    "scale_epilogue_reference", "fp4_supported", "fp8_linear", "fp8_linear_reference", "fused_int8", "int8_linear",
+    "int8_linear_reference", "int8_matmul", "nvfp4_to_int8", "nvfp4_to_int8_reference", "int8_matmul_backend", "int8_matmul_reference", "nvfp4_linear",
     "nvfp4_linear_reference", "weight4_fused", "weight4_linear", "weight4_linear_reference",
     "weight4_supported",
 ]

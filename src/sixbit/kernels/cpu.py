@@ -8,7 +8,29 @@ fallback: the products of int8 values summed in float64 are exact integers while
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import torch
+
+
+def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
+    """The full-precision dtype a user who wants speed runs on ``device``: bf16 on GPUs and on
+    CPUs that multiply it natively (AVX512-BF16 or AMX: 2–2.6× fp32's speed measured here), fp32
+    on other CPUs. Speedups in sixbit's benchmarks are quoted against it.
+
+    Example:
+        >>> fastest_float_dtype("cuda")
+        torch.bfloat16
+    """
+    if torch.device(device).type != "cpu":
+        return torch.bfloat16
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:  # not Linux: no cheap way to ask
+        flags = []
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else torch.float32
 
 
 def int8_matmul_backend(device: torch.device | str, m: int, k: int, n: int) -> str:
@@ -37,3 +59,105 @@ def int8_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     if int8_matmul_backend(a.device, a.shape[0], a.shape[1], b_t.shape[0]) == "torch._int_mm":
         return torch._int_mm(a, b_t.t())
     return (a.double() @ b_t.double().t()).to(torch.int32)
+
+
+# ---------------------------------------------------------------- fused CPU ops
+#
+# The per-token quantization of a GEMM's input and the scale epilogue are chains of elementwise
+# ops; run op by op, each reads and writes the whole (M, K) or (M, N) tensor in fp32, and at real
+# sizes they took longer than the integer GEMM itself (CogVideoX-2B's 7680→1920 layer: 2.3× the
+# GEMM). Compiled by ``torch.compile`` (inductor's C++ backend), each chain is one or two
+# vectorized loops. The compiled function is the very Python function that runs eagerly when
+# compiling is off or does not pay (tensors below ``_MIN_ELEMENTS``, e.g. the shipped tiny models),
+# and inductor keeps IEEE division and round-half-even: the results are bit-identical (tested).
+
+_MIN_ELEMENTS = 1 << 18
+_COMPILED: dict[str, object] = {}
+_STATE = {"enabled": True, "broken": None}
+log = logging.getLogger(__name__)
+
+
+def compiled_cpu_ops(enabled: bool = True) -> None:
+    """Use the compiled CPU kernels for activation quantization and the scale epilogue (default
+    on; results are bit-identical either way). The first large call compiles them (a C++ compiler
+    is needed; without one sixbit logs a warning once and keeps the eager ops)."""
+    _STATE["enabled"] = bool(enabled)
+
+
+def fused_cpu(t: torch.Tensor, numel: int | None = None) -> bool:
+    """Whether ops on ``t`` take the compiled CPU kernels (CPU, on, compiler works, and ``t`` —
+    or the whole of which it is a part, ``numel`` elements — large enough)."""
+    return (t.device.type == "cpu" and _STATE["enabled"] and _STATE["broken"] is None
+            and (t.numel() if numel is None else numel) >= _MIN_ELEMENTS)
+
+
+def _run(fn, *args, numel: int | None = None):
+    """``fn(*args)`` compiled (``dynamic=True``: one kernel for every shape) when
+    :func:`fused_cpu` says so for ``args[0]`` (and ``numel``), eagerly otherwise."""
+    if not fused_cpu(args[0], numel) or torch.compiler.is_compiling():  # inside a user's torch.compile: theirs fuses it
+        return fn(*args)
+    compiled = _COMPILED.get(fn.__name__)
+    if compiled is None:
+        compiled = _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
+        try:
+            return compiled(*args)
+        except Exception as e:  # no C++ compiler, or inductor cannot build here: same numerics eagerly
+            _STATE["broken"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.warning("sixbit: compiling the CPU kernels failed (%s); running them op by op (slower, "
+                        "same results)", _STATE["broken"])
+            return fn(*args)
+    return compiled(*args)
+
+
+def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token symmetric INT8 of a 2-D ``x``: codes ``(M, K)`` int8 and scales ``(M, 1)`` fp32
+    (``amax / 127``; an all-zero row gets scale 1) — ``formats.integer.quantize(x, 8, "token")``."""
+    x = x.float()
+    amax = x.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / 127)
+    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows_reference`, compiled into one pass on large CPU inputs (any float dtype:
+    a bf16 input is read as bf16, no fp32 copy)."""
+    return _run(quantize_rows_reference, x)
+
+
+def scale_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                             extra: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``acc (M, N) int32 · x_scale (M, 1) · w_scale (N,)`` in fp32, ``+ extra`` (fp32, e.g. the
+    low-rank branch), ``+ bias``, in ``dtype``: each step rounds in fp32 in this order."""
+    y = acc.float() * x_scale.reshape(-1, 1) * w_scale.reshape(1, -1)
+    if extra is not None:
+        y = y + extra
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(dtype)
+
+
+def scale_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, extra: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`scale_epilogue_reference`, compiled into one pass on large CPU accumulators."""
+    return _run(scale_epilogue_reference, acc, x_scale, w_scale, extra, bias, dtype)
+
+
+def nvfp4_to_int8_reference(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                            table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of an NVFP4 weight (``codes`` (n, K/2) uint8, low nibble first; E4M3 ``scales``
+    (n, K/16); the fp32 ``global_scale``; ``table``: the 16 E2M1 values) re-rounded to per-channel
+    INT8: codes (n, K) int8 and scales (n,) fp32. The dequantization is ``formats.nvfp4``'s
+    (``e2m1 · (fp32(scale) · global_scale)``) and the rounding ``integer.quantize``'s, op for op."""
+    n = codes.shape[0]
+    values = torch.stack([table[(codes & 15).long()], table[(codes >> 4).long()]], -1).reshape(n, -1, 16)
+    w = (values * (scales.float() * global_scale).unsqueeze(-1)).reshape(n, -1)
+    codes8, scale = quantize_rows_reference(w)
+    return codes8, scale.reshape(-1)
+
+
+def nvfp4_to_int8(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, table: torch.Tensor,
+                  numel: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`nvfp4_to_int8_reference`, compiled into two vectorized passes (row abs-max, codes)
+    when the weight (``numel`` elements, of which these rows are a part) is large: a W4A8 call
+    re-rounds its weight on every call unless ``sixbit.keep_int8_weights`` keeps the INT8 copy."""
+    return _run(nvfp4_to_int8_reference, codes, scales, global_scale, table, numel=numel)

@@ -366,7 +366,8 @@ class QuantLinear(nn.Module):
         if cached is None:
             step = max(1, _CONVERT_BYTES // (4 * self.in_features))
             try:
-                parts = [_to_int8(stored.rows(r, min(r + step, self.out_features)))
+                numel = self.out_features * self.in_features
+                parts = [_to_int8(stored.rows(r, min(r + step, self.out_features)), numel)
                          for r in range(0, self.out_features, step)]
                 codes, scale = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
             except NotImplementedError:  # a container that cannot be sliced: convert it whole
@@ -396,7 +397,7 @@ class QuantLinear(nn.Module):
             w_codes, w_scale = self.int8_weight()
             y = kernels.int8_linear(x2, w_codes, w_scale, self.hadamard_block)
             return self._finish(x, y, lead)
-        if mode is not ActMode.FP:
+        if mode is ActMode.NVFP4 or (mode is ActMode.INT8 and not self._plain_int8()):
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
         if self.hadamard_block is not None:
             x2 = hadamard.rotate(x2, self.hadamard_block)
@@ -404,22 +405,31 @@ class QuantLinear(nn.Module):
         divided = self.input_divisor is not None and not static  # the static quantizer folds it into its scale
         if divided:
             x2 = x2 / self.input_divisor.to(x2.dtype)
-        y = _PATHS[mode](self, x2)
+        branch = None
         if self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
             xb = x2 if divided or self.input_divisor is None else x2 / self.input_divisor.to(x2.dtype)
-            y = y + low_rank(xb, self.lowrank_down, self.lowrank_up)
-        return self._finish(x, y, lead)
+            branch = low_rank(xb, self.lowrank_down, self.lowrank_up)
+        # LoRAs come before the bias: with them, the bias waits for _finish
+        bias = None if self._loras else self.bias
+        y = _PATHS[mode](self, x2, branch, bias, torch.float32 if self._loras else x.dtype)
+        return self._finish(x, y, lead, bias_added=not self._loras)
 
-    def _finish(self, x: torch.Tensor, y: torch.Tensor, lead) -> torch.Tensor:
-        """LoRAs, bias, and the output in the input's dtype and shape."""
+    def _finish(self, x: torch.Tensor, y: torch.Tensor, lead, bias_added: bool = False) -> torch.Tensor:
+        """LoRAs, bias (unless the path added it), and the output in the input's dtype and shape."""
         if self._loras:  # on the layer's original input, not the rotated / divided one
             xo = x.reshape(-1, self.in_features).to(y.dtype)
             for name, scale in self._loras.items():
                 if scale:  # a LoRA at scale 0 adds nothing, not even rounding
                     y = y + scale * low_rank(xo, getattr(self, f"lora_{name}_down"), getattr(self, f"lora_{name}_up"))
-        if self.bias is not None:
+        if self.bias is not None and not bias_added:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def _plain_int8(self) -> bool:
+        """Dynamic INT8 straight from the input: nothing to compute in fp32 first (the quantizer
+        reads 16-bit inputs as they are)."""
+        return (self.hadamard_block is None and self.input_divisor is None and self.lowrank_up is None
+                and self.act_quantizer is None)
 
     def _fused_int8(self, mode: ActMode, x: torch.Tensor) -> bool:
         """Whether this call takes the fused Triton INT8 path (CUDA; nothing between the rotation
@@ -427,13 +437,19 @@ class QuantLinear(nn.Module):
         return (mode is ActMode.INT8 and self.act_quantizer is None and self.input_divisor is None
                 and self.lowrank_up is None and kernels.fused_int8(x.device))
 
-    def _forward_fp(self, x: torch.Tensor) -> torch.Tensor:
+    # Each path: ``x`` (2-D, rotated / divided), the low-rank ``branch`` output or None, the
+    # ``bias`` to add or None; it returns ``x·Wᵀ + branch + bias`` (adds in this order), in ``dtype``
+    # where it can write that directly (INT8), else in its compute dtype.
+
+    def _forward_fp(self, x, branch, bias, dtype):
         stored = self.quantized_weight()
         if kernels.weight4_fused(x.device) and kernels.weight4_supported(stored):
-            return kernels.weight4_linear(x, stored)  # the 4-bit weight decoded inside the GEMM
-        return F.linear(x, stored.dequantize(x.dtype))
+            y = kernels.weight4_linear(x, stored)  # the 4-bit weight decoded inside the GEMM
+        else:
+            y = F.linear(x, stored.dequantize(x.dtype))
+        return _add(y, branch, bias)
 
-    def _forward_int8(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_int8(self, x, branch, bias, dtype):
         if self.act_quantizer is not None:
             # Static: the quantizer's codes and scales; each part is one real int8 GEMM.
             w_codes, w_scale = self.act_quantizer.int8_weight(self)
@@ -441,17 +457,21 @@ class QuantLinear(nn.Module):
             for codes, scale in self.act_quantizer.quantize_input(x):
                 part = int8_matmul(codes, w_codes).float().mul_(scale)
                 y = part if y is None else y.add_(part)
-            return y.mul_(w_scale.reshape(1, -1))
+            return _add(y.mul_(w_scale.reshape(1, -1)), branch, bias)
         w_codes, w_scale = self.int8_weight()
-        return kernels.int8_linear_reference(x, w_codes, w_scale)  # torch ops: the fused path's twin
+        # per-token codes, the integer GEMM, one epilogue (scales, branch, bias, output dtype);
+        # compiled into single passes on large CPU inputs, bit-identical to the eager ops
+        codes, scale = kernels.quantize_rows(x)
+        return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, branch, bias, dtype)
 
-    def _forward_nvfp4(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_nvfp4(self, x, branch, bias, dtype):
         # the per-tensor scale from every rank's tokens when a sequence-parallel model splits them
         scale = nvfp4.global_scale_for(token_max(x.detach().abs().amax())) if tokens_split() else None
         if kernels.fp4_supported(x.device):  # FP4 tensor cores
-            return kernels.nvfp4_linear(x, self._weight_as("nvfp4"), torch.float32, scale)
-        # Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32.
-        return F.linear(nvfp4.quantize(x, scale, check=False).dequantize(), self._weight_as("nvfp4").dequantize())
+            y = kernels.nvfp4_linear(x, self._weight_as("nvfp4"), torch.float32, scale)
+        else:  # Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32.
+            y = F.linear(nvfp4.quantize(x, scale, check=False).dequantize(), self._weight_as("nvfp4").dequantize())
+        return _add(y, branch, bias)
 
     def execution(self, mode: ActMode | str | None = None) -> str:
         """How a call at ``mode`` (default: the layer's own) runs, e.g. ``"int8 (real, torch._int_mm)"``."""
@@ -493,18 +513,28 @@ def low_rank(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Ten
     return F.linear(F.linear(x, down.to(x.dtype)), up.to(x.dtype))
 
 
+def _add(y: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """``y + branch + bias`` in ``y``'s dtype, in that order."""
+    if branch is not None:
+        y = y + branch
+    return y if bias is None else y + bias.to(y.dtype)
+
+
 def _fits_int8_gemm(q: Quantized) -> bool:
     """Symmetric per-channel integer codes of ≤ 8 bits: ``values()`` is int8, ``scale`` is (N, 1)."""
     return isinstance(q, integer.IntQuantized) and q.symmetric and q.granularity == "channel"
 
 
-def _to_int8(q: Quantized) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel INT8 codes ``(n, K)`` and scales ``(n,)`` of a dequantized weight slice."""
+def _to_int8(q: Quantized, numel: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel INT8 codes ``(n, K)`` and scales ``(n,)`` of a dequantized weight slice (of a
+    weight of ``numel`` elements: large NVFP4 ones take the compiled kernel, bit-identical)."""
+    if isinstance(q, nvfp4.NVFP4Quantized) and q.codes.dim() == 2:
+        return kernels.nvfp4_to_int8(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(q.codes.device), numel)
     w = integer.quantize(q.dequantize(), bits=8, granularity="channel", check=False)
     return w.values(), w.scale.reshape(-1)
 
 
-_PATHS: dict[ActMode, Callable[[QuantLinear, torch.Tensor], torch.Tensor]] = {
+_PATHS: dict[ActMode, Callable[..., torch.Tensor]] = {
     ActMode.FP: QuantLinear._forward_fp,
     ActMode.INT8: QuantLinear._forward_int8,
     ActMode.NVFP4: QuantLinear._forward_nvfp4,
