@@ -57,3 +57,16 @@ def test_static_layers_hold_variant_zero_once():
     assert q.extra_codes.shape[0] == 0  # one range, one variant: the layer's own packed weight only
     codes, scale = q.variant(0, layer)
     assert codes.untyped_storage().data_ptr() == layer.weight_codes.untyped_storage().data_ptr()
+
+
+def test_keep_int8_weights_builds_counted_copies_and_changes_no_result():
+    torch.manual_seed(0)
+    model = sixbit.quantize(ToyTransformer(depth=2), sixbit.QuantConfig(weight_format="nvfp4", act_mode="int8"))
+    x = torch.randn(1, 6, 32)
+    before = model(x, timestep=torch.tensor([500]))
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and not m.weight_only]
+    extra = sixbit.keep_int8_weights(model)
+    assert extra == sum(m.out_features * (m.in_features + 4) for m in layers) > 0  # int8 codes + an fp32 scale per row
+    assert sixbit.summary(model).converted_bytes == extra
+    assert torch.equal(model(x, timestep=torch.tensor([500])), before)
+    assert sixbit.keep_int8_weights(model, enabled=False) == 0 and sixbit.summary(model).converted_bytes == 0

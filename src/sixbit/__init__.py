@@ -11,7 +11,7 @@ Example:
 __version__ = "0.1.0"
 
 from . import formats, reports  # noqa: E402
-from .api import quantize, summary  # noqa: E402
+from .api import keep_int8_weights, quantize, summary  # noqa: E402
 from .calibration import CalibrationData, calibrate  # noqa: E402
 from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
@@ -54,6 +54,7 @@ __all__ = [
     "enable_delta_cache",
     "fit_dmpq",
     "formats",
+    "keep_int8_weights",
     "load",
     "load_lora",
     "load_pretrained",

@@ -218,6 +218,29 @@ def _tensor_bytes(model: nn.Module) -> int:
     return total
 
 
+def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
+    """Keep an INT8 copy of every weight the INT8 GEMM cannot read directly (NVFP4, MX, FP8 and
+    grouped formats: the 4-bit presets), built now; ``enabled=False`` drops the copies. Returns the
+    bytes the copies hold (0 after dropping them); :func:`summary` counts them.
+
+    Speed against memory, on CPUs: without the copy each INT8 call re-rounds the 4-bit weight to
+    per-channel INT8 a few rows at a time, which at CogVideoX-2B size costs more than the GEMM
+    (BENCHMARKS.md ``cpu-speed``); with it a 4-bit layer multiplies as fast as an INT8 one and holds
+    8 more bits per weight and a scale per row (``w4a8``: 4.9 → 13 bits, still below bf16's 16). The results are
+    bit-identical either way; checkpoints never hold the copies.
+
+    Example:
+        >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP
+    """
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and not m.weight_only]
+    for layer in layers:
+        layer.cache_converted = bool(enabled)
+        layer._converted.clear()
+        if enabled:
+            layer.int8_weight()  # builds and keeps the copy (a no-op for INT8-ready weights)
+    return sum(m.converted_nbytes() for m in layers)
+
+
 def summary(model: nn.Module) -> Summary:
     """Layers per format, linear-weight bytes before/after quantization, and every byte the model
     holds (as data; ``str`` reads well).
