@@ -60,6 +60,8 @@ def test_static_layers_hold_variant_zero_once():
 
 
 def test_keep_int8_weights_builds_counted_copies_and_changes_no_result():
+    from sixbit.kernels import amx_int8
+
     torch.manual_seed(0)
     model = sixbit.quantize(ToyTransformer(depth=2), sixbit.QuantConfig(weight_format="nvfp4", act_mode="int8"))
     x = torch.randn(1, 6, 32)
@@ -67,6 +69,21 @@ def test_keep_int8_weights_builds_counted_copies_and_changes_no_result():
     layers = [m for m in model.modules() if isinstance(m, QuantLinear) and not m.weight_only]
     extra = sixbit.keep_int8_weights(model)
     assert extra == sum(m.out_features * (m.in_features + 4) for m in layers) > 0  # int8 codes + an fp32 scale per row
+    assert all((m._packed is not None) == amx_int8() for m in layers)
     assert sixbit.summary(model).converted_bytes == extra
-    assert torch.equal(model(x, timestep=torch.tensor([500])), before)
+    after = model(x, timestep=torch.tensor([500]))
+    if amx_int8():  # the two fp32 scale multiplies in the other order
+        torch.testing.assert_close(after, before, rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(after, before)
     assert sixbit.keep_int8_weights(model, enabled=False) == 0 and sixbit.summary(model).converted_bytes == 0
+    assert torch.equal(model(x, timestep=torch.tensor([500])), before)
+
+
+def test_packed_int8_layers_are_dropped_when_moved_or_cut():
+    layer = QuantLinear.from_linear(torch.nn.Linear(64, 32), "int8", act_mode="int8")
+    from sixbit.kernels import amx_int8
+
+    assert sixbit.keep_int8_weights(torch.nn.Sequential(layer)) == (32 * (64 + 4) if amx_int8() else 0)
+    layer.to(torch.float32)
+    assert layer.converted_nbytes() == 0

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from . import formats
+from . import formats, kernels
 from ._validate import report, show
 from .config import QuantConfig
 from .models import block_index_of, iter_blocks, spec_for
@@ -219,15 +219,18 @@ def _tensor_bytes(model: nn.Module) -> int:
 
 
 def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
-    """Keep an INT8 copy of every weight the INT8 GEMM cannot read directly (NVFP4, MX, FP8 and
-    grouped formats: the 4-bit presets), built now; ``enabled=False`` drops the copies. Returns the
-    bytes the copies hold (0 after dropping them); :func:`summary` counts them.
+    """Keep every quantized layer's INT8 GEMM operand ready, built now: an INT8 copy of weights the
+    integer GEMM cannot read directly (NVFP4, MX, FP8, grouped formats: the 4-bit presets), and on
+    CPUs with AMX INT8 (:func:`sixbit.kernels.amx_int8`) every layer's INT8 weight packed for
+    oneDNN's AMX kernel. ``enabled=False`` drops them. Returns the bytes they hold (0 after
+    dropping them); :func:`summary` counts them.
 
-    Speed against memory, on CPUs: without the copy each INT8 call re-rounds the 4-bit weight to
-    per-channel INT8 a few rows at a time, which at CogVideoX-2B size costs more than the GEMM
-    (BENCHMARKS.md ``cpu-speed``); with it a 4-bit layer multiplies as fast as an INT8 one and holds
-    8 more bits per weight and a scale per row (``w4a8``: 4.9 → 13 bits, still below bf16's 16). The results are
-    bit-identical either way; checkpoints never hold the copies.
+    Speed against memory, on CPUs: without it each INT8 call of a 4-bit layer re-rounds its weight
+    to per-channel INT8, which at CogVideoX-2B size costs more than the GEMM, and INT8 GEMMs take
+    ``torch._int_mm``, which does not reach AMX (BENCHMARKS.md ``cpu-speed``). With it every layer
+    holds 8 more bits per weight and a scale per row (``w4a8``: 4.9 → 13 bits; ``w8a8`` on AMX:
+    8 → 16, bf16's size). Results are bit-identical up to the order of two fp32 scale multiplies
+    (AMX path); checkpoints never hold the copies.
 
     Example:
         >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP
@@ -235,8 +238,12 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
     layers = [m for m in model.modules() if isinstance(m, QuantLinear) and not m.weight_only]
     for layer in layers:
         layer.cache_converted = bool(enabled)
-        layer._converted.clear()
-        if enabled:
+        layer.drop_converted()
+        if not enabled:
+            continue
+        if kernels.amx_int8() and next(layer.buffers()).device.type == "cpu":
+            layer.pack_int8()
+        else:
             layer.int8_weight()  # builds and keeps the copy (a no-op for INT8-ready weights)
     return sum(m.converted_nbytes() for m in layers)
 

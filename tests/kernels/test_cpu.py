@@ -83,3 +83,14 @@ def test_compiled_nvfp4_to_int8_equals_dequantize_then_round(compiled):
     codes, scale = compiled.nvfp4_to_int8(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table())
     assert torch.equal(codes, ref.values()) and torch.equal(scale, ref.scale.reshape(-1))
     assert "nvfp4_to_int8_reference" in compiled._COMPILED
+
+
+@pytest.mark.skipif(not __import__("sixbit.kernels", fromlist=["amx_int8"]).amx_int8(), reason="no AMX INT8 on this CPU")
+@pytest.mark.parametrize("m,k,n", [(1, 16, 8), (37, 96, 40), (300, 256, 64)])
+def test_packed_amx_matmul_equals_reference(m, k, n):
+    from sixbit.kernels import pack_int8_weight, packed_int8_matmul, packed_int8_matmul_reference
+
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    codes = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    w_scale = torch.rand(n)
+    assert torch.equal(packed_int8_matmul(a, pack_int8_weight(codes), w_scale), packed_int8_matmul_reference(a, codes, w_scale))

@@ -4,6 +4,7 @@
 """
 
 from .cpu import (
+    amx_int8,
     compiled_cpu_ops,
     fastest_float_dtype,
     fused_cpu,
@@ -12,6 +13,9 @@ from .cpu import (
     int8_matmul_reference,
     nvfp4_to_int8,
     nvfp4_to_int8_reference,
+    pack_int8_weight,
+    packed_int8_matmul,
+    packed_int8_matmul_reference,
     quantize_rows,
     quantize_rows_reference,
     scale_epilogue,
@@ -32,9 +36,10 @@ from .cuda import (
 from .triton.gemm import weight4_linear, weight4_linear_reference, weight4_supported
 
 __all__ = [
-    "available", "compiled_cpu_ops", "fastest_float_dtype", "fused_cpu", "quantize_rows", "quantize_rows_reference", "scale_epilogue",
+    "amx_int8", "available", "compiled_cpu_ops", "fastest_float_dtype", "fused_cpu", "quantize_rows", "quantize_rows_reference", "scale_epilogue",
     "scale_epilogue_reference", "fp4_supported", "fp8_linear", "fp8_linear_reference", "fused_int8", "int8_linear",
-    "int8_linear_reference", "int8_matmul", "nvfp4_to_int8", "nvfp4_to_int8_reference", "int8_matmul_backend", "int8_matmul_reference", "nvfp4_linear",
+    "int8_linear_reference", "int8_matmul", "nvfp4_to_int8", "nvfp4_to_int8_reference", "pack_int8_weight",
+    "packed_int8_matmul", "packed_int8_matmul_reference", "int8_matmul_backend", "int8_matmul_reference", "nvfp4_linear",
     "nvfp4_linear_reference", "weight4_fused", "weight4_linear", "weight4_linear_reference",
     "weight4_supported",
 ]

@@ -25,12 +25,43 @@ def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     """
     if torch.device(device).type != "cpu":
         return torch.bfloat16
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & _cpu_flags() else torch.float32
+
+
+def _cpu_flags() -> set[str]:
     try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
+        return set(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")), []))
     except OSError:  # not Linux: no cheap way to ask
-        flags = []
-    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else torch.float32
+        return set()
+
+
+def amx_int8() -> bool:
+    """Whether this CPU has AMX INT8 tiles and torch reaches them (oneDNN's brgemm matmul through
+    ``torch.ops.onednn.qlinear_pointwise``). ``torch._int_mm`` takes oneDNN's generic s8 GEMM
+    instead, which on an AMX machine is no faster than a bf16 matmul (which does use AMX)."""
+    return "amx_int8" in _cpu_flags() and hasattr(torch.ops.onednn, "qlinear_prepack")
+
+
+def pack_int8_weight(codes: torch.Tensor) -> torch.Tensor:
+    """``codes`` (N, K) int8 reordered once into the AMX kernel's blocked layout (an opaque
+    oneDNN tensor of the same N·K bytes) for :func:`packed_int8_matmul`."""
+    return torch.ops.onednn.qlinear_prepack(codes.contiguous(), [4096, codes.shape[1]])
+
+
+def packed_int8_matmul(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """``(a @ codesᵀ) · w_scale`` in fp32 for int8 ``a`` (M, K) and a :func:`pack_int8_weight`
+    weight: the integer products accumulate exactly in int32 (AMX tiles), then one fp32 multiply
+    per element — :func:`packed_int8_matmul_reference`, bit for bit."""
+    n = w_scale.numel()
+    return torch.ops.onednn.qlinear_pointwise(a, 1.0, 0, packed, w_scale.float().reshape(-1),
+                                              torch.zeros(n, dtype=torch.int64), None, 1.0, 0, torch.float32,
+                                              "none", [], "")
+
+
+def packed_int8_matmul_reference(a: torch.Tensor, codes: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """Reference twin of :func:`packed_int8_matmul` on the unpacked ``codes`` (N, K)."""
+    return int8_matmul(a, codes).float() * w_scale.float().reshape(1, -1)
 
 
 def int8_matmul_backend(device: torch.device | str, m: int, k: int, n: int) -> str:

@@ -138,6 +138,7 @@ class QuantLinear(nn.Module):
         self.act_mode = act_mode
         self.cache_converted = cache_converted
         self._converted: dict[str, Quantized] = {}
+        self._packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see pack_int8()
         self._loras: dict[str, float] = {}  # adapter name → scale; factors in buffers lora_<name>_down/_up
 
     @classmethod
@@ -232,8 +233,24 @@ class QuantLinear(nn.Module):
 
     def converted_nbytes(self) -> int:
         """Bytes of weight copies converted for another activation mode and kept
-        (``cache_converted=True``); 0 otherwise."""
-        return sum(q.nbytes for q in self._converted.values())
+        (``cache_converted=True``) or packed for the AMX INT8 kernel (:meth:`pack_int8`); 0 otherwise."""
+        packed = 0 if self._packed is None else self.out_features * (self.in_features + 4)
+        return sum(q.nbytes for q in self._converted.values()) + packed
+
+    def pack_int8(self) -> None:
+        """Keep the INT8 GEMM operand packed once for oneDNN's AMX INT8 kernel
+        (:func:`sixbit.kernels.amx_int8`): N·K bytes and a scale per row, counted by
+        :meth:`converted_nbytes`; CPU calls then multiply through it, bit-identical up to the
+        order of the two fp32 scale multiplies. It replaces a kept INT8 copy; moving the layer or
+        cutting its rows drops it."""
+        codes, scale = self.int8_weight()
+        self._packed = (kernels.pack_int8_weight(codes), scale.float().clone())
+        self._converted.pop("int8", None)
+
+    def drop_converted(self) -> None:
+        """Free every kept conversion and packed copy (the stored weight stays)."""
+        self._converted.clear()
+        self._packed = None
 
     # ---------------------------------------------------------------- LoRA adapters
 
@@ -317,7 +334,7 @@ class QuantLinear(nn.Module):
         self.out_features = out_features
         if "shape" in self._weight_meta:
             self._weight_meta = {**self._weight_meta, "shape": [out_features, self.in_features]}
-        self._converted.clear()
+        self.drop_converted()
 
     def config(self) -> dict[str, Any]:
         """JSON-serialisable description used by checkpoints."""
@@ -336,7 +353,7 @@ class QuantLinear(nn.Module):
         }
 
     def _apply(self, fn, recurse=True):
-        self._converted.clear()  # converted copies follow the buffers' device and dtype
+        self.drop_converted()  # converted copies follow the buffers' device and dtype
         return super()._apply(fn, recurse)
 
     def _weight_as(self, name: str) -> Quantized:
@@ -458,10 +475,13 @@ class QuantLinear(nn.Module):
                 part = int8_matmul(codes, w_codes).float().mul_(scale)
                 y = part if y is None else y.add_(part)
             return _add(y.mul_(w_scale.reshape(1, -1)), branch, bias)
-        w_codes, w_scale = self.int8_weight()
         # per-token codes, the integer GEMM, one epilogue (scales, branch, bias, output dtype);
         # compiled into single passes on large CPU inputs, bit-identical to the eager ops
         codes, scale = kernels.quantize_rows(x)
+        if self._packed is not None and x.device.type == "cpu":  # AMX: the weight scale applied inside
+            acc = kernels.packed_int8_matmul(codes, *self._packed)
+            return kernels.scale_epilogue(acc, scale, torch.ones(1), branch, bias, dtype)
+        w_codes, w_scale = self.int8_weight()
         return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, branch, bias, dtype)
 
     def _forward_nvfp4(self, x, branch, bias, dtype):
