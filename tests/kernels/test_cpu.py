@@ -94,3 +94,16 @@ def test_packed_amx_matmul_equals_reference(m, k, n):
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8)
     w_scale = torch.rand(n)
     assert torch.equal(packed_int8_matmul(a, pack_int8_weight(codes), w_scale), packed_int8_matmul_reference(a, codes, w_scale))
+
+
+def test_compiled_weight_dequantization_equals_the_formats(compiled):
+    from sixbit.formats import integer, nvfp4
+
+    torch.manual_seed(0)
+    w = torch.randn(24, 96) * torch.logspace(-2, 2, 24).reshape(-1, 1)
+    q = nvfp4.quantize(w)
+    i8 = integer.quantize(w, bits=8, granularity="channel")
+    for dtype in (torch.float32, torch.bfloat16):
+        got = compiled.nvfp4_dequantize(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(), dtype)
+        assert torch.equal(got, q.dequantize(dtype))
+        assert torch.equal(compiled.int8_dequantize(i8.values(), i8.scale, dtype), i8.dequantize(dtype))

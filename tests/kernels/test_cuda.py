@@ -70,4 +70,5 @@ def test_available_names_every_precision_on_cpu():
     paths = available("cpu")
     assert set(paths) == {"int8", "fp8", "nvfp4", "w4a16", "attention"}
     assert paths["attention"].startswith("emulated")
-    assert paths["int8"] == "real: torch._int_mm" and paths["fp8"].startswith("real")
+    assert paths["int8"].startswith("real: torch._int_mm + compiled quantize") and paths["fp8"].startswith("real")
+    assert ("AMX" in paths["int8"]) == __import__("sixbit.kernels", fromlist=["amx_int8"]).amx_int8()

@@ -192,8 +192,9 @@ def test_compiled_cpu_kernels_change_no_bit(kind, monkeypatch):
     if kind == "lora":
         layer.add_lora("style", torch.randn(2, 128) * 0.1, torch.randn(48, 2) * 0.1)
     x = torch.randn(2, 9, 128, dtype=torch.bfloat16)
-    eager = layer(x)
+    eager, weight_only = layer(x), layer(x, "fp")
     monkeypatch.setattr(cpu, "_MIN_ELEMENTS", 0)
     monkeypatch.setattr(cpu, "_COMPILED", {})
     assert cpu.fused_cpu(x)
     assert torch.equal(layer(x), eager) and eager.dtype == torch.bfloat16
+    assert torch.equal(layer(x, "fp"), weight_only)  # the weight dequantized by the compiled kernel

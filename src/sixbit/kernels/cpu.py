@@ -173,16 +173,38 @@ def scale_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tens
     return _run(scale_epilogue_reference, acc, x_scale, w_scale, extra, bias, dtype)
 
 
-def nvfp4_to_int8_reference(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
-                            table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def nvfp4_dequantize_reference(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                               table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Rows of an NVFP4 weight (``codes`` (n, K/2) uint8, low nibble first; E4M3 ``scales``
-    (n, K/16); the fp32 ``global_scale``; ``table``: the 16 E2M1 values) re-rounded to per-channel
-    INT8: codes (n, K) int8 and scales (n,) fp32. The dequantization is ``formats.nvfp4``'s
-    (``e2m1 · (fp32(scale) · global_scale)``) and the rounding ``integer.quantize``'s, op for op."""
+    (n, K/16); the fp32 ``global_scale``; ``table``: the 16 E2M1 values) in ``dtype``:
+    ``formats.nvfp4``'s ``e2m1 · (fp32(scale) · global_scale)``, op for op."""
     n = codes.shape[0]
     values = torch.stack([table[(codes & 15).long()], table[(codes >> 4).long()]], -1).reshape(n, -1, 16)
-    w = (values * (scales.float() * global_scale).unsqueeze(-1)).reshape(n, -1)
-    codes8, scale = quantize_rows_reference(w)
+    return (values * (scales.float() * global_scale).unsqueeze(-1)).reshape(n, -1).to(dtype)
+
+
+def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, table: torch.Tensor,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """:func:`nvfp4_dequantize_reference`, compiled into one pass on large weights (a weight-only
+    layer, e.g. a modulation linear, dequantizes its weight on every call)."""
+    return _run(nvfp4_dequantize_reference, codes, scales, global_scale, table, dtype)
+
+
+def int8_dequantize_reference(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per-channel INT8 ``codes`` (n, K) times ``scale`` (n, 1) in ``dtype``, as ``formats.integer``."""
+    return (codes.float() * scale).to(dtype)
+
+
+def int8_dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`int8_dequantize_reference`, compiled into one pass on large weights."""
+    return _run(int8_dequantize_reference, codes, scale, dtype)
+
+
+def nvfp4_to_int8_reference(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                            table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of an NVFP4 weight (as :func:`nvfp4_dequantize_reference` takes them) re-rounded to
+    per-channel INT8: codes (n, K) int8 and scales (n,) fp32, as ``integer.quantize`` rounds."""
+    codes8, scale = quantize_rows_reference(nvfp4_dequantize_reference(codes, scales, global_scale, table, torch.float32))
     return codes8, scale.reshape(-1)
 
 

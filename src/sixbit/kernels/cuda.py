@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..formats import nvfp4
 from . import triton as tri
 from .attention import int8_attention_path
-from .cpu import int8_matmul, int8_matmul_backend
+from .cpu import _STATE, amx_int8, int8_matmul, int8_matmul_backend
 from .triton.gemm import int8_epilogue, int8_epilogue_reference
 from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
 
@@ -172,13 +172,18 @@ def available(device: torch.device | str | None = None) -> dict[str, str]:
 
     Example:
         >>> from sixbit.kernels import available
-        >>> available("cpu")["int8"]
+        >>> available("cpu")["int8"].split(" + ")[0]
         'real: torch._int_mm'
     """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    int8 = int8_matmul_backend(device, 4096, 4096, 4096)
+    int8 = f"real: {int8_matmul_backend(device, 4096, 4096, 4096)}"
+    if fused_int8(device):
+        int8 += " + Triton fused quantize (Hadamard fused) and epilogue"
+    elif device.type == "cpu":
+        int8 += " + compiled quantize and epilogue on large inputs" if _STATE["enabled"] and _STATE["broken"] is None else ""
+        int8 += "; oneDNN AMX INT8 after sixbit.keep_int8_weights" if amx_int8() else ""
     paths = {
-        "int8": f"real: {int8}" + (" + Triton fused quantize (Hadamard fused) and epilogue" if fused_int8(device) else ""),
+        "int8": int8,
         "fp8": "real: torch._scaled_mm (row-wise E4M3)" if fp8_supported(device) else "not available (needs sm_89+)",
         "nvfp4": "real: torch._scaled_mm (FP4 tensor cores)" if fp4_supported(device)
         else "emulated: dequantize + fp32 matmul (no FP4 GEMM on this device)",

@@ -463,7 +463,7 @@ class QuantLinear(nn.Module):
         if kernels.weight4_fused(x.device) and kernels.weight4_supported(stored):
             y = kernels.weight4_linear(x, stored)  # the 4-bit weight decoded inside the GEMM
         else:
-            y = F.linear(x, stored.dequantize(x.dtype))
+            y = F.linear(x, _dequantize(stored, x.dtype))
         return _add(y, branch, bias)
 
     def _forward_int8(self, x, branch, bias, dtype):
@@ -538,6 +538,16 @@ def _add(y: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | None
     if branch is not None:
         y = y + branch
     return y if bias is None else y + bias.to(y.dtype)
+
+
+def _dequantize(q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+    """``q.dequantize(dtype)``; NVFP4 and per-channel INT8 weights through the compiled kernels
+    when large (one pass, bit-identical)."""
+    if isinstance(q, nvfp4.NVFP4Quantized) and q.codes.dim() == 2:
+        return kernels.nvfp4_dequantize(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(q.codes.device), dtype)
+    if _fits_int8_gemm(q) and q.bits == 8:
+        return kernels.int8_dequantize(q.values(), q.scale, dtype)
+    return q.dequantize(dtype)
 
 
 def _fits_int8_gemm(q: Quantized) -> bool:
