@@ -61,9 +61,9 @@ SWEEP = "tdc-0.3,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.
 CACHES = ("tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache")  # method names: family-knob
 ORDER = ["shapes-adherence", "cache-check", "cache-pareto", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "weights",
          "stabilize-frames", "memory",
-         "hot-path-linear", "hot-path-compile", "attention", "balanced-cpu", "tune", "refine", "parallel", "real-size", "gpu"]
+         "hot-path-linear", "hot-path-compile", "attention", "balanced-cpu", "tune", "refine", "parallel", "real-size", "cpu-speed", "gpu"]
 # Sections no step here writes (hours of CPU, or a GPU): a full run keeps them from the existing file.
-KEPT = ("cache-pareto", "balanced-cpu", "tune", "refine", "parallel", "real-size", "gpu")
+KEPT = ("cache-pareto", "balanced-cpu", "tune", "refine", "parallel", "real-size", "cpu-speed", "gpu")
 # The sections each step writes (``--only`` updates just these).
 SECTIONS_OF = {
     "bench shapes-cogvideox": ("bench-shapes-cogvideox", "cache-check"),

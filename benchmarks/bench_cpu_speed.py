@@ -1,0 +1,386 @@
+"""Speed against bf16 at real size on this CPU: one transformer call of a CogVideoX-2B-sized model
+per precision, a profile of that call by op kind, and a 20-step ``balanced`` run → BENCHMARKS.md
+(section ``cpu-speed``).
+
+    python benchmarks/bench_cpu_speed.py                  # ~25 min on 2 cores
+    python benchmarks/bench_cpu_speed.py --quick          # 2 blocks, 3 steps: checks the script
+
+The model: CogVideoX-2B's configuration with random bf16 weights, written once as a diffusers
+folder (``bench_real_size.py``'s writer) and loaded with ``from_pretrained``; the call: 4 latent
+frames of 32×32 (1024 video tokens) + 226 text tokens, CFG batch 2, as a user's pipeline makes it.
+Every setting runs in a fresh process (a guard kills it past ``--rss-limit-gib``): load, convert,
+one warm-up call (it also compiles the fused CPU kernels), then the median of ``--repeats`` calls.
+*rel. error*: ``‖y − y_bf16‖ / ‖y_bf16‖`` of the call's output against the bf16 model's.
+
+The 4-bit rows use the ``w4a8`` preset's formats and branch ranks with round-to-nearest values
+(``w4a8 (layout)`` of ``bench_real_size.py``): GPTQ and the scale search change values, not the
+work. ``balanced`` on a CPU is those weights with INT8 activations (no FP4 GEMM here:
+``sixbit.presets.for_device``) and the delta cache; its 20-step run is a plain sampling loop
+(DDIM, guidance 6) timed step by step. Weights are random, so how often the cache skips here says
+little about a trained model; the skip share is reported beside the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench_real_size import _config, _peak_gib, _run_child
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "CogVideoX-2B"
+KEPT = " + kept INT8"  # sixbit.keep_int8_weights: the INT8 GEMM operand kept ready (AMX-packed here)
+SETTINGS = ("bf16", "fp32", "w8a8", "w8a8" + KEPT, "w4a8", "w4a8" + KEPT)
+STEP_SETTINGS = ("balanced" + KEPT,)
+KINDS = ("16-bit GEMM", "integer GEMM", "activation quantization", "dequantization epilogue", "weight unpack (4 → 8 bit)",
+         "Hadamard", "low-rank branch", "attention", "norms")
+
+
+# ----------------------------------------------------------------------------- children
+
+def _load(folder: str, setting: str, blocks: int | None, w4a8: str | None):
+    """The model in ``setting``; the 4-bit ones from ``w4a8``, a ``w4a8 (layout)`` checkpoint made by
+    ``sixbit.convert_pretrained`` (converted here instead when ``None``: the SVDs of the low-rank
+    branches take minutes at full size, once is enough)."""
+    import diffusers
+    import torch
+
+    import sixbit
+    from sixbit.presets import resolve
+
+    dtype = torch.float32 if setting == "fp32" else torch.bfloat16
+    kept, setting = setting.endswith(KEPT), setting.removesuffix(KEPT)
+    if setting in ("w4a8", "balanced"):
+        if w4a8 is not None:
+            model = sixbit.load_pretrained(w4a8, folder)
+        else:
+            model = diffusers.CogVideoXTransformer3DModel.from_pretrained(folder, torch_dtype=dtype)
+            model.transformer_blocks = model.transformer_blocks[:blocks]
+            sixbit.convert_model(model, None, _config("w4a8 (layout)"))
+        if setting == "balanced":  # on a CPU: these weights, INT8 activations, the delta cache
+            config = resolve("balanced")
+            sixbit.enable_delta_cache(model, config.cache)
+    else:
+        model = diffusers.CogVideoXTransformer3DModel.from_pretrained(folder, torch_dtype=dtype)
+        if setting == "w8a8":
+            sixbit.convert_model(model, None, "w8a8")
+        elif setting not in ("bf16", "fp32"):
+            raise ValueError(f"unknown setting {setting!r}")
+    if kept:
+        sixbit.keep_int8_weights(model)
+    if blocks is not None:
+        model.transformer_blocks = model.transformer_blocks[:blocks]
+    return model.eval().requires_grad_(False)
+
+
+def _inputs(dtype, frames: int, side: int):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return dict(hidden_states=torch.randn(2, frames, 16, side, side, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(2, 226, 4096, generator=g).to(dtype),
+                timestep=torch.tensor([500, 500]))
+
+
+class _Profile:
+    """Wall time per op kind: wraps the functions each kind goes through (only the outermost
+    wrapped call on the stack is timed, so a 16-bit GEMM inside the low-rank branch is the branch's)."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(KINDS, 0.0)
+        self.depth = 0
+
+    def wrap(self, kind, fn):
+        def timed(*args, **kwargs):
+            if self.depth:
+                return fn(*args, **kwargs)
+            self.depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[kind] += time.perf_counter() - t0
+                self.depth -= 1
+        return timed
+
+    @contextlib.contextmanager
+    def installed(self):
+        import torch.nn.functional as F
+
+        import sixbit.kernels
+        import sixbit.nn.quant_linear as ql
+        from sixbit.transforms import hadamard
+
+        targets = [(F, "linear", "16-bit GEMM"), (ql, "int8_matmul", "integer GEMM"),
+                   (sixbit.kernels, "packed_int8_matmul", "integer GEMM"),
+                   (sixbit.kernels, "int8_linear_reference", "integer GEMM"),  # --before: quantize + GEMM + epilogue
+                   (sixbit.kernels, "quantize_rows", "activation quantization"),
+                   (sixbit.kernels, "scale_epilogue", "dequantization epilogue"),
+                   (ql.QuantLinear, "int8_weight", "weight unpack (4 → 8 bit)"), (hadamard, "rotate", "Hadamard"),
+                   (ql, "low_rank", "low-rank branch"), (F, "scaled_dot_product_attention", "attention"),
+                   (F, "layer_norm", "norms"), (F, "group_norm", "norms")]
+        targets = [t for t in targets if hasattr(t[0], t[1])]  # an older sixbit (--before) lacks some
+        saved = [(obj, name, getattr(obj, name)) for obj, name, _ in targets]
+        try:
+            for obj, name, kind in targets:
+                setattr(obj, name, self.wrap(kind, getattr(obj, name)))
+            yield self
+        finally:
+            for obj, name, fn in saved:
+                setattr(obj, name, fn)
+
+
+def child_call(folder: str, setting: str, repeats: int, blocks: int | None, frames: int, side: int, ref: str,
+               w4a8: str | None) -> dict:
+    """Time one transformer call in ``setting``; profile one more; compare with the bf16 output."""
+    import torch
+
+    import sixbit
+
+    t0 = time.perf_counter()
+    model = _load(folder, setting, blocks, w4a8)
+    load_s = time.perf_counter() - t0
+    inputs = _inputs(next(model.parameters()).dtype, frames, side)
+    times = []
+    with torch.no_grad():
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            out = model(**inputs, return_dict=False)[0]
+            times.append(time.perf_counter() - t0)
+        with _Profile().installed() as prof:
+            t0 = time.perf_counter()
+            model(**inputs, return_dict=False)
+            total = time.perf_counter() - t0
+    from safetensors.torch import load_file, save_file
+
+    out = out.float()
+    if setting == "bf16":
+        save_file({"y": out}, ref)
+        rel = 0.0
+    else:
+        y = load_file(ref)["y"]
+        rel = float((out - y).norm() / y.norm())
+    converted = sixbit.summary(model).converted_bytes if setting not in ("bf16", "fp32") else 0
+    return {"call_s": statistics.median(times[1:]), "first_s": times[0], "load_s": load_s, "rel_error": rel,
+            "profile": prof.seconds, "profile_total_s": total, "tensor_gib": sum(
+                t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 2**30,
+            "converted_gib": converted / 2**30, "peak_gib": _peak_gib()}
+
+
+def child_steps(folder: str, setting: str, steps: int, blocks: int | None, frames: int, side: int,
+                w4a8: str | None) -> dict:
+    """A ``steps``-step DDIM loop with batched CFG; each step timed."""
+    import diffusers
+    import torch
+
+    from sixbit.methods.delta_cache import DeltaCache
+    from sixbit.runtime import track_steps
+    from sixbit.runtime.blocks import attached
+
+    model = _load(folder, setting, blocks, w4a8)
+    dtype = next(model.parameters()).dtype
+    track_steps(model, batched_cfg=True)
+    scheduler = diffusers.CogVideoXDDIMScheduler(timestep_spacing="trailing", prediction_type="v_prediction")
+    scheduler.set_timesteps(steps)
+    inputs = _inputs(dtype, frames, side)
+    latents = inputs["hidden_states"][:1]
+    text = inputs["encoder_hidden_states"]
+    times = []
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            t0 = time.perf_counter()
+            out = model(hidden_states=torch.cat([latents, latents]), encoder_hidden_states=text,
+                        timestep=t.expand(2), return_dict=False)[0]
+            uncond, cond = out.float().chunk(2)
+            latents = scheduler.step(uncond + 6.0 * (cond - uncond), t, latents.float()).prev_sample.to(dtype)
+            times.append(time.perf_counter() - t0)
+    caches = list(attached(model, DeltaCache))
+    skipped = caches[0].report().skip_share if caches else None
+    return {"step_s": times, "mean_step_s": statistics.mean(times), "skip_share": skipped, "peak_gib": _peak_gib()}
+
+
+# ----------------------------------------------------------------------------- parent
+
+def section(r: dict) -> str:
+    base = r["baseline"]
+    calls = r["calls"]
+    b = calls[base]["call_s"]
+    later = sorted({c.get("run", 0) for c in calls.values()} - {0})
+    lines = [
+        "## Speed against bf16 at real size (CPU, issue 24)",
+        "",
+        f"Written by `python benchmarks/bench_cpu_speed.py`. Machine: {r['machine']}. One transformer call of a "
+        f"{MODEL}-sized model (random bf16 weights from a diffusers folder; {r['frames']} latent frames of "
+        f"{r['side']}×{r['side']} + 226 text tokens, CFG batch 2), each setting in a fresh process, median of "
+        f"{'–'.join(map(str, sorted({c.get('repeats', 2) for c in calls.values()})))} calls after a warm-up. **Baseline: {base}**, the fastest full-precision dtype this CPU runs "
+        f"(fp32 kept as a column). *rel. error*: the call's output against the bf16 model's. 4-bit rows: the `w4a8` "
+        "preset's formats and branch ranks, round-to-nearest values (GPTQ changes values, not the work). "
+        f"*{KEPT.removeprefix(' + ')}*: `sixbit.keep_int8_weights` (the INT8 GEMM operand kept ready: on this AMX CPU "
+        "packed for oneDNN's AMX INT8 kernel, which `torch._int_mm` does not reach; 8 more bits per weight resident, "
+        "counted by `summary()`).",
+        "",
+        f"| setting | s / call | vs {base} | vs fp32 | rel. error vs bf16 | weights + views GiB | peak RSS GiB | first call s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, c in calls.items():
+        if "error" in c:
+            lines.append(f"| {name} | {c['error']} | | | | | | |")
+            continue
+        fp32 = f"{calls['fp32']['call_s'] / c['call_s']:.2f}×" if "call_s" in calls.get("fp32", {}) and not c.get("run") else "–"
+        mark = "†" * c.get("run", 0)
+        lines.append(f"| {name}{mark} | {c['call_s']:.2f} | **{c.get('base_s', b) / c['call_s']:.2f}×** | {fp32} | "
+                     f"{c['rel_error']:.4f} | {c['tensor_gib'] + c['converted_gib']:.2f} | {c['peak_gib']:.2f} | "
+                     f"{c['first_s']:.1f} |")
+    for run in later:
+        lines.append(f"\n{'†' * run} Rerun later (`--update`) with its own {base} call in the same run "
+                     f"({next(c['base_s'] for c in calls.values() if c.get('run') == run):.2f} s): its ratio is against that.")
+    lines += ["", "Profile of one call (s; wall time inside each kind of op, the rest is *other*: modulation "
+              "arithmetic, activations, residual adds, reshapes, embeddings):", "",
+              "| setting | " + " | ".join(KINDS) + " | other | total |", "|---|" + "---:|" * (len(KINDS) + 2)]
+    for name, c in calls.items():
+        if "error" in c:
+            continue
+        p = c["profile"]
+        other = c["profile_total_s"] - sum(p.values())
+        lines.append(f"| {name} | " + " | ".join(f"{p[k]:.2f}" if p[k] else "–" for k in KINDS)
+                     + f" | {other:.2f} | {c['profile_total_s']:.2f} |")
+    st = r.get("steps")
+    if st:
+        base_step = st[base]["mean_step_s"] if base in st else b
+        steps = len(next(iter(st.values())).get("step_s", []))
+        lines += ["", f"{steps}-step run (DDIM, batched CFG, guidance 6), mean s per denoising step:", "",
+                  f"| setting | s / step | vs {base} | skipped block calls |", "|---|---:|---:|---:|"]
+        for name, s in st.items():
+            if "error" in s:
+                lines.append(f"| {name} | {s['error']} | | |")
+                continue
+            share = "–" if s["skip_share"] is None else f"{100 * s['skip_share']:.0f} %"
+            lines.append(f"| {name} | {s['mean_step_s']:.2f} | **{base_step / s['mean_step_s']:.2f}×** | {share} |")
+    lines += ["", "Checks (issue 24): " + "; ".join(_checks(r)) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _checks(r: dict) -> list[str]:
+    base, calls, out = r["baseline"], r["calls"], []
+    for name, bar in (("w8a8", 1.3), ("w4a8", 1.25)):
+        for setting in (name, name + KEPT):
+            c = calls.get(setting, {})
+            if "call_s" in c:
+                ratio = c.get("base_s", calls[base]["call_s"]) / c["call_s"]
+                out.append(f"`{setting}` ≥ {bar}× {base}: **{'yes' if ratio >= bar else 'no'}** ({ratio:.2f}×)")
+    for name, s in r.get("steps", {}).items():
+        if "mean_step_s" in s:
+            ratio = calls[base]["call_s"] / s["mean_step_s"]
+            out.append(f"`{name}` ≥ 2× {base} per step: **{'yes' if ratio >= 2 else 'no'}** ({ratio:.2f}×)")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", nargs=argparse.REMAINDER)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20, help="steps of the balanced run (0: skip it)")
+    parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--side", type=int, default=32)
+    parser.add_argument("--workdir", default="/tmp/sixbit-real-size")
+    parser.add_argument("--rss-limit-gib", type=float, default=20.0)
+    parser.add_argument("--before", default="37540da", help="also time --before-settings with sixbit at this git "
+                        "revision (before issue 24's changes; '' to skip)")
+    parser.add_argument("--before-settings", default="w8a8", help="w4a8 before re-rounded its weight in eager ops "
+                        "on every call: minutes per call at this size")
+    parser.add_argument("--update", action="store_true", help="rerun --settings (and the baseline) into the existing "
+                        "--json: the other rows stay, each row's ratio against the baseline call of its own run")
+    parser.add_argument("--section", action="store_true", help="only write the section from --json")
+    parser.add_argument("--quick", action="store_true", help="2 blocks, 3 steps, 1 repeat: checks the script")
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "cpu_speed.json"))
+    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        fn = {"call": child_call, "steps": child_steps}[kind]
+        typed = [int(x) if x.isdigit() else (None if x == "none" else x) for x in rest]
+        print(json.dumps(fn(*typed)))
+        return 0
+
+    import torch
+
+    from sixbit.bench.report import machine_description, update_section
+    from sixbit.kernels import fastest_float_dtype
+
+    if args.section:
+        update_section(args.output, "cpu-speed", section(json.loads(Path(args.json).read_text())))
+        return 0
+
+    def log(msg):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    folder = Path(args.workdir) / MODEL.replace(".", "_")
+    if not (folder / "config.json").exists():
+        log(f"writing random bf16 weights to {folder}")
+        log(_run_child(["write", MODEL, str(folder), "none"], args.rss_limit_gib, log))
+    blocks = "2" if args.quick else "none"
+    if args.quick:
+        args.repeats, args.steps = 1, min(args.steps, 3)
+    ref = str(Path(args.workdir) / "cpu-speed-bf16-output.safetensors")
+    w4a8 = "none"
+    if not args.quick:
+        w4a8 = str(Path(args.workdir) / f"{MODEL}-w4a8-layout.safetensors")
+        if not Path(w4a8).exists():
+            log("converting to the w4a8 layout (streamed, once)")
+            log(_run_child(["convert", str(folder), "w4a8 (layout)", w4a8, "2", "16"], args.rss_limit_gib, log))
+    settings = [s for s in args.settings.split(",") if s]
+    base = {torch.bfloat16: "bf16", torch.float32: "fp32"}[fastest_float_dtype("cpu")]
+    r = {"baseline": base, "machine": machine_description(), "frames": args.frames, "side": args.side, "calls": {}, "steps": {}}
+    previous = json.loads(Path(args.json).read_text()) if args.update else None
+    for setting in dict.fromkeys(["bf16", *settings]):  # bf16 first: its output is the reference
+        log(f"one call: {setting}")
+        r["calls"][setting] = c = _run_child(["call", str(folder), setting, str(args.repeats), blocks, str(args.frames),
+                                              str(args.side), ref, w4a8], args.rss_limit_gib, log, script=__file__)
+        c["repeats"] = args.repeats
+        log(f"{setting}: {json.dumps(c)}")
+    if args.before:  # the same settings with the package as it was: what the changes bought, same run
+        import subprocess
+
+        tree = Path(args.workdir) / f"sixbit-{args.before}"
+        if not tree.exists():  # that revision's package, unpacked beside the weights
+            tree.mkdir(parents=True)
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before, "src"], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        for setting in args.before_settings.split(","):
+            name = f"{setting} (sixbit {args.before})"
+            log(f"one call: {name}")
+            r["calls"][name] = c = _run_child(["call", str(folder), setting, str(args.repeats), blocks, str(args.frames),
+                                               str(args.side), ref, w4a8], args.rss_limit_gib, log, script=__file__,
+                                              src=tree / "src")
+            log(f"{name}: {json.dumps(c)}")
+    if args.steps:
+        for setting in STEP_SETTINGS:
+            log(f"{args.steps} steps: {setting}")
+            r["steps"][setting] = s = _run_child(["steps", str(folder), setting, str(args.steps), blocks, str(args.frames),
+                                                  str(args.side), w4a8], args.rss_limit_gib, log, script=__file__)
+            log(f"{setting}: {json.dumps(s)}")
+    if previous is not None:
+        run = 1 + max(c.get("run", 0) for c in previous["calls"].values())
+        for c in r["calls"].values():
+            c.update(run=run, base_s=r["calls"][base]["call_s"])
+        previous["calls"].update({k: v for k, v in r["calls"].items() if k != base})
+        r = previous
+    text = section(r)
+    if args.quick:
+        print(text)
+        return 0
+    Path(args.json).write_text(json.dumps(r, indent=1))
+    update_section(args.output, "cpu-speed", text)
+    log(f"wrote section cpu-speed of {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
