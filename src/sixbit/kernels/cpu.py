@@ -1,9 +1,9 @@
-"""INT8 × INT8 → INT32 matrix multiplication.
+"""INT8 × INT8 → INT32 matrix multiplication, and the CPU's fused INT8 ops (below).
 
-``torch._int_mm`` runs a real integer GEMM (oneDNN on CPUs with AVX512-VNNI/AMX, cuBLASLt on
-CUDA). Shapes it cannot take (on CUDA: M ≤ 16, or K, N not multiples of 8) go through an exact
-fallback: the products of int8 values summed in float64 are exact integers while
-``K · 127² < 2^53`` (any K below 5·10^11), so the int32 result is identical.
+``torch._int_mm`` runs a real integer GEMM (oneDNN's generic s8 GEMM on CPUs, which does not use
+AMX tiles: see :func:`amx_int8`; cuBLASLt on CUDA). Shapes it cannot take (on CUDA: M ≤ 16, or K,
+N not multiples of 8) go through an exact fallback: the products of int8 values summed in float64
+are exact integers while ``K · 127² < 2^53`` (any K below 5·10^11), so the int32 result is identical.
 """
 
 from __future__ import annotations

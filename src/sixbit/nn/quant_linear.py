@@ -14,7 +14,8 @@ own ``act_mode``, set when it is built):
             another format (NVFP4) are re-rounded to per-channel INT8 for the GEMM, a few
             rows at a time (no fp32 copy of the whole weight); ``cache_converted=True``
             keeps the INT8 copy instead: faster, 8 more bits per weight, counted by
-            ``sixbit.summary``.
+            ``sixbit.summary``; :meth:`QuantLinear.pack_int8` (``sixbit.keep_int8_weights``)
+            keeps it packed for oneDNN's AMX INT8 kernel on CPUs that have one.
 ``nvfp4``   dynamic NVFP4 activations (global scale from the input's abs-max, E4M3 scale
             per 16 along K) × NVFP4 weights. **Emulated**: no FP4 matmul exists on CPUs or
             pre-Blackwell GPUs, so both operands are dequantized and multiplied in fp32.
@@ -503,6 +504,8 @@ class QuantLinear(nn.Module):
             backend = int8_matmul_backend(device, 4096, self.in_features, self.out_features)
             if self.act_quantizer is not None:
                 return f"{self.act_quantizer.describe()} (real, {backend})"
+            if self._packed is not None and device.type == "cpu":
+                return "int8 (real, oneDNN AMX INT8 on a packed copy)"
             fused = " + Triton fused quantize" if kernels.fused_int8(device) else ""
             return f"int8 (real, {backend}{fused})"
         if mode is ActMode.NVFP4:
