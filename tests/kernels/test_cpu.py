@@ -68,7 +68,7 @@ def test_a_failing_compiler_leaves_the_eager_ops(compiled, monkeypatch, caplog):
     x = torch.randn(8, 32)
     with caplog.at_level("WARNING"):
         codes, scale = compiled.quantize_rows(x)
-    assert torch.equal(codes, compiled.quantize_rows_reference(x)[0])
+    assert torch.equal(codes, compiled.quantize_rows_reference(x)[0]) and torch.equal(scale, compiled.quantize_rows_reference(x)[1])
     assert "no C++ compiler" in caplog.text and not compiled.fused_cpu(x)
 
 
@@ -88,7 +88,11 @@ def test_compiled_nvfp4_to_int8_equals_dequantize_then_round(compiled):
 @pytest.mark.skipif(not __import__("sixbit.kernels", fromlist=["amx_int8"]).amx_int8(), reason="no AMX INT8 on this CPU")
 @pytest.mark.parametrize("m,k,n", [(1, 16, 8), (37, 96, 40), (300, 256, 64)])
 def test_packed_amx_matmul_equals_reference(m, k, n):
-    from sixbit.kernels import pack_int8_weight, packed_int8_matmul, packed_int8_matmul_reference
+    from sixbit.kernels import (
+        pack_int8_weight,
+        packed_int8_matmul,
+        packed_int8_matmul_reference,
+    )
 
     a = torch.randint(-127, 128, (m, k), dtype=torch.int8)
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8)
