@@ -235,7 +235,8 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
     Example:
         >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP
     """
-    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and not m.weight_only]
+    # weight-only layers never multiply in INT8; static W8A8 layers use their quantizer's weights
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and not m.weight_only and m.act_quantizer is None]
     for layer in layers:
         layer.cache_converted = bool(enabled)
         layer.drop_converted()
