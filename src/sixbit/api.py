@@ -236,7 +236,8 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
         >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP
     """
     # weight-only layers never multiply in INT8; static W8A8 layers use their quantizer's weights
-    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and not m.weight_only and m.act_quantizer is None]
+    layers = [m for m in model.modules()
+              if isinstance(m, QuantLinear) and not m.weight_only and m.act_quantizer is None]
     for layer in layers:
         layer.cache_converted = bool(enabled)
         layer.drop_converted()
