@@ -8,6 +8,7 @@ are exact integers while ``K · 127² < 2^53`` (any K below 5·10^11), so the in
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -28,12 +29,13 @@ def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & _cpu_flags() else torch.float32
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
-        return set(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith("flags")), []))
+        return frozenset(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                               if line.startswith("flags")), []))
     except OSError:  # not Linux: no cheap way to ask
-        return set()
+        return frozenset()
 
 
 def amx_int8() -> bool:
@@ -155,11 +157,14 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _run(quantize_rows_reference, x)
 
 
-def scale_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+def scale_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor | None,
                              extra: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """``acc (M, N) int32 · x_scale (M, 1) · w_scale (N,)`` in fp32, ``+ extra`` (fp32, e.g. the
-    low-rank branch), ``+ bias``, in ``dtype``: each step rounds in fp32 in this order."""
-    y = acc.float() * x_scale.reshape(-1, 1) * w_scale.reshape(1, -1)
+    """``acc (M, N) int32 · x_scale (M, 1) · w_scale (N,)`` in fp32 (``w_scale`` None: already
+    applied, e.g. by :func:`packed_int8_matmul`), ``+ extra`` (fp32, e.g. the low-rank branch),
+    ``+ bias``, in ``dtype``: each step rounds in fp32 in this order."""
+    y = acc.float() * x_scale.reshape(-1, 1)
+    if w_scale is not None:
+        y = y * w_scale.reshape(1, -1)
     if extra is not None:
         y = y + extra
     if bias is not None:
@@ -167,7 +172,7 @@ def scale_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: 
     return y.to(dtype)
 
 
-def scale_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, extra: torch.Tensor | None = None,
+def scale_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor | None, extra: torch.Tensor | None = None,
                    bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """:func:`scale_epilogue_reference`, compiled into one pass on large CPU accumulators."""
     return _run(scale_epilogue_reference, acc, x_scale, w_scale, extra, bias, dtype)

@@ -481,7 +481,7 @@ class QuantLinear(nn.Module):
         codes, scale = kernels.quantize_rows(x)
         if self._packed is not None and x.device.type == "cpu":  # AMX: the weight scale applied inside
             acc = kernels.packed_int8_matmul(codes, *self._packed)
-            return kernels.scale_epilogue(acc, scale, torch.ones(1), branch, bias, dtype)
+            return kernels.scale_epilogue(acc, scale, None, branch, bias, dtype)
         w_codes, w_scale = self.int8_weight()
         return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, branch, bias, dtype)
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ...formats import integer, nvfp4
+from ..cpu import scale_epilogue_reference
 from . import jit, require
 
 _TILE_M, _TILE_N, _TILE_K = 16, 32, 32
@@ -73,11 +74,8 @@ def weight4_linear(x: torch.Tensor, w) -> torch.Tensor:
 
 def int8_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                             bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """Reference twin of :func:`int8_epilogue`."""
-    y = acc.float().mul_(x_scale.reshape(-1, 1)).mul_(w_scale.reshape(1, -1))
-    if bias is not None:
-        y = y.add_(bias.float())
-    return y.to(dtype)
+    """Reference twin of :func:`int8_epilogue`: the CPU epilogue's ops, without a branch."""
+    return scale_epilogue_reference(acc, x_scale, w_scale, None, bias, dtype)
 
 
 def int8_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ...formats import integer
 from ...transforms import hadamard
+from ..cpu import quantize_rows_reference
 from . import jit, require
 
 _ROWS = 16  # rows per program (tl.dot needs ≥ 16)
@@ -26,8 +26,7 @@ def quantize_rows_int8_reference(x: torch.Tensor, hadamard_block: int | None = N
     x = x.float()
     if hadamard_block is not None:
         x = hadamard.rotate(x, hadamard_block)
-    q = integer.quantize(x, bits=8, granularity="token", check=False)
-    return q.values(), q.scale
+    return quantize_rows_reference(x)
 
 
 def quantize_rows_int8(x: torch.Tensor, hadamard_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
