@@ -112,12 +112,15 @@ def test_parse_errors_are_one_line_with_exit_code_2(capsys):
     assert err.count("\n") == 1 and "--model" in err and "usage:" not in err and "sixbit generate --help" in err
 
 
-def test_bare_bench_prints_its_plan_and_does_not_start(nothing_loads, tmp_path, capsys):
+@pytest.mark.parametrize("baseline, methods, videos", [("fp", 11, 456), ("bf16", 12, 600)])
+def test_bare_bench_prints_its_plan_and_does_not_start(baseline, methods, videos, nothing_loads, tmp_path, capsys):
     out = tmp_path / "bench"
-    assert cli.main(["bench", "-o", str(out)]) == 0
+    assert cli.main(["bench", "--baseline", baseline, "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "would run 11 methods on shapes-cogvideox" in printed and "torchao-int8dq" in printed
-    assert "about 456 videos" in printed and "--yes" in printed and "not started" in printed
+    assert f"would run {methods} methods on shapes-cogvideox" in printed and "torchao-int8dq" in printed
+    assert f"speedups against {baseline}" in printed
+    # bf16: one more method, timed again at the end and probed before every later method
+    assert f"about {videos} videos" in printed and "--yes" in printed and "not started" in printed
     assert not out.exists()
 
 
@@ -130,7 +133,7 @@ def test_bench_starts_when_confirmed_or_named(extra, tmp_path, monkeypatch, caps
         raise ValueError("stopped by the test")
 
     monkeypatch.setattr(harness, "run_bench", fake_run)
-    assert cli.main(["bench", "--prompts", "2", "--steps", "2", "-o", str(tmp_path / "b"), *extra]) == 2
+    assert cli.main(["bench", "--prompts", "2", "--steps", "2", "--baseline", "fp", "-o", str(tmp_path / "b"), *extra]) == 2
     assert "stopped by the test" in capsys.readouterr().err
     assert started and started[0][0] == "fp" and (extra[0] == "--yes" or started[0] == ["fp", "tdc"])
 

@@ -49,7 +49,20 @@ def test_settings_are_checked():
         BenchSettings("shapes-wan", ["fp"], runs=2)
     with pytest.raises(ValueError, match="prompts must be in 1..48"):
         BenchSettings("shapes-wan", ["fp"], prompts=0)
-    assert BenchSettings("shapes-wan", ["tdc", "fp", "tdc"]).methods == ["fp", "tdc"]
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        BenchSettings("shapes-wan", ["fp"], baseline="fp16")
+    assert BenchSettings("shapes-wan", ["tdc", "fp", "tdc"], baseline="fp").methods == ["fp", "tdc"]
+    # the speed baseline runs second, right after the quality reference
+    assert BenchSettings("shapes-wan", ["tdc", "bf16"], baseline="bf16").methods == ["fp", "bf16", "tdc"]
+
+
+def test_default_baseline_is_the_fastest_float_dtype(monkeypatch):
+    from sixbit.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
+    assert BenchSettings("shapes-wan", ["tdc"]).baseline == "bf16"
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset({"avx2"}))  # no native bf16 matmul: fp32 is fastest
+    assert BenchSettings("shapes-wan", ["tdc"]).methods == ["fp", "tdc"]
 
 
 def test_model_must_be_a_shapes_pipeline(tmp_path):

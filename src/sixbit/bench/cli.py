@@ -24,7 +24,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         args.model, (args.methods or DEFAULT_METHODS).split(","), prompts=args.prompts, steps=args.steps,
         guidance=args.guidance, runs=args.runs, calibration_prompts=args.calibration_prompts,
-        video_prompts=args.video_prompts,
+        video_prompts=args.video_prompts, baseline=args.baseline,
     )
     if args.methods is None and not args.yes:
         print(plan(settings, args.output))
@@ -37,7 +37,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     paths = write_all(result, args.output)
     for r in result.rows:
         if r["status"] == "ok":
-            print(f"{r['method']:<24} {r['s_per_video']:.3f} s/video  {r['speedup']:.2f}×  PSNR {r['psnr']:.2f} dB  "
+            print(f"{r['method']:<24} {r['s_per_video']:.3f} s/video  {r['speedup']:.2f}× {settings.baseline}  "
+                  f"{r['speedup_fp32']:.2f}× fp32  PSNR {r['psnr']:.2f} dB  "
                   f"act {r['act_bits']:.2f} bits  skipped {100 * r['skip_share']:.0f}%")
         else:
             print(f"{r['method']:<24} {r['status']}: {r['note']}")
@@ -49,10 +50,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def plan(settings, output: str) -> str:
     """What ``sixbit bench`` would run for ``settings``, with its size in generated videos, and how to start it."""
     n, prompts, runs = len(settings.methods), settings.prompts, settings.runs
-    # fp: a warm-up, `runs` timed, `runs` more at the end; every other method: a warm-up, one FP probe, `runs` timed
-    videos = prompts * ((1 + runs) + (runs if n > 1 else 0) + (n - 1) * (2 + runs))
+    refs = len({"fp", settings.baseline})
+    # a reference: a warm-up, `runs` timed, `runs` more at the end; every method: a warm-up, one probe of each
+    # reference measured before it, `runs` timed
+    videos = prompts * (n * (1 + runs) + (refs * runs if n > 1 else 0) + sum(min(i, refs) for i in range(n)))
     return "\n".join([
-        f"sixbit bench would run {n} methods on {settings.model}: {', '.join(settings.methods)}",
+        f"sixbit bench would run {n} methods on {settings.model}: {', '.join(settings.methods)}; "
+        f"speedups against {settings.baseline} (and fp32)",
         (f"  {prompts} prompts × {settings.steps} steps (guidance {settings.guidance:g}), a warm-up and {runs} timed "
          f"runs per method: about {videos} videos of {settings.steps} steps, plus calibration; results into {output}/"),
         "not started: add --yes to run it, or name the methods (--methods fp,w4a8,tdc; --list-methods shows them all)",
@@ -90,6 +94,9 @@ def register(subparsers) -> None:
                    help="prompts for calibrating methods (default 8)")
     p.add_argument("--video-prompts", type=int_in(0, 48), default=2,
                    help="prompts whose videos go in index.html, 0 for none (default 2)")
+    p.add_argument("--baseline", choices=("bf16", "fp"),
+                   help="the full-precision method speedups are quoted against (default: the fastest on this "
+                   "CPU, bf16 where it multiplies bf16 natively, AVX512-BF16 or AMX, else fp = fp32); fp32 is always a column")
     p.add_argument("--threads", type=int_in(1, 4096), help="torch CPU threads (default: torch's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--list-methods", action="store_true", help="print every method name and exit")

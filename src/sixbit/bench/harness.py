@@ -6,9 +6,12 @@ Per method (:func:`run_bench`):
 2. one warm-up generation of all prompts, with the work counters installed
    (:mod:`sixbit.bench.counting`) and peak memory tracked: its videos are the ones judged;
 3. ``runs`` timed generations without counters: ``s_per_video`` is the median / prompts.
-   Just before them, one FP generation is timed as well: ``speedup`` is the mean of the FP
-   runs timed right before and right after the method's runs over its median, so a shared
-   machine's drifting load cancels out (FP itself is timed at the start and again at the end).
+   Just before them, one generation of each reference is timed as well — FP (fp32) and the
+   speed baseline, the fastest full-precision dtype of the machine
+   (:func:`sixbit.kernels.fastest_float_dtype`: ``bf16`` on CPUs with AVX512-BF16 or AMX, else
+   ``fp``). ``speedup`` is the median of the baseline's generations timed nearest the method's
+   runs (:func:`speedups`) over the method's median, so a shared machine's drifting load cancels
+   out; ``speedup_fp32`` the same against FP. The references are timed at the start and again at the end.
 
 Quality is measured against the FP method's videos of the same seeds (PSNR, SSIM), flicker
 and adherence by the shapes judge (:mod:`sixbit.eval.shapes`). The GPU projection
@@ -35,10 +38,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import gpu_model, layer_shapes
-from .counting import WorkCounter
 from ..hub import SHAPES_CLASSES, SHIPPED
 from ..zoo.shapes import heldout_pairs
+from . import gpu_model, layer_shapes
+from .counting import WorkCounter
 from .methods import BenchContext, resolve
 
 logger = logging.getLogger(__name__)
@@ -50,12 +53,15 @@ class BenchSettings:
 
     Args:
         model: ``"shapes-cogvideox"``, ``"shapes-wan"`` or the folder of a saved shapes pipeline.
-        methods: ``--methods`` names (:mod:`sixbit.bench.methods`); ``"fp"`` always runs first (the reference).
+        methods: ``--methods`` names (:mod:`sixbit.bench.methods`); ``"fp"`` always runs first (the
+            reference of quality), the speed baseline second.
         prompts: held-out (prompt, seed) pairs, spread over the 48 (default 8).
         steps: denoising steps (default 20). guidance: CFG scale (default 4.0).
         runs: timed generations per method after the warm-up; the median counts (default 3, ≥ 3).
         calibration_prompts: prompts (own seeds) for methods that calibrate (default 8).
         video_prompts: prompts whose videos the HTML page shows per method (default 2).
+        baseline: the method speedups are quoted against, ``"bf16"`` or ``"fp"`` (default: the
+            fastest full-precision dtype of this machine's CPU, :func:`speed_baseline`).
     """
 
     model: str
@@ -66,8 +72,11 @@ class BenchSettings:
     runs: int = 3
     calibration_prompts: int = 8
     video_prompts: int = 2
+    baseline: str | None = None
 
     def __post_init__(self):
+        if self.baseline is None:
+            self.baseline = speed_baseline()
         problems = []
         if not 1 <= self.prompts <= 48:
             problems.append(f"prompts must be in 1..48 (the held-out pairs), got {self.prompts}")
@@ -79,10 +88,24 @@ class BenchSettings:
             problems.append(f"calibration_prompts must be ≥ 1, got {self.calibration_prompts}")
         if not self.methods:
             problems.append("methods is empty; e.g. fp,w8a8-static,balanced,fbcache-0.2")
+        if self.baseline not in REFERENCES:
+            problems.append(f"baseline must be one of {REFERENCES}, got {self.baseline!r}")
         if problems:
             raise ValueError("invalid bench settings: " + "; ".join(problems))
         names = list(dict.fromkeys(m.strip() for m in self.methods if m.strip()))
-        self.methods = ["fp"] + [m for m in names if m != "fp"]  # the reference runs first
+        first = list(dict.fromkeys(["fp", self.baseline]))  # the references run first
+        self.methods = first + [m for m in names if m not in first]
+
+
+REFERENCES = ("fp", "bf16")  # the full-precision methods speedups can be quoted against
+
+
+def speed_baseline() -> str:
+    """The harness's speed baseline on this CPU: ``"bf16"`` where the CPU multiplies bf16 natively
+    (what a user who wants speed runs there), else ``"fp"`` (fp32)."""
+    from ..kernels import fastest_float_dtype
+
+    return "bf16" if fastest_float_dtype("cpu") == torch.bfloat16 else "fp"
 
 
 @dataclasses.dataclass
@@ -203,6 +226,7 @@ class _Runner:
         self.pairs = heldout_pairs(settings.prompts)
         self.calib = calibration_pairs(settings.calibration_prompts)
         self.context = BenchContext(self.arch, settings.steps, settings.guidance, self.calibrate, len(self.calib))
+        self.references: dict[str, object] = {}  # "fp" and the speed baseline → their pipelines
 
     def generate(self, pipe, pairs=None) -> np.ndarray:
         from ..eval.shapes import generate_heldout
@@ -244,10 +268,12 @@ class _Runner:
             return row, None, None
         finally:
             counter.remove()
-        if name == "fp":
-            self.fp_pipe = pipe  # the reference: probed around every other method's timed runs
-        else:
-            row["fp_probe_before"] = self.time_runs(self.fp_pipe, 1)[0]
+        # the references are timed right before every other method's runs (and at the end)
+        probes = {ref: self.time_runs(p, 1)[0] for ref, p in self.references.items()}
+        if probes:
+            row["probes_before"] = probes
+        if name in (self.settings.baseline, "fp"):
+            self.references[name] = pipe
         times = self.time_runs(pipe)
         work = counter.totals()
         weights = model_bytes(pipe.transformer)
@@ -296,19 +322,44 @@ class _Runner:
         return adherence(videos, [p for p, _ in self.pairs]).accuracy["all"]
 
 
-def _speedups_and_projections(rows: list[dict], arch: str, n_prompts: int) -> None:
-    fp = next(r for r in rows if r["method"] == "fp")
+PROBE_WINDOW = 2  # reference generations on each side of a method's runs whose median is its reference time
+
+
+def speedups(rows: list[dict], n_prompts: int, baseline: str, runs: int) -> None:
+    """``speedup`` (vs ``baseline``) and ``speedup_fp32`` of every timed row.
+
+    A reference's time next to a method is the median of its :data:`PROBE_WINDOW` generations
+    timed nearest before the method's runs and as many after (the probes before the next rows;
+    after the last rows, the reference's timings at the end): on a shared machine one slow probe
+    (measured: up to 1.6× its neighbours) then cannot move a ratio, while slow drift still cancels.
+    """
+    timed = [r for r in rows if r["status"] == "ok"]
+    refs = {r["method"]: r for r in timed if r["method"] in ("fp", baseline)}
+    for r in timed:
+        r["s_per_video_nearby"] = {}
+    for name, ref in refs.items():
+        probed = [r for r in timed if name in r.get("probes_before", {})]
+        times = [r["probes_before"][name] for r in probed] + ref["run_seconds"][runs:]
+        for j, r in enumerate(probed):
+            window = times[max(j - PROBE_WINDOW + 1, 0): j + PROBE_WINDOW + 1]
+            r["s_per_video_nearby"][name] = statistics.median(window) / n_prompts
+    fp, base = refs["fp"], refs[baseline]
+    for r in timed:
+        r["speedup_fp32"] = 1.0 if r is fp else r["s_per_video_nearby"]["fp"] / r["s_per_video"]
+    for r in timed:
+        if r is base:
+            r["speedup"] = 1.0
+        elif r is fp:
+            r["speedup"] = 1.0 / base["speedup_fp32"]
+        else:
+            r["speedup"] = r["s_per_video_nearby"][baseline] / r["s_per_video"]
+
+
+def _projections(rows: list[dict], arch: str) -> None:
+    timed = [r for r in rows if r["status"] == "ok"]
+    fp = next(r for r in timed if r["method"] == "fp")
     fp_work = {"gemm": fp["work"]["gemm_flops"], "attention": fp["work"]["attention_flops"]}
     real = {name: layer_shapes.model_flops(name) for name in layer_shapes.SCALE_OF.get(arch, ())}
-    timed = [r for r in rows if r["status"] == "ok"]
-    for r, after in zip(timed, timed[1:] + [None]):
-        # this machine is shared and its load drifts: compare with FP runs timed right before and after
-        if r is fp:
-            r["speedup"] = 1.0
-        else:
-            probe_after = after["fp_probe_before"] if after is not None else fp["run_seconds"][len(fp["run_seconds"]) // 2]
-            r["fp_s_per_video_nearby"] = (r["fp_probe_before"] + probe_after) / 2 / n_prompts
-            r["speedup"] = r["fp_s_per_video_nearby"] / r["s_per_video"]
     for r in timed:
         work = {"gemm": r["work"]["gemm_flops"], "attention": r["work"]["attention_flops"]}
         r["projection"] = gpu_model.project(fp_work, work, real)
@@ -328,20 +379,22 @@ def run_bench(settings: BenchSettings, progress: bool = True) -> BenchResult:
     keep = settings.video_prompts
     for name in tqdm(settings.methods, desc=f"bench {settings.model}", disable=not progress):
         row, vids, grid = runner.measure(name, reference)
+        if name in (settings.baseline, "fp") and row["status"] != "ok":
+            raise RuntimeError(f"the {name} reference failed: {row['note']}")
         if name == "fp":
-            if row["status"] != "ok":
-                raise RuntimeError(f"the FP reference failed: {row['note']}")
             reference = vids
         rows.append(row)
         if vids is not None:
             videos[name] = vids[:keep]
             grids[name] = grid
         logger.info("%s: %s", name, {k: v for k, v in row.items() if k not in ("work", "run_seconds")})
-    fp = rows[0]
-    if len(rows) > 1:  # FP again after the others: the reference time spans the whole session
-        fp["run_seconds"] += runner.time_runs(runner.fp_pipe)
-        fp["s_per_video"] = statistics.median(fp["run_seconds"]) / len(runner.pairs)
-    _speedups_and_projections(rows, runner.arch, len(runner.pairs))
+    if len(rows) > 1:  # the references again after the others: their times span the whole session
+        for row in rows:
+            if row["method"] in runner.references:
+                row["run_seconds"] += runner.time_runs(runner.references[row["method"]])
+                row["s_per_video"] = statistics.median(row["run_seconds"]) / len(runner.pairs)
+    speedups(rows, len(runner.pairs), settings.baseline, settings.runs)
+    _projections(rows, runner.arch)
     return BenchResult(
         settings, runner.arch, machine_description(), rows, [p for p, _ in runner.pairs], videos, grids,
         runner.judge_check(), time.perf_counter() - start,

@@ -41,38 +41,54 @@ def _scale_name(result) -> str | None:
     return names[0] if names else None
 
 
+def baseline_label(baseline: str) -> str:
+    """The dtype a harness baseline method runs in: ``"bf16"`` or ``"fp32"``."""
+    return "fp32" if baseline == "fp" else baseline
+
+
 def markdown(result, plot_prefix: str = "", heading: str = "###") -> str:
     """The result as markdown: settings, the measured table, the PROJECTION table, the plots."""
     s = result.settings
     ok = [r for r in result.rows if r["status"] == "ok"]
     fp = next(r for r in ok if r["method"] == "fp")
+    base = baseline_label(s.baseline)
+    columns = f"× {base} | × fp32" if base != "fp32" else "× fp32"
     lines = [
         f"{heading} {s.model}: every method through one pipeline",
         "",
         f"Machine: {result.machine}. {s.prompts} held-out (prompt, seed) pairs, {s.steps} steps, CFG {s.guidance:g}, "
         f"the same seeds for every method; methods that calibrate use {s.calibration_prompts} other prompts with their "
-        f"own seeds. *s/video*: median of {s.runs} timed generations after a warm-up (FP timed before and after the "
-        "others; its median over both), divided by the prompts; *speedup* on this CPU = mean of the FP generations "
-        "timed right before and right after the method's runs ÷ the method's median (the machine is shared and its "
-        "load drifts; rows doing the same work as FP show the remaining noise). *weights*: every transformer parameter "
+        f"own seeds. *s/video*: median of {s.runs} timed generations after a warm-up ({'the references, fp and bf16,' if base != 'fp32' else 'FP'} "
+        "timed before and after the others; the median over both), divided by the prompts; "
+        f"**× {base}**: speedup on this CPU against the shipped model in {base}, "
+        + ("the fastest full-precision dtype here (what a user who wants speed runs), " if base != "fp32" else
+           "the fastest full-precision dtype here (no native bf16 matmul on this CPU), ")
+        + f"= median of the four `{s.baseline}` generations timed nearest the method's runs (two before, two after) "
+        "÷ the method's median (the machine is shared and its load drifts; rows doing the same work as the baseline "
+        "show the remaining noise)" + ("; *× fp32*: the same against the fp32 model" if base != "fp32" else "")
+        + ". *weights*: every transformer parameter "
         "and buffer as stored; *peak*: weights + resident memory added during a generation. *act bits*: GEMM-FLOP-"
         "weighted activation bits over all linears (16 for full precision, NVFP4 4.5). *skipped*: share of block "
         "calls in which no linear ran. PSNR/SSIM vs the FP videos; adherence: all of color, shape and direction "
         f"right per the shapes judge (clean renders of these prompts: {_fmt(100 * result.judge_check, '.0f')}%). "
         f"Methods marked EMULATED run NVFP4 activations by dequantizing on this CPU: their time is not FP4 speed.",
         "",
-        "| method | s/video | speedup | weights MiB | peak MiB | act bits | skipped | PSNR dB | SSIM | flicker | adherence | notes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| method | s/video | {columns} | weights MiB | peak MiB | act bits | skipped | PSNR dB | SSIM | flicker | "
+        "adherence | notes |",
+        "|---|---:|---:|" + ("---:|" if base != "fp32" else "") + "---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in result.rows:
         if r["status"] != "ok":
-            lines.append(f"| {r['method']} | — | — | — | — | — | — | — | — | — | — | **{r['status']}**: {r['note']} |")
+            dashes = " — |" * (11 if base != "fp32" else 10)
+            lines.append(f"| {r['method']} |{dashes} **{r['status']}**: {r['note']} |")
             continue
         tag = " (EMULATED)" if r["emulated"] else ""
         note = r["note"] + (" — output identical to FP: nothing was skipped or rounded"
                             if r["method"] != "fp" and r["psnr"] == float("inf") else "")
         lines.append(
-            f"| {r['method']}{tag} | {r['s_per_video']:.3f} | {r['speedup']:.2f}× | {r['weight_bytes'] / 2**20:.2f} | "
+            f"| {r['method']}{tag} | {r['s_per_video']:.3f} | {r['speedup']:.2f}× | "
+            + (f"{r['speedup_fp32']:.2f}× | " if base != "fp32" else "")
+            + f"{r['weight_bytes'] / 2**20:.2f} | "
             f"{_fmt(None if r['peak_bytes'] is None else r['peak_bytes'] / 2**20, '.1f')} | {r['act_bits']:.2f} | "
             f"{100 * r['skip_share']:.0f}% | {_fmt(r['psnr'], '.2f')} | {r['ssim']:.4f} | {r['flicker']:.4f} | "
             f"{100 * r['adherence']:.0f}% | {note} |"
@@ -81,7 +97,8 @@ def markdown(result, plot_prefix: str = "", heading: str = "###") -> str:
     gpus = list(gpu_model.GPUS)
     lines += [
         "",
-        f"**{gpu_model.LABEL}.** Projected speedup over FP from the work each run counted: GEMM FLOPs per activation "
+        f"**{gpu_model.LABEL}.** Projected speedup over the full-precision model run in BF16 on the GPU, from the "
+        "work each run counted: GEMM FLOPs per activation "
         "precision, attention FLOPs (always BF16) and skipped blocks, at each GPU's peak throughput per precision "
         "(`sixbit.bench.gpu_model`: Blackwell FP4 4×, INT8 2× BF16; Hopper INT8 2×, no FP4). *as run*: this tiny "
         "model's own FLOPs; "
@@ -132,7 +149,7 @@ def _map_plots(result) -> list[tuple[str, str]]:
 def write_csv(result, path) -> Path:
     gpus = list(gpu_model.GPUS)
     scale = _scale_name(result)
-    columns = ["method", "family", "status", "emulated", "s_per_video", "speedup", "setup_s", "weight_bytes",
+    columns = ["method", "family", "status", "emulated", "s_per_video", "speedup", "speedup_fp32", "setup_s", "weight_bytes",
                "peak_bytes", "act_bits", "skip_share", "psnr", "ssim", "flicker", "adherence", "note"]
     proj = [f"projected_{g}_as_run" for g in gpus] + ([f"projected_{g}_{scale}" for g in gpus] if scale else [])
     with open(path, "w", newline="") as f:
@@ -167,8 +184,9 @@ def plot_tradeoff(result, path) -> Path:
     top = (max(finite) if finite else 40.0) + 3
     scale = _scale_name(result) or "as run"
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    for ax, (label, key) in zip(axes, [("measured speedup on this CPU", None),
-                                       (f"PROJECTION: speedup on RTX 5090 ({scale})", scale)]):
+    base = baseline_label(result.settings.baseline)
+    for ax, (label, key) in zip(axes, [(f"measured speedup on this CPU vs {base}", None),
+                                       (f"PROJECTION: speedup on RTX 5090 vs BF16 ({scale})", scale)]):
         for r in ok:
             x = r["speedup"] if key is None else r["projection"][key]["RTX 5090"]
             y = r["psnr"] if math.isfinite(r["psnr"]) else top
@@ -228,6 +246,7 @@ def write_html(result, folder: Path) -> Path:
             cells[(method, i)] = written.relative_to(folder).as_posix()
     methods = list(result.videos)
     rows_by = {r["method"]: r for r in result.rows}
+    base = baseline_label(result.settings.baseline)
 
     def media(src: str) -> str:
         if src.endswith(".mp4"):
@@ -236,7 +255,7 @@ def write_html(result, folder: Path) -> Path:
 
     head = "".join(
         f"<th>{html.escape(m)}<br><small>PSNR {_fmt(rows_by[m].get('psnr'), '.1f')} · "
-        f"{_fmt(rows_by[m].get('speedup'), '.2f')}×</small></th>" for m in methods
+        f"{_fmt(rows_by[m].get('speedup'), '.2f')}× {base}</small></th>" for m in methods
     )
     body = []
     for i, prompt in enumerate(result.prompts[: result.settings.video_prompts]):
@@ -251,7 +270,7 @@ def write_html(result, folder: Path) -> Path:
 <style>body{{font-family:sans-serif}} td,th{{padding:4px;text-align:center;vertical-align:top}}</style></head>
 <body><h1>sixbit bench: {html.escape(result.settings.model)}</h1>
 <p>{html.escape(result.machine)}; {result.settings.steps} steps, CFG {result.settings.guidance:g}; speedup measured
-on this machine; PSNR vs the FP video of the same seed. Full tables: <a href="results.md">results.md</a>,
+on this machine against the model in {base}; PSNR vs the FP video of the same seed. Full tables: <a href="results.md">results.md</a>,
 <a href="results.csv">results.csv</a>, <a href="results.json">results.json</a>.</p>
 <table><tr><th>prompt</th>{head}</tr>{''.join(body)}</table>
 {f'<h2>Not run</h2><ul>{failed}</ul>' if failed else ''}
@@ -290,22 +309,25 @@ def layer_markdown(rows: list[dict], machine: str, heading: str = "##") -> str:
     from .layer_shapes import REAL_MODELS, model_flops
 
     measured = rows[0]["measured_rows"] if rows else []
+    base = rows[0]["baseline"] if rows else "fp32"
     lines = [
         f"{heading} Real layer shapes at 49 frames: CogVideoX-2B/5B, Wan2.1-14B",
         "",
         f"Machine: {machine}. Random weights (the shape is what matters). Each (K, N, precision) timed at "
         f"{' and '.join(str(m) for m in measured)} rows (median of 3 after a warm-up), fitted as fixed + per-row cost "
         "and evaluated at the rows of one real call (*ms/call*; a real call is too slow to time directly here). "
-        "*Speedup* vs fp32 of the same shape. EMULATED rows do not run FP4 arithmetic (no FP4 GEMM on this device; "
-        "their time is per-call weight dequantization) and are timed on CogVideoX-2B's shapes only.",
+        f"*× {base}*: speedup against the same shape in {base}, the fastest full-precision dtype on this CPU "
+        "(`sixbit.kernels.fastest_float_dtype`); *× fp32* against fp32. EMULATED rows do not run FP4 arithmetic (no "
+        "FP4 GEMM on this device; their time is per-call weight dequantization) and are timed on CogVideoX-2B's "
+        "shapes only.",
         "",
-        "| model | linear | K → N | rows/call | precision | how it runs | ms/call | speedup vs fp32 |",
-        "|---|---|---|---:|---|---|---:|---:|",
+        f"| model | linear | K → N | rows/call | precision | how it runs | ms/call | × {base} | × fp32 |",
+        "|---|---|---|---:|---|---|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['role']} | {r['k']} → {r['n']} | {r['tokens']:,} | {r['precision']} | {r['how']} | "
-            f"{r['ms_per_call']:,.1f} | {r['speedup']:.2f}× |"
+            f"{r['ms_per_call']:,.1f} | {r['speedup']:.2f}× | {r['speedup_fp32']:.2f}× |"
         )
     gpus = list(gpu_model.GPUS)
     lines += [
