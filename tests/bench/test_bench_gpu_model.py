@@ -56,6 +56,7 @@ def test_layer_table_labels_emulation_and_projection():
     from sixbit.bench.outputs import layer_markdown
 
     row = {"model": "CogVideoX-2B", "role": "FFN up", "k": 1920, "n": 7680, "tokens": 17776, "precision": "nvfp4",
-           "how": PRECISIONS["nvfp4"], "measured_rows": [128, 512], "ms_per_call": 12.5, "speedup": 0.25}
+           "how": PRECISIONS["nvfp4"], "measured_rows": [128, 512], "ms_per_call": 12.5, "baseline": "bf16", "speedup": 0.25, "speedup_fp32": 0.5}
     md = layer_markdown([row], "test machine")
     assert "EMULATED" in md and "PROJECTION" in md and "| 1920 → 7680 | 17,776 |" in md
+    assert "| ms/call | × bf16 | × fp32 |" in md and "| 12.5 | 0.25× | 0.50× |" in md  # the baseline is named

@@ -126,19 +126,22 @@ def _median_seconds(fn, runs: int) -> float:
 PRECISIONS = {
     "fp32": "nn.Linear fp32",
     "bf16": "nn.Linear bf16",
-    "int8": "real: QuantLinear INT8 W, per-token INT8 A, integer GEMM",
+    "int8": "real: QuantLinear INT8 W, per-token INT8 A from the baseline dtype's input, integer GEMM",
     "nvfp4": "EMULATED: QuantLinear NVFP4 W and A, dequantize both + fp32 GEMM",
 }
 
 
-def _layer(precision: str, k: int, n: int):
+def _layer(precision: str, k: int, n: int, baseline: torch.dtype):
+    """(layer, input dtype); INT8 takes its input in ``baseline``, the dtype the model would run in."""
     from ..nn import QuantLinear
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(k, n, bias=False)
     if precision == "bf16":
         return lin.to(torch.bfloat16), torch.bfloat16
-    if precision in ("int8", "nvfp4"):
+    if precision == "int8":
+        return QuantLinear.from_linear(lin, precision, act_mode=precision), baseline
+    if precision == "nvfp4":
         return QuantLinear.from_linear(lin, precision, act_mode=precision), torch.float32
     return lin, torch.float32
 
@@ -152,10 +155,13 @@ def time_layers(models=None, rows=(128, 512), runs: int = 3, nvfp4_models=("CogV
     dequantizes the whole weight on every call) stay fixed, the GEMM grows with M — then
     evaluated at each real call's rows. The EMULATED NVFP4 path is timed on ``nvfp4_models``
     only: its time is dominated by per-call weight dequantization, which says nothing about FP4
-    hardware. Returns one row per (model, linear role, precision) with ``ms_per_call`` and
-    ``speedup`` vs fp32.
+    hardware. Returns one row per (model, linear role, precision) with ``ms_per_call``,
+    ``speedup`` vs ``baseline`` (the fastest full-precision dtype of this CPU,
+    :func:`sixbit.kernels.fastest_float_dtype`: ``"bf16"`` or ``"fp32"``) and ``speedup_fp32``.
     """
     from tqdm.auto import tqdm
+
+    from ..kernels import fastest_float_dtype
 
     names = list(models or REAL_MODELS)
     for name in names:
@@ -164,12 +170,14 @@ def time_layers(models=None, rows=(128, 512), runs: int = 3, nvfp4_models=("CogV
     m1, m2 = rows
     if not 0 < m1 < m2:
         raise ValueError(f"rows must be two increasing row counts, got {rows!r}")
+    fastest = fastest_float_dtype("cpu")
+    baseline = "bf16" if fastest == torch.bfloat16 else "fp32"
     jobs = sorted({(lin.k, lin.n, p) for name in names for lin in REAL_MODELS[name].linears for p in PRECISIONS
                    if p != "nvfp4" or name in nvfp4_models})
     fits = {}
     with torch.no_grad():
         for k, n, precision in tqdm(jobs, desc="layer shapes", disable=not progress):
-            layer, dtype = _layer(precision, k, n)
+            layer, dtype = _layer(precision, k, n, fastest)
             t1, t2 = (_median_seconds(lambda: layer(torch.randn(m, k).to(dtype)), runs) for m in (m1, m2))
             slope = (t2 - t1) / (m2 - m1)
             # timing noise can make the larger call look cheaper: then assume no fixed cost
@@ -182,16 +190,13 @@ def time_layers(models=None, rows=(128, 512), runs: int = 3, nvfp4_models=("CogV
             if (lin.role, lin.k, lin.n, lin.tokens) in seen:
                 continue
             seen.add((lin.role, lin.k, lin.n, lin.tokens))
-            base = None
-            for precision in PRECISIONS:
-                if (lin.k, lin.n, precision) not in fits:
-                    continue
-                a, b = fits[(lin.k, lin.n, precision)]
-                seconds = a + b * lin.tokens
-                base = base or seconds
+            seconds = {p: fits[(lin.k, lin.n, p)][0] + fits[(lin.k, lin.n, p)][1] * lin.tokens
+                       for p in PRECISIONS if (lin.k, lin.n, p) in fits}
+            for precision, t in seconds.items():
                 out.append({
                     "model": name, "role": lin.role, "k": lin.k, "n": lin.n, "tokens": lin.tokens,
                     "precision": precision, "how": PRECISIONS[precision], "measured_rows": list(rows),
-                    "ms_per_call": 1e3 * seconds, "speedup": base / seconds,
+                    "ms_per_call": 1e3 * t, "baseline": baseline, "speedup": seconds[baseline] / t,
+                    "speedup_fp32": seconds["fp32"] / t,
                 })
     return out
