@@ -22,9 +22,12 @@ threads to help a single generation):
 20 minutes per model, one process per model, then ``--merge``), ``bench_caches.py`` (every cache,
 cache-dit's included, swept on both models: about 15 minutes per model, the two side by side,
 then its own merge), ``bench_parallel.py`` (one process against two, about 10 minutes, both cores)
-and ``benchmarks/gpu/run.py`` (a GPU) are not run here: a full run keeps their
-sections from the existing file, as it keeps ``balanced-cpu`` (a harness run written by hand, its
-command in the section).
+``bench_cpu_speed.py`` (a CogVideoX-2B-sized model, about an hour) and ``benchmarks/gpu/run.py``
+(a GPU) are not run here: a full run keeps their sections from the existing file.
+
+Every speedup names its baseline: the harness quotes it against the shipped model in the
+fastest full-precision dtype of the CPU (bf16 with AVX512-BF16 or AMX, else fp32) and keeps a
+fp32 column; the cache comparisons use the fp32 column, the uncached model the caches run on.
 
 ``--only STEP …`` runs some steps and updates only their sections of the existing file.
 
@@ -61,9 +64,9 @@ SWEEP = "tdc-0.3,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.
 CACHES = ("tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache")  # method names: family-knob
 ORDER = ["shapes-adherence", "cache-check", "cache-pareto", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "weights",
          "stabilize-frames", "memory",
-         "hot-path-linear", "hot-path-compile", "attention", "balanced-cpu", "tune", "refine", "parallel", "real-size", "cpu-speed", "gpu"]
+         "hot-path-linear", "hot-path-compile", "attention", "tune", "refine", "parallel", "real-size", "cpu-speed", "gpu"]
 # Sections no step here writes (hours of CPU, or a GPU): a full run keeps them from the existing file.
-KEPT = ("cache-pareto", "balanced-cpu", "tune", "refine", "parallel", "real-size", "cpu-speed", "gpu")
+KEPT = ("cache-pareto", "tune", "refine", "parallel", "real-size", "cpu-speed", "gpu")
 # The sections each step writes (``--only`` updates just these).
 SECTIONS_OF = {
     "bench shapes-cogvideox": ("bench-shapes-cogvideox", "cache-check"),
@@ -171,10 +174,13 @@ def _cache_check() -> str | None:
     every diffusers cache row at equal or greater speedup, and the full method with and without PDR."""
     lines = ["## Delta cache vs diffusers' caches: the check, from the two harness runs below", "",
              "Each `tdc` row (our delta cache on the full-precision model) measured at ≥ 1.8× wall-clock speedup "
-             "over FP on this CPU, against every diffusers cache row measured at an equal or greater speedup "
-             "(same model, seeds and steps). Speedups are timed on a shared machine and drift by tenths; "
-             "skipped shares are exact. A row no diffusers cache matched in speed compares with nothing.", "",
-             "| model | delta cache | speedup | skipped | PSNR dB | diffusers caches at ≥ its speedup (speedup, PSNR) | above all? |",
+             "over the uncached fp32 model on this CPU, against every diffusers cache row measured at an equal or "
+             "greater speedup (same model, seeds and steps). The caches all run on the fp32 model, so this compares "
+             "them against it (the harness's *× fp32* column); against the bf16 model, the fastest full-precision "
+             "dtype here, see the *× bf16* column of the tables below. Speedups are timed on a shared machine and "
+             "drift by tenths; skipped shares are exact. A row no diffusers cache matched in speed compares with "
+             "nothing.", "",
+             "| model | delta cache | × fp32 | skipped | PSNR dB | diffusers caches at ≥ its speedup (× fp32, PSNR) | above all? |",
              "|---|---|---:|---:|---:|---|---|"]
     pdr = []
     for model in ("shapes-cogvideox", "shapes-wan"):
@@ -185,12 +191,12 @@ def _cache_check() -> str | None:
         family = {r["method"]: r["method"].split("-")[0] for r in rows}
         peers = [r for r in rows if r["family"] == "diffusers" and family[r["method"]] in CACHES]
         for r in rows:
-            if family[r["method"]] != "tdc" or r["method"] in ("tdc-perblock", "tdc-nodrift") or r["speedup"] < 1.8:
+            if family[r["method"]] != "tdc" or r["method"] in ("tdc-perblock", "tdc-nodrift") or r["speedup_fp32"] < 1.8:
                 continue
-            faster = [q for q in peers if q["speedup"] >= r["speedup"]]
-            listed = ", ".join(f"{q['method']} ({q['speedup']:.2f}×, {q['psnr']:.2f})" for q in faster)
+            faster = [q for q in peers if q["speedup_fp32"] >= r["speedup_fp32"]]
+            listed = ", ".join(f"{q['method']} ({q['speedup_fp32']:.2f}×, {q['psnr']:.2f})" for q in faster)
             verdict = "nothing to compare" if not faster else "yes" if all(r["psnr"] > q["psnr"] for q in faster) else "**no**"
-            lines.append(f"| {model} | {r['method']} | {r['speedup']:.2f}× | {100 * r['skip_share']:.0f}% | "
+            lines.append(f"| {model} | {r['method']} | {r['speedup_fp32']:.2f}× | {100 * r['skip_share']:.0f}% | "
                          f"{r['psnr']:.2f} | {listed or 'none'} | {verdict} |")
         by = {r["method"]: r for r in rows}
         for full in ("balanced", "aggressive"):
