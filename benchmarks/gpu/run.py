@@ -351,7 +351,8 @@ def section(device, checks, linears, attention_rows, steps_rows, args, seconds: 
                          f"{r['max_err']:.2e} | {r['rel_err']:.2e} |")
     lines += ["", f"### Denoising steps of a CogVideoX-2B-sized transformer ({'toy config' if args.dry_run else '30 blocks × 1920, random weights'}, "
               f"bf16, CFG batch 2, {args.steps} steps)", "",
-              "| setting | frames | mode | s / step | vs fp (same frames, same mode) | first run s (compile incl.) | peak GiB | note |",
+              "| setting | frames | mode | s / step | vs fp = the bf16 model unconverted (same frames, same mode) | "
+              "first run s (compile incl.) | peak GiB | note |",
               "|---|---:|---|---:|---:|---:|---:|---|"]
     base = {(r["frames"], r["compiled"]): r.get("s_per_step") for r in steps_rows if r["setting"] == "fp"}
     for r in steps_rows:
