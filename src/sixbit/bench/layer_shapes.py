@@ -126,7 +126,8 @@ def _median_seconds(fn, runs: int) -> float:
 PRECISIONS = {
     "fp32": "nn.Linear fp32",
     "bf16": "nn.Linear bf16",
-    "int8": "real: QuantLinear INT8 W, per-token INT8 A from the baseline dtype's input, integer GEMM",
+    "int8": "real: QuantLinear INT8 W, per-token INT8 A from the baseline dtype's input, integer GEMM (torch._int_mm)",
+    "int8 kept": "real: the same after sixbit.keep_int8_weights (AMX CPUs: oneDNN's AMX INT8 kernel, 8 more bits/weight)",
     "nvfp4": "EMULATED: QuantLinear NVFP4 W and A, dequantize both + fp32 GEMM",
 }
 
@@ -139,8 +140,13 @@ def _layer(precision: str, k: int, n: int, baseline: torch.dtype):
     lin = torch.nn.Linear(k, n, bias=False)
     if precision == "bf16":
         return lin.to(torch.bfloat16), torch.bfloat16
-    if precision == "int8":
-        return QuantLinear.from_linear(lin, precision, act_mode=precision), baseline
+    if precision in ("int8", "int8 kept"):
+        layer = QuantLinear.from_linear(lin, "int8", act_mode="int8")
+        if precision == "int8 kept":
+            from ..api import keep_int8_weights
+
+            keep_int8_weights(layer)
+        return layer, baseline
     if precision == "nvfp4":
         return QuantLinear.from_linear(lin, precision, act_mode=precision), torch.float32
     return lin, torch.float32
