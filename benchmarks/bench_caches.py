@@ -22,7 +22,9 @@ The methods (:data:`METHODS`), chosen from skip shares measured at 20 steps:
   every step it may: ``max_skips=2`` (at most two skipped steps in a row) caps it at ≈ 50 % of
   block calls, ≈ 2×, so larger thresholds add the same point again (0.4 shows it);
   ``tdc-skips3`` / ``tdc-skips4`` (``max_skips`` 3 / 4, ablations of that cap) reach ≈ 55 / 60 %;
-  ``tdc-w10-skips3`` / ``tdc-w10-skips4`` (also a 10 % warm-up instead of 20 %) ≈ 65 %;
+  ``tdc-w10-skips3`` / ``tdc-w10-skips4`` / ``tdc-w10-skips6`` (also a 10 % warm-up instead of
+  20 %) ≈ 65 / 65 / 70 %; ``tdc-nodrift`` / ``tdc-drift1`` replay none / all of the measured drift
+  (first-order Taylor extrapolation; the default replays half);
 * diffusers' caches at ``run_all.py``'s settings plus FirstBlockCache 0.1 and 0.5 and
   TaylorSeer intervals 2 and 5;
 * cache-dit's DBCache (:mod:`sixbit.bench.peer_cache_dit`): with one compute block in front
@@ -62,7 +64,8 @@ MODELS = ("shapes-cogvideox", "shapes-wan")
 SECTION = "cache-pareto"
 
 TDC = ("tdc-0.1,tdc-0.12,tdc-0.14,tdc-0.17,tdc,tdc-0.25,tdc-0.3,tdc-0.4,"
-       "tdc-skips3-0.3,tdc-skips3-0.4,tdc-skips4-0.4,tdc-skips4-0.6,tdc-w10-skips3-0.4,tdc-w10-skips4-0.4")
+       "tdc-skips3-0.3,tdc-skips3-0.4,tdc-skips4-0.4,tdc-skips4-0.6,tdc-w10-skips3-0.4,tdc-w10-skips4-0.4,"
+       "tdc-w10-skips6-0.6,tdc-nodrift,tdc-drift1")
 DIFFUSERS = ("fbcache-0.1,fbcache-0.2,fbcache-0.3,fbcache-0.4,fbcache-0.5,magcache,magcache-0.12,magcache-0.24,"
              "magcache-0.3,taylorseer-2,taylorseer-3,taylorseer-5,pab-2,fastercache-2")
 CACHE_DIT = ("dbcache-0.12,dbcache-0.15,dbcache-0.2,dbcache-0.3,dbcache-0.5,"
@@ -317,7 +320,9 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
         "nothing in their first 4 of 20 steps (warm-up); after it, with the shipped models' 4 blocks, cache-dit's "
         "Fn=1 (first block always run) and cap of 3 cached steps in a row allow at most 45 % of block calls "
         "skipped (Bn=1: 30 %, no cap: 60 %), and `tdc` (at most 2 skipped steps in a row, the last step always "
-        "run) 50 % (`tdc-skips4` 60 %; `tdc-w10-*`, 2 warm-up steps, 65 %): no cache here can reach 3× at 20 steps.",
+        "run) 50 % (`tdc-skips4` 60 %; `tdc-w10-*`, 2 warm-up steps, 65–70 %). `tdc-nodrift` / `tdc-drift1` replay "
+        "none / all of a residual's measured per-step change (all: a first-order Taylor extrapolation; the default "
+        "half): ablations of the drift term.",
         "",
         f"![cache Pareto]({plot_path})",
     ]

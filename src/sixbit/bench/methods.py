@@ -184,7 +184,10 @@ if "balanced" in _preset_names():  # issue 7's ablations
                     _apply_preset("tdc", "blocks decide alone", decide_per_block=True), param="threshold"))
     register(Method("tdc-nodrift", "sixbit", "the delta cache replaying residuals unchanged (no drift term)",
                     _apply_preset("tdc", "no drift term", drift=0.0), param="threshold"))
-    for skips in (3, 4):  # the cap on consecutive skips, which bounds the delta cache's speed (default 2)
+    register(Method("tdc-drift1", "sixbit", "the delta cache replaying the whole measured drift (first-order "
+                    "Taylor extrapolation; default half of it)", _apply_preset("tdc", "full drift term", drift=1.0),
+                    param="threshold"))
+    for skips in (3, 4, 6):  # the cap on consecutive skips, which bounds the delta cache's speed (default 2)
         register(Method(f"tdc-skips{skips}", "sixbit", f"the delta cache allowing {skips} skipped steps in a row (default 2)",
                         _apply_preset("tdc", f"up to {skips} skips in a row", max_skips=skips), param="threshold"))
         # and a shorter warm-up (10 % of the steps, default 20 %): the only way past ≈ 60 % skipped at 20 steps
