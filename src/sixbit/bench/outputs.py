@@ -48,6 +48,8 @@ def baseline_label(baseline: str) -> str:
 
 def markdown(result, plot_prefix: str = "", heading: str = "###") -> str:
     """The result as markdown: settings, the measured table, the PROJECTION table, the plots."""
+    from .harness import speed_baseline
+
     s = result.settings
     ok = [r for r in result.rows if r["status"] == "ok"]
     fp = next(r for r in ok if r["method"] == "fp")
@@ -61,8 +63,8 @@ def markdown(result, plot_prefix: str = "", heading: str = "###") -> str:
         f"own seeds. *s/video*: median of {s.runs} timed generations after a warm-up ({'the references, fp and bf16,' if base != 'fp32' else 'FP'} "
         "timed before and after the others; the median over both), divided by the prompts; "
         f"**× {base}**: speedup on this CPU against the shipped model in {base}, "
-        + ("the fastest full-precision dtype here (what a user who wants speed runs), " if base != "fp32" else
-           "the fastest full-precision dtype here (no native bf16 matmul on this CPU), ")
+        + ("the fastest full-precision dtype here (what a user who wants speed runs), " if s.baseline == speed_baseline()
+           else f"chosen with `--baseline` (the fastest full-precision dtype here is {baseline_label(speed_baseline())}), ")
         + f"= median of the four `{s.baseline}` generations timed nearest the method's runs (two before, two after) "
         "÷ the method's median (the machine is shared and its load drifts; rows doing the same work as the baseline "
         "show the remaining noise)" + ("; *× fp32*: the same against the fp32 model" if base != "fp32" else "")
