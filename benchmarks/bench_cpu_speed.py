@@ -4,6 +4,8 @@ per precision, a profile of that call by op kind, and a 20-step ``balanced`` run
 
     python benchmarks/bench_cpu_speed.py                  # ~25 min on 2 cores
     python benchmarks/bench_cpu_speed.py --quick          # 2 blocks, 3 steps: checks the script
+    python benchmarks/bench_cpu_speed.py --update --settings "w8a8 + kept INT8" --step-settings "" --interleave
+                                                          # rerun rows, each against interleaved bf16 calls
 
 The model: CogVideoX-2B's configuration with random bf16 weights, written once as a diffusers
 folder (``bench_real_size.py``'s writer) and loaded with ``from_pretrained``; the call: 4 latent
@@ -151,8 +153,10 @@ class _Profile:
 
 
 def child_call(folder: str, setting: str, repeats: int, blocks: int | None, frames: int, side: int, ref: str,
-               w4a8: str | None) -> dict:
-    """Time one transformer call in ``setting``; profile one more; compare with the bf16 output."""
+               w4a8: str | None, interleave: int = 0) -> dict:
+    """Time one transformer call in ``setting``; profile one more; compare with the bf16 output.
+    ``interleave``: also load the bf16 model and time one of its calls right before each call
+    (``base_s``: their median), so the machine's drift cancels; the peak RSS then holds both models."""
     import torch
 
     import sixbit
@@ -161,9 +165,15 @@ def child_call(folder: str, setting: str, repeats: int, blocks: int | None, fram
     model = _load(folder, setting, blocks, w4a8)
     load_s = time.perf_counter() - t0
     inputs = _inputs(next(model.parameters()).dtype, frames, side)
-    times = []
+    base = _load(folder, "bf16", blocks, None) if interleave and setting != "bf16" else None
+    base_inputs = _inputs(torch.bfloat16, frames, side)
+    times, base_times = [], []
     with torch.no_grad():
         for i in range(repeats + 1):
+            if base is not None:
+                t0 = time.perf_counter()
+                base(**base_inputs, return_dict=False)
+                base_times.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             out = model(**inputs, return_dict=False)[0]
             times.append(time.perf_counter() - t0)
@@ -184,7 +194,8 @@ def child_call(folder: str, setting: str, repeats: int, blocks: int | None, fram
     return {"call_s": statistics.median(times[1:]), "first_s": times[0], "load_s": load_s, "rel_error": rel,
             "profile": prof.seconds, "profile_total_s": total, "tensor_gib": sum(
                 t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 2**30,
-            "converted_gib": converted / 2**30, "peak_gib": _peak_gib()}
+            "converted_gib": converted / 2**30, "peak_gib": _peak_gib(),
+            **({"base_s": statistics.median(base_times[1:]), "interleaved": True} if base_times else {})}
 
 
 def child_steps(folder: str, setting: str, steps: int, blocks: int | None, frames: int, side: int,
@@ -237,7 +248,7 @@ def section(r: dict) -> str:
     base = r["baseline"]
     calls = r["calls"]
     b = calls[base]["call_s"]
-    later = sorted({c.get("run", 0) for c in calls.values()} - {0})
+    later = sorted({c.get("run", 0) for c in calls.values() if not c.get("interleaved")} - {0})
     lines = [
         "## Speed against bf16 at real size (CPU, issue 24)",
         "",
@@ -258,11 +269,16 @@ def section(r: dict) -> str:
         if "error" in c:
             lines.append(f"| {name} | {c['error']} | | | | | | |")
             continue
-        fp32 = f"{calls['fp32']['call_s'] / c['call_s']:.2f}×" if "call_s" in calls.get("fp32", {}) and not c.get("run") else "–"
-        mark = "†" * c.get("run", 0)
+        fp32 = f"{calls['fp32']['call_s'] / c['call_s']:.2f}×" if "call_s" in calls.get("fp32", {}) and not (c.get("run") or c.get("interleaved")) else "–"
+        mark = "‡" if c.get("interleaved") else "†" * c.get("run", 0)
         lines.append(f"| {name}{mark} | {c['call_s']:.2f} | **{c.get('base_s', b) / c['call_s']:.2f}×** | {fp32} | "
                      f"{c['rel_error']:.4f} | {c['tensor_gib'] + c['converted_gib']:.2f} | {c['peak_gib']:.2f} | "
                      f"{c['first_s']:.1f} |")
+    interleaved = [c for c in calls.values() if c.get("interleaved")]
+    if interleaved:
+        lines.append(f"\n‡ Timed against a {base} call on the same inputs right before each call, in the same process "
+                     "(the machine's drift cancels); its ratio is against those calls "
+                     f"({', '.join(format(c['base_s'], '.2f') for c in interleaved)} s), its peak RSS holds both models.")
     for run in later:
         lines.append(f"\n{'†' * run} Rerun later (`--update`) with its own {base} call in the same run "
                      f"({next(c['base_s'] for c in calls.values() if c.get('run') == run):.2f} s): its ratio is against that.")
@@ -323,6 +339,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20, help="steps of the balanced run (0: skip it)")
     parser.add_argument("--step-settings", default=",".join(STEP_SETTINGS))
+    parser.add_argument("--interleave", action="store_true", help="time each setting's calls against a bf16 call "
+                        "right before each, in the same process (both models resident)")
     parser.add_argument("--frames", type=int, default=4)
     parser.add_argument("--side", type=int, default=32)
     parser.add_argument("--workdir", default="/tmp/sixbit-real-size")
@@ -378,7 +396,8 @@ def main(argv=None) -> int:
     for setting in dict.fromkeys(["bf16", *settings]):  # bf16 first: its output is the reference
         log(f"one call: {setting}")
         r["calls"][setting] = c = _run_child(["call", str(folder), setting, str(args.repeats), blocks, str(args.frames),
-                                              str(args.side), ref, w4a8], args.rss_limit_gib, log, script=__file__)
+                                              str(args.side), ref, w4a8, str(int(args.interleave))],
+                                             args.rss_limit_gib, log, script=__file__)
         c["repeats"] = args.repeats
         log(f"{setting}: {json.dumps(c)}")
     if args.before:  # the same settings with the package as it was: what the changes bought, same run
@@ -406,7 +425,8 @@ def main(argv=None) -> int:
     if previous is not None:
         run = 1 + max(c.get("run", 0) for c in previous["calls"].values())
         for c in r["calls"].values():
-            c.update(run=run, base_s=r["calls"][base]["call_s"])
+            if not c.get("interleaved"):  # interleaved rows carry their own baseline
+                c.update(run=run, base_s=r["calls"][base]["call_s"])
         previous["calls"].update({k: v for k, v in r["calls"].items() if k != base})
         previous["steps"].update(r["steps"])
         r = previous
