@@ -22,7 +22,7 @@ threads to help a single generation):
 20 minutes per model, one process per model, then ``--merge``), ``bench_caches.py`` (every cache,
 cache-dit's included, swept on both models: about 15 minutes per model, the two side by side,
 then its own merge), ``bench_parallel.py`` (one process against two, about 10 minutes, both cores)
-``bench_cpu_speed.py`` (a CogVideoX-2B-sized model, about an hour) and ``benchmarks/gpu/run.py``
+``bench_cpu_speed.py`` (a CogVideoX-2B-sized model, about 25 minutes on a quiet machine) and ``benchmarks/gpu/run.py``
 (a GPU) are not run here: a full run keeps their sections from the existing file.
 
 Every speedup names its baseline: the harness quotes it against the shipped model in the

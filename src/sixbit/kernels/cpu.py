@@ -117,10 +117,16 @@ def compiled_cpu_ops(enabled: bool = True) -> None:
     _STATE["enabled"] = bool(enabled)
 
 
+def cpu_ops_compiling() -> bool:
+    """Whether large CPU inputs take the compiled kernels: :func:`compiled_cpu_ops` is on and the
+    compiler has not failed."""
+    return _STATE["enabled"] and _STATE["broken"] is None
+
+
 def fused_cpu(t: torch.Tensor, numel: int | None = None) -> bool:
-    """Whether ops on ``t`` take the compiled CPU kernels (CPU, on, compiler works, and ``t`` —
-    or the whole of which it is a part, ``numel`` elements — large enough)."""
-    return (t.device.type == "cpu" and _STATE["enabled"] and _STATE["broken"] is None
+    """Whether ops on ``t`` take the compiled CPU kernels (CPU, :func:`cpu_ops_compiling`, and
+    ``t`` — or the whole of which it is a part, ``numel`` elements — large enough)."""
+    return (t.device.type == "cpu" and cpu_ops_compiling()
             and (t.numel() if numel is None else numel) >= _MIN_ELEMENTS)
 
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..formats import nvfp4
 from . import triton as tri
 from .attention import int8_attention_path
-from .cpu import _STATE, amx_int8, int8_matmul, int8_matmul_backend
+from .cpu import amx_int8, cpu_ops_compiling, int8_matmul, int8_matmul_backend
 from .triton.gemm import int8_epilogue, int8_epilogue_reference
 from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
 
@@ -180,7 +180,7 @@ def available(device: torch.device | str | None = None) -> dict[str, str]:
     if fused_int8(device):
         int8 += " + Triton fused quantize (Hadamard fused) and epilogue"
     elif device.type == "cpu":
-        int8 += " + compiled quantize and epilogue on large inputs" if _STATE["enabled"] and _STATE["broken"] is None else ""
+        int8 += " + compiled quantize and epilogue on large inputs" if cpu_ops_compiling() else ""
         int8 += "; oneDNN AMX INT8 after sixbit.keep_int8_weights" if amx_int8() else ""
     paths = {
         "int8": int8,
