@@ -16,6 +16,7 @@ from ._validate import report, show
 from .config import QuantConfig
 from .models import block_index_of, iter_blocks, spec_for
 from .nn import QuantLinear
+from .runtime.fusion import fuse_activations
 from .transforms.hadamard import BLOCK_SIZES
 from .weights.sequential import quantize_layers
 
@@ -222,15 +223,19 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
     """Keep every quantized layer's INT8 GEMM operand ready, built now: an INT8 copy of weights the
     integer GEMM cannot read directly (NVFP4, MX, FP8, grouped formats: the 4-bit presets), and on
     CPUs with AMX INT8 (:func:`sixbit.kernels.amx_int8`) every layer's INT8 weight packed for
-    oneDNN's AMX kernel. ``enabled=False`` drops them. Returns the bytes they hold (0 after
+    oneDNN's AMX kernel; and each feed-forward's GELU applied inside its first linear's INT8
+    epilogue (:func:`sixbit.runtime.fusion.fuse_activations`: no pass of its own over the
+    (tokens, 4·hidden) output). ``enabled=False`` drops them. Returns the bytes they hold (0 after
     dropping them); :func:`summary` counts them.
 
     Speed against memory, on CPUs: without it each INT8 call of a 4-bit layer re-rounds its weight
     to per-channel INT8, which at CogVideoX-2B size costs more than the GEMM, and INT8 GEMMs take
     ``torch._int_mm``, which does not reach AMX (BENCHMARKS.md ``cpu-speed``). With it every layer
     holds 8 more bits per weight and a scale per row (``w4a8``: 4.9 → 13 bits; ``w8a8`` on AMX:
-    8 → 16, bf16's size). Results are bit-identical up to the order of two fp32 scale multiplies
-    (AMX path); checkpoints never hold the copies.
+    8 → 16, bf16's size). Results differ from the model without them by rounding only: on AMX the
+    two fp32 scale multiplies come in the other order, and on bf16 models the GEMM's output times
+    the weight scale is rounded once to bf16 before the token scale; the fused GELU runs in fp32
+    before the output's one rounding (unfused: after it). Checkpoints never hold the copies.
 
     Example:
         >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP
@@ -247,6 +252,7 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
             layer.pack_int8()
         else:
             layer.int8_weight()  # builds and keeps the copy (a no-op for INT8-ready weights)
+    fuse_activations(model, enabled)
     return sum(m.converted_nbytes() for m in layers)
 
 

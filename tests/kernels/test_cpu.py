@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from sixbit.kernels import int8_matmul, int8_matmul_backend, int8_matmul_reference
 
@@ -58,6 +59,24 @@ def test_compiled_ops_are_bit_identical_to_the_eager_ones(compiled):
     assert set(compiled._COMPILED) == {"quantize_rows_reference", "scale_epilogue_reference"}
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu-tanh"])
+def test_epilogue_activation_is_gelu_and_compiles_to_the_same_values(compiled, activation):
+    torch.manual_seed(0)
+    acc = torch.randn(37, 40).bfloat16() * 30  # a packed GEMM's bf16 output (weight scale applied)
+    xs, bias = torch.rand(37, 1) * 0.1, torch.randn(40)
+    y = compiled.scale_epilogue_reference(acc, xs, None, None, bias, torch.float32, activation)
+    plain = compiled.scale_epilogue_reference(acc, xs, None, None, bias, torch.float32)
+    approximate = "tanh" if activation == "gelu-tanh" else "none"
+    torch.testing.assert_close(y, F.gelu(plain, approximate=approximate), rtol=1e-6, atol=1e-5)
+    # the vectorized erf / exp may differ from aten's in the last fp32 bit (then, rarely, a bf16 rounding)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2**-8)):
+        ref = compiled.scale_epilogue_reference(acc, xs, None, None, bias, dtype, activation)
+        torch.testing.assert_close(compiled.scale_epilogue(acc, xs, None, None, bias, dtype, activation), ref,
+                                   rtol=tol, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown activation 'relu'"):
+        compiled.scale_epilogue_reference(acc, xs, None, None, bias, torch.float32, "relu")
+
+
 def test_a_failing_compiler_leaves_the_eager_ops(compiled, monkeypatch, caplog):
     def broken(fn, **kwargs):
         def run(*args):
@@ -97,7 +116,12 @@ def test_packed_amx_matmul_equals_reference(m, k, n):
     a = torch.randint(-127, 128, (m, k), dtype=torch.int8)
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8)
     w_scale = torch.rand(n)
-    assert torch.equal(packed_int8_matmul(a, pack_int8_weight(codes), w_scale), packed_int8_matmul_reference(a, codes, w_scale))
+    packed = pack_int8_weight(codes)
+    for dtype in (torch.float32, torch.bfloat16):
+        out = packed_int8_matmul(a, packed, w_scale, dtype=dtype)
+        assert out.dtype == dtype and torch.equal(out, packed_int8_matmul_reference(a, codes, w_scale, dtype))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        packed_int8_matmul(a, packed, w_scale, dtype=torch.float16)
 
 
 def test_compiled_weight_dequantization_equals_the_formats(compiled):

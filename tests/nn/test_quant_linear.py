@@ -198,3 +198,49 @@ def test_compiled_cpu_kernels_change_no_bit(kind, monkeypatch):
     assert cpu.fused_cpu(x)
     assert torch.equal(layer(x), eager) and eager.dtype == torch.bfloat16
     assert torch.equal(layer(x, "fp"), weight_only)  # the weight dequantized by the compiled kernel
+
+
+@pytest.mark.parametrize("mode", ["fp", "int8", "nvfp4"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_activation_is_applied_after_the_linear_in_every_mode(mode, lora):
+    """``activation`` gives ``gelu(layer(x))``: in INT8 mode from the epilogue (fp32, before the one
+    rounding), elsewhere after the layer; with LoRAs after them and the bias."""
+    torch.manual_seed(0)
+    layer = QuantLinear.from_linear(torch.nn.Linear(64, 48), "int8", act_mode=mode)
+    if lora:
+        layer.add_lora("style", torch.randn(2, 64) * 0.1, torch.randn(48, 2) * 0.1)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2**-7)):
+        x = torch.randn(2, 5, 64, dtype=dtype)
+        for name, approximate in (("gelu", "none"), ("gelu-tanh", "tanh")):
+            y = layer(x, activation=name)
+            assert y.dtype == dtype and y.shape == (2, 5, 48)
+            ref = F.gelu(layer(x).float(), approximate=approximate)
+            torch.testing.assert_close(y.float(), ref, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="unknown activation 'relu'"):
+        layer(x, activation="relu")
+
+
+def test_layers_given_one_input_quantize_it_once(monkeypatch):
+    """q, k, v of an attention take one tensor: its INT8 codes are computed once, and again after
+    the tensor changes in place."""
+    from sixbit import kernels
+
+    torch.manual_seed(0)
+    layers = [QuantLinear.from_linear(torch.nn.Linear(64, 32), "int8", act_mode="int8") for _ in range(3)]
+    x = torch.randn(2, 5, 64)
+    alone = [layer(x.clone()) for layer in layers]
+    calls = []
+    quantize = kernels.quantize_rows
+    monkeypatch.setattr(kernels, "quantize_rows", lambda t: calls.append(t.shape) or quantize(t))
+    assert all(torch.equal(layer(x), ref) for layer, ref in zip(layers, alone))
+    assert len(calls) == 1
+    x.mul_(2)  # an in-place change: the codes are stale
+    assert torch.equal(layers[0](x), layers[0](x.clone())) and len(calls) == 3
+    with torch.inference_mode():  # no version counter: never shared
+        xi = torch.randn(2, 5, 64)
+        for layer in layers:
+            layer(xi)
+    assert len(calls) == 6
+    rotated = QuantLinear.from_linear(torch.nn.Linear(64, 32), "int8", hadamard_block=32, act_mode="int8")
+    layers[0](x)  # x's codes remembered; a layer that rotates x first quantizes what it multiplies
+    assert torch.equal(rotated(x), rotated(x.clone()))

@@ -4,6 +4,7 @@
 """
 
 from .cpu import (
+    ACTIVATIONS,
     amx_int8,
     compiled_cpu_ops,
     fastest_float_dtype,
@@ -40,6 +41,7 @@ from .cuda import (
 from .triton.gemm import weight4_linear, weight4_linear_reference, weight4_supported
 
 __all__ = [
+    "ACTIVATIONS",
     "amx_int8",
     "available",
     "compiled_cpu_ops",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from pathlib import Path
 
 import torch
@@ -51,19 +52,25 @@ def pack_int8_weight(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.onednn.qlinear_prepack(codes.contiguous(), [4096, codes.shape[1]])
 
 
-def packed_int8_matmul(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    """``(a @ codesᵀ) · w_scale`` in fp32 for int8 ``a`` (M, K) and a :func:`pack_int8_weight`
-    weight: the integer products accumulate exactly in int32 (AMX tiles), then one fp32 multiply
-    per element — :func:`packed_int8_matmul_reference`, bit for bit."""
+def packed_int8_matmul(a: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor,
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(a @ codesᵀ) · w_scale`` for int8 ``a`` (M, K) and a :func:`pack_int8_weight` weight: the
+    integer products accumulate exactly in int32 (AMX tiles), then one fp32 multiply per element,
+    rounded once to ``dtype`` (fp32 or bf16: a bf16 result is half the bytes to write and read
+    back, which at (M, 7680) costs more than the rounding) — :func:`packed_int8_matmul_reference`,
+    bit for bit."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"packed_int8_matmul writes float32 or bfloat16, not {dtype}")
     n = w_scale.numel()
     return torch.ops.onednn.qlinear_pointwise(a, 1.0, 0, packed, w_scale.float().reshape(-1),
-                                              torch.zeros(n, dtype=torch.int64), None, 1.0, 0, torch.float32,
+                                              torch.zeros(n, dtype=torch.int64), None, 1.0, 0, dtype,
                                               "none", [], "")
 
 
-def packed_int8_matmul_reference(a: torch.Tensor, codes: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+def packed_int8_matmul_reference(a: torch.Tensor, codes: torch.Tensor, w_scale: torch.Tensor,
+                                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Reference twin of :func:`packed_int8_matmul` on the unpacked ``codes`` (N, K)."""
-    return int8_matmul(a, codes).float() * w_scale.float().reshape(1, -1)
+    return (int8_matmul(a, codes).float() * w_scale.float().reshape(1, -1)).to(dtype)
 
 
 def int8_matmul_backend(device: torch.device | str, m: int, k: int, n: int) -> str:
@@ -102,7 +109,8 @@ def int8_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
 # GEMM). Compiled by ``torch.compile`` (inductor's C++ backend), each chain is one or two
 # vectorized loops. The compiled function is the very Python function that runs eagerly when
 # compiling is off or does not pay (tensors below ``_MIN_ELEMENTS``, e.g. the shipped tiny models),
-# and inductor keeps IEEE division and round-half-even: the results are bit-identical (tested).
+# and inductor keeps IEEE division and round-half-even: the results are bit-identical (tested),
+# except an epilogue's activation, whose vectorized erf / exp can differ from aten's in the last fp32 bit.
 
 _MIN_ELEMENTS = 1 << 20  # the shipped tiny models peak at 0.4 M (never compile); CogVideoX-2B at 4.8 M
 _COMPILED: dict[str, object] = {}
@@ -163,11 +171,19 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _run(quantize_rows_reference, x)
 
 
+#: Activations an epilogue can apply (diffusers' ``GELU`` module: ``approximate`` "none" / "tanh").
+ACTIVATIONS = ("gelu", "gelu-tanh")
+_GELU_TANH_K = 2 * math.sqrt(2 / math.pi)
+
+
 def scale_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor | None,
-                             extra: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """``acc (M, N) int32 · x_scale (M, 1) · w_scale (N,)`` in fp32 (``w_scale`` None: already
-    applied, e.g. by :func:`packed_int8_matmul`), ``+ extra`` (fp32, e.g. the low-rank branch),
-    ``+ bias``, in ``dtype``: each step rounds in fp32 in this order."""
+                             extra: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype,
+                             activation: str | None = None) -> torch.Tensor:
+    """``acc (M, N) · x_scale (M, 1) · w_scale (N,)`` in fp32 (``acc``: the int32 accumulator, or
+    already times ``w_scale``, e.g. by :func:`packed_int8_matmul`: then ``w_scale`` is None),
+    ``+ extra`` (fp32, e.g. the low-rank branch), ``+ bias``, then ``activation`` (one of
+    :data:`ACTIVATIONS`; GELU's tanh form as the identical ``y·σ(2·√(2/π)·(y + 0.044715·y³))``,
+    cheaper to vectorize), in ``dtype``: each step rounds in fp32 in this order."""
     y = acc.float() * x_scale.reshape(-1, 1)
     if w_scale is not None:
         y = y * w_scale.reshape(1, -1)
@@ -175,13 +191,20 @@ def scale_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: 
         y = y + extra
     if bias is not None:
         y = y + bias.float()
+    if activation == "gelu":
+        y = torch.nn.functional.gelu(y)
+    elif activation == "gelu-tanh":
+        y = y * torch.sigmoid(_GELU_TANH_K * (y + 0.044715 * y * y * y))
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}; sixbit's epilogue applies {', '.join(ACTIVATIONS)}")
     return y.to(dtype)
 
 
 def scale_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor | None, extra: torch.Tensor | None = None,
-                   bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                   bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+                   activation: str | None = None) -> torch.Tensor:
     """:func:`scale_epilogue_reference`, compiled into one pass on large CPU accumulators."""
-    return _run(scale_epilogue_reference, acc, x_scale, w_scale, extra, bias, dtype)
+    return _run(scale_epilogue_reference, acc, x_scale, w_scale, extra, bias, dtype, activation)
 
 
 def nvfp4_dequantize_reference(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,

@@ -49,6 +49,8 @@ int8, scale (N,))`` and ``describe() -> str``. Every part is multiplied with the
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -399,11 +401,15 @@ class QuantLinear(nn.Module):
 
     # ---------------------------------------------------------------- compute
 
-    def forward(self, x: torch.Tensor, mode: ActMode | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mode: ActMode | None = None, activation: str | None = None) -> torch.Tensor:
         """``x @ Wᵀ + b`` at ``mode`` (default: decided once for this call, see
-        :mod:`sixbit.nn.precision`)."""
+        :mod:`sixbit.nn.precision`), then ``activation`` if given (one of
+        :data:`sixbit.kernels.ACTIVATIONS`: applied inside the INT8 epilogue, no pass of its own;
+        :func:`sixbit.runtime.fusion.fuse_activations` asks for it)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}")
+        if activation is not None and activation not in kernels.ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(kernels.ACTIVATIONS)}")
         if mode is None:
             mode = precision.decide(self, x)
         precision.notify(self, x, mode)
@@ -414,7 +420,7 @@ class QuantLinear(nn.Module):
         if self._fused_int8(mode, x2):  # CUDA: one Triton kernel rotates and quantizes the input
             w_codes, w_scale = self.int8_weight()
             y = kernels.int8_linear(x2, w_codes, w_scale, self.hadamard_block)
-            return self._finish(x, y, lead)
+            return self._finish(x, y, lead, activation=activation)
         if mode is ActMode.NVFP4 or (mode is ActMode.INT8 and not self._plain_int8()):
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
         if self.hadamard_block is not None:
@@ -429,11 +435,19 @@ class QuantLinear(nn.Module):
             branch = low_rank(xb, self.lowrank_down, self.lowrank_up)
         # LoRAs come before the bias: with them, the bias waits for _finish
         bias = None if self._loras else self.bias
-        y = _PATHS[mode](self, x2, branch, bias, torch.float32 if self._loras else x.dtype)
-        return self._finish(x, y, lead, bias_added=not self._loras)
+        dtype = torch.float32 if self._loras else x.dtype
+        fused = None  # the activation applied by the INT8 epilogue (not after LoRAs: they come first)
+        if mode is ActMode.INT8 and self.act_quantizer is None:
+            fused = None if self._loras else activation
+            y = self._forward_int8(x2, branch, bias, dtype, fused, x if self._plain_int8() else None)
+        else:
+            y = _PATHS[mode](self, x2, branch, bias, dtype)
+        return self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
 
-    def _finish(self, x: torch.Tensor, y: torch.Tensor, lead, bias_added: bool = False) -> torch.Tensor:
-        """LoRAs, bias (unless the path added it), and the output in the input's dtype and shape."""
+    def _finish(self, x: torch.Tensor, y: torch.Tensor, lead, bias_added: bool = False,
+                activation: str | None = None) -> torch.Tensor:
+        """LoRAs, bias (unless the path added it), ``activation`` (unless the path applied it), and
+        the output in the input's dtype and shape."""
         if self._loras:  # on the layer's original input, not the rotated / divided one
             xo = x.reshape(-1, self.in_features).to(y.dtype)
             for name, scale in self._loras.items():
@@ -441,6 +455,8 @@ class QuantLinear(nn.Module):
                     y = y + scale * low_rank(xo, getattr(self, f"lora_{name}_down"), getattr(self, f"lora_{name}_up"))
         if self.bias is not None and not bias_added:
             y = y + self.bias.to(y.dtype)
+        if activation is not None:
+            y = F.gelu(y, approximate="tanh" if activation == "gelu-tanh" else "none")
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def _plain_int8(self) -> bool:
@@ -467,7 +483,10 @@ class QuantLinear(nn.Module):
             y = F.linear(x, _dequantize(stored, x.dtype))
         return _add(y, branch, bias)
 
-    def _forward_int8(self, x, branch, bias, dtype):
+    def _forward_int8(self, x, branch, bias, dtype, activation=None, source=None):
+        """``activation`` is applied by the dynamic path's epilogue (the static one takes None);
+        ``source``: the layer's input before reshaping when ``x`` is it unchanged, so that layers
+        given the same input (attention's q, k, v) quantize it once."""
         if self.act_quantizer is not None:
             # Static: the quantizer's codes and scales; each part is one real int8 GEMM.
             w_codes, w_scale = self.act_quantizer.int8_weight(self)
@@ -478,12 +497,13 @@ class QuantLinear(nn.Module):
             return _add(y.mul_(w_scale.reshape(1, -1)), branch, bias)
         # per-token codes, the integer GEMM, one epilogue (scales, branch, bias, output dtype);
         # compiled into single passes on large CPU inputs, bit-identical to the eager ops
-        codes, scale = kernels.quantize_rows(x)
+        codes, scale = _quantized_input(x, source)
         if self._packed is not None and x.device.type == "cpu":  # AMX: the weight scale applied inside
-            acc = kernels.packed_int8_matmul(codes, *self._packed)
-            return kernels.scale_epilogue(acc, scale, None, branch, bias, dtype)
+            acc = kernels.packed_int8_matmul(codes, *self._packed,
+                                             dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+            return kernels.scale_epilogue(acc, scale, None, branch, bias, dtype, activation)
         w_codes, w_scale = self.int8_weight()
-        return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, branch, bias, dtype)
+        return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, branch, bias, dtype, activation)
 
     def _forward_nvfp4(self, x, branch, bias, dtype):
         # the per-tensor scale from every rank's tokens when a sequence-parallel model splits them
@@ -529,6 +549,31 @@ class QuantLinear(nn.Module):
 def branch_factors(down: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A LoRA's factors as the layers keep them: fp16 copies."""
     return down.detach().to(torch.float16).clone(), up.detach().to(torch.float16).clone()
+
+
+_SHARED = threading.local()  # the last input quantized per token, and its codes (one per thread)
+
+
+def _quantized_input(x: torch.Tensor, source: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token INT8 codes and scales of ``x`` (2-D); when ``source`` (the tensor ``x`` was reshaped
+    from) is the input the previous call quantized, unchanged since, its codes — a diffusers
+    attention passes one tensor to ``to_q``, ``to_k`` and ``to_v``. The codes live as long as
+    ``source`` does. Not remembered: inference-mode tensors (no version counter tells an in-place
+    change) and anything inside a ``torch.compile`` graph (the graph fuses it)."""
+    if source is None or torch.compiler.is_compiling() or source.is_inference():  # inference tensors: no version
+        return kernels.quantize_rows(x)
+    last = getattr(_SHARED, "entry", None)
+    if last is not None and last[0]() is source and last[1] == source._version:
+        return last[2], last[3]
+    codes, scale = kernels.quantize_rows(x)
+    _SHARED.entry = (weakref.ref(source, _forget), source._version, codes, scale)
+    return codes, scale
+
+
+def _forget(ref: weakref.ref) -> None:
+    """The remembered input is gone: drop its codes with it."""
+    if getattr(_SHARED, "entry", (None,))[0] is ref:
+        _SHARED.entry = None
 
 
 def low_rank(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
