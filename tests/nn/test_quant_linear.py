@@ -244,3 +244,32 @@ def test_layers_given_one_input_quantize_it_once(monkeypatch):
     rotated = QuantLinear.from_linear(torch.nn.Linear(64, 32), "int8", hadamard_block=32, act_mode="int8")
     layers[0](x)  # x's codes remembered; a layer that rotates x first quantizes what it multiplies
     assert torch.equal(rotated(x), rotated(x.clone()))
+
+
+def test_bf16_inputs_are_rotated_inside_the_quantization(monkeypatch):
+    """A bf16 input of a rotating INT8 layer: one bf16 GEMM by the ±1 matrix, 1/√b in the token
+    scales, the branch on the unrotated input with its down factor rotated — the fp32 rotation's
+    result up to bf16 rounding, and q, k, v share the rotated codes."""
+    from sixbit import kernels
+
+    torch.manual_seed(0)
+    assert torch.equal(hadamard.rotate_unnormalized(torch.eye(32), 32), (hadamard.hadamard_matrix(32) * 32 ** 0.5).round())
+    x = torch.randn(2, 9, 128) * torch.exp(torch.randn(128))
+    torch.testing.assert_close(hadamard.rotate_unnormalized(x, 32) / 32 ** 0.5, hadamard.rotate(x, 32))
+    layers = []
+    for _ in range(3):
+        layer = QuantLinear.from_linear(torch.nn.Linear(128, 48), "nvfp4", hadamard_block=32, act_mode="int8")
+        layer.lowrank_up, layer.lowrank_down = torch.randn(48, 4) * 0.1, torch.randn(4, 128) * 0.1
+        layers.append(layer.to(torch.bfloat16))
+    xb = x.bfloat16()
+    calls = []
+    quantize = kernels.quantize_rows
+    monkeypatch.setattr(kernels, "quantize_rows", lambda t: calls.append(t.dtype) or quantize(t))
+    late = [layer(xb) for layer in layers]
+    assert calls == [torch.bfloat16]  # one quantization of the bf16 rotation for the three layers
+    monkeypatch.setattr(QuantLinear, "_late_rotation", lambda *args: False)
+    early = [layer(xb) for layer in layers]
+    assert calls[1:] == [torch.float32] * 3
+    for a, b in zip(late, early):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b.float(), rtol=0.02, atol=0.02 * b.abs().max().item())

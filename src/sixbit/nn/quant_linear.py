@@ -421,16 +421,19 @@ class QuantLinear(nn.Module):
             w_codes, w_scale = self.int8_weight()
             y = kernels.int8_linear(x2, w_codes, w_scale, self.hadamard_block)
             return self._finish(x, y, lead, activation=activation)
-        if mode is ActMode.NVFP4 or (mode is ActMode.INT8 and not self._plain_int8()):
+        late = self._late_rotation(mode, x2)
+        if not late and (mode is ActMode.NVFP4 or (mode is ActMode.INT8 and not self._plain_int8())):
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
-        if self.hadamard_block is not None:
+        if self.hadamard_block is not None and not late:
             x2 = hadamard.rotate(x2, self.hadamard_block)
         static = self.act_quantizer is not None and mode is ActMode.INT8
         divided = self.input_divisor is not None and not static  # the static quantizer folds it into its scale
         if divided:
             x2 = x2 / self.input_divisor.to(x2.dtype)
         branch = None
-        if self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
+        if self.lowrank_up is not None and late:  # x·H·Dᵀ = x·(D·H)ᵀ: the unrotated input, D rotated
+            branch = low_rank(x2, hadamard.rotate(self.lowrank_down, self.hadamard_block), self.lowrank_up)
+        elif self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
             xb = x2 if divided or self.input_divisor is None else x2 / self.input_divisor.to(x2.dtype)
             branch = low_rank(xb, self.lowrank_down, self.lowrank_up)
         # LoRAs come before the bias: with them, the bias waits for _finish
@@ -439,7 +442,8 @@ class QuantLinear(nn.Module):
         fused = None  # the activation applied by the INT8 epilogue (not after LoRAs: they come first)
         if mode is ActMode.INT8 and self.act_quantizer is None:
             fused = None if self._loras else activation
-            y = self._forward_int8(x2, branch, bias, dtype, fused, x if self._plain_int8() else None)
+            y = self._forward_int8(x2, branch, bias, dtype, fused, x if self._plain_int8() or late else None,
+                                   self.hadamard_block if late else None)
         else:
             y = _PATHS[mode](self, x2, branch, bias, dtype)
         return self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
@@ -465,6 +469,13 @@ class QuantLinear(nn.Module):
         return (self.hadamard_block is None and self.input_divisor is None and self.lowrank_up is None
                 and self.act_quantizer is None)
 
+    def _late_rotation(self, mode: ActMode, x: torch.Tensor) -> bool:
+        """Whether a bf16 input of a rotating layer in dynamic INT8 is rotated by the quantization
+        (:func:`_quantized_input`: one bf16 GEMM by the ±1 matrix, the 1/√b in the token scales;
+        no fp32 copy) rather than in fp32 first."""
+        return (mode is ActMode.INT8 and self.hadamard_block is not None and self.act_quantizer is None
+                and x.dtype == torch.bfloat16)
+
     def _fused_int8(self, mode: ActMode, x: torch.Tensor) -> bool:
         """Whether this call takes the fused Triton INT8 path (CUDA; nothing between the rotation
         and the quantization: no divisor, static quantizer or low-rank branch)."""
@@ -483,8 +494,9 @@ class QuantLinear(nn.Module):
             y = F.linear(x, _dequantize(stored, x.dtype))
         return _add(y, branch, bias)
 
-    def _forward_int8(self, x, branch, bias, dtype, activation=None, source=None):
+    def _forward_int8(self, x, branch, bias, dtype, activation=None, source=None, block=None):
         """``activation`` is applied by the dynamic path's epilogue (the static one takes None);
+        ``block``: the Hadamard block ``x`` is still to be rotated by (see :meth:`_late_rotation`);
         ``source``: the layer's input before reshaping when ``x`` is it unchanged, so that layers
         given the same input (attention's q, k, v) quantize it once."""
         if self.act_quantizer is not None:
@@ -497,7 +509,7 @@ class QuantLinear(nn.Module):
             return _add(y.mul_(w_scale.reshape(1, -1)), branch, bias)
         # per-token codes, the integer GEMM, one epilogue (scales, branch, bias, output dtype);
         # compiled into single passes on large CPU inputs, bit-identical to the eager ops
-        codes, scale = _quantized_input(x, source)
+        codes, scale = _quantized_input(x, source, block)
         if self._packed is not None and x.device.type == "cpu":  # AMX: the weight scale applied inside
             acc = kernels.packed_int8_matmul(codes, *self._packed,
                                              dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
@@ -554,20 +566,29 @@ def branch_factors(down: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, 
 _SHARED = threading.local()  # the last input quantized per token, and its codes (one per thread)
 
 
-def _quantized_input(x: torch.Tensor, source: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token INT8 codes and scales of ``x`` (2-D); when ``source`` (the tensor ``x`` was reshaped
-    from) is the input the previous call quantized, unchanged since, its codes — a diffusers
-    attention passes one tensor to ``to_q``, ``to_k`` and ``to_v``. The codes live as long as
+def _quantized_input(x: torch.Tensor, source: torch.Tensor | None,
+                     block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token INT8 codes and scales of ``x`` (2-D), rotated first by the Hadamard ``block`` if
+    given; when ``source`` (the tensor ``x`` was reshaped from) is the input the previous call
+    quantized with the same ``block``, unchanged since, its codes — a diffusers attention passes
+    one tensor to ``to_q``, ``to_k`` and ``to_v``. The codes live as long as
     ``source`` does. Not remembered: inference-mode tensors (no version counter tells an in-place
     change) and anything inside a ``torch.compile`` graph (the graph fuses it)."""
     if source is None or torch.compiler.is_compiling() or source.is_inference():  # inference tensors: no version
-        return kernels.quantize_rows(x)
+        return _quantize_rows(x, block)
     last = getattr(_SHARED, "entry", None)
-    if last is not None and last[0]() is source and last[1] == source._version:
-        return last[2], last[3]
-    codes, scale = kernels.quantize_rows(x)
-    _SHARED.entry = (weakref.ref(source, _forget), source._version, codes, scale)
+    if last is not None and last[0]() is source and last[1] == source._version and last[2] == block:
+        return last[3], last[4]
+    codes, scale = _quantize_rows(x, block)
+    _SHARED.entry = (weakref.ref(source, _forget), source._version, block, codes, scale)
     return codes, scale
+
+
+def _quantize_rows(x: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if block is None:
+        return kernels.quantize_rows(x)
+    codes, scale = kernels.quantize_rows(hadamard.rotate_unnormalized(x, block))
+    return codes, scale * block ** -0.5
 
 
 def _forget(ref: weakref.ref) -> None:

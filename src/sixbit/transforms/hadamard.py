@@ -61,3 +61,18 @@ def rotate(x: torch.Tensor, block: int) -> torch.Tensor:
     h = _matrix(block, work.dtype, str(x.device))
     blocks = work.reshape(*x.shape[:-1], x.shape[-1] // block, block)
     return (blocks @ h).reshape(x.shape).to(x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _signs(block: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    return (_matrix(block, torch.float64, "cpu") * math.sqrt(block)).round().to(dtype=dtype, device=device)
+
+
+def rotate_unnormalized(x: torch.Tensor, block: int) -> torch.Tensor:
+    """``x·(√b·H)``: the rotation by the ±1 Sylvester matrix, exact in every dtype, computed in
+    ``x``'s dtype (a bf16 input: one bf16 GEMM accumulating in fp32, one rounding — no fp32 copy
+    of ``x``). ``rotate(x, b) = rotate_unnormalized(x, b) / √b``; a per-token quantization of it
+    needs only its scales divided by ``√b``."""
+    check_block(x.shape[-1], block)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    return (blocks @ _signs(block, x.dtype, str(x.device))).reshape(x.shape)
