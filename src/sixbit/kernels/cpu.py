@@ -18,7 +18,7 @@ import torch
 
 def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     """The full-precision dtype a user who wants speed runs on ``device``: bf16 on GPUs and on
-    CPUs that multiply it natively (AVX512-BF16 or AMX: 2–2.6× fp32's speed measured here), fp32
+    CPUs that multiply it natively (AVX512-BF16 or AMX: 2–3.7× fp32's speed measured here), fp32
     on other CPUs. Speedups in sixbit's benchmarks are quoted against it.
 
     Example:
