@@ -508,7 +508,8 @@ class QuantLinear(nn.Module):
                 y = part if y is None else y.add_(part)
             return _add(y.mul_(w_scale.reshape(1, -1)), branch, bias)
         # per-token codes, the integer GEMM, one epilogue (scales, branch, bias, output dtype);
-        # compiled into single passes on large CPU inputs, bit-identical to the eager ops
+        # compiled into single passes on large CPU inputs, bit-identical to the eager ops (an
+        # activation's exponential: to the last fp32 bit)
         codes, scale = _quantized_input(x, source, block)
         if self._packed is not None and x.device.type == "cpu":  # AMX: the weight scale applied inside
             acc = kernels.packed_int8_matmul(codes, *self._packed,

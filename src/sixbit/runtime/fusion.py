@@ -2,7 +2,8 @@
 
 diffusers' feed-forward runs ``GELU(proj(x))`` as two passes over the (tokens, 4·hidden) output:
 the linear writes it, the activation reads it and writes it again. At CogVideoX-2B size on a
-CPU the activation alone took as long as a third of the INT8 GEMM before it. With
+CPU the activation alone took about as long as the INT8 GEMM before it (0.6 s of a 6 s call,
+BENCHMARKS.md ``cpu-speed``). With
 :func:`fuse_activations`, each diffusers ``GELU`` module whose ``proj`` is a :class:`QuantLinear`
 calls ``proj(x, activation=…)`` instead: in INT8 mode the epilogue that scales the integer
 accumulator applies the GELU in the same pass (fp32, before the one rounding to the output
