@@ -41,15 +41,6 @@ def token_max(t: torch.Tensor) -> torch.Tensor:
     return _reduce(t, torch.distributed.ReduceOp.MAX) if _group is not None else t
 
 
-def token_mean(t: torch.Tensor) -> torch.Tensor:
-    """The mean of ``t``'s elements over every rank's tokens, in fp32."""
-    if _group is None:
-        return t.mean(dtype=torch.float32)
-    total = t.sum(dtype=torch.float32)
-    total, count = _reduce(torch.stack([total, total.new_tensor(float(t.numel()))]), torch.distributed.ReduceOp.SUM)
-    return total / count
-
-
 @torch.compiler.disable
 def _reduce(t: torch.Tensor, op) -> torch.Tensor:
     out = t.detach().clone()

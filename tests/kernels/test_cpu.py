@@ -139,3 +139,19 @@ def test_compiled_weight_dequantization_equals_the_formats(compiled):
         got = compiled.nvfp4_dequantize(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(), dtype)
         assert torch.equal(got, q.dequantize(dtype))
         assert torch.equal(compiled.int8_dequantize(i8.values(), i8.scale, dtype), i8.dequantize(dtype))
+
+
+def test_compiled_abs_reductions_equal_the_eager_ones(compiled):
+    """The delta cache's statistics: one pass each, the eager values up to summation order."""
+    torch.manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = (torch.randn(2, 37, 96) * 3).to(dtype)
+        amax, total = compiled.abs_max_sum(x)
+        ref_max, ref_sum = compiled.abs_max_sum_reference(x)
+        assert torch.equal(amax, ref_max) and amax.dtype == torch.float32
+        torch.testing.assert_close(total, ref_sum, rtol=1e-5, atol=0)
+        torch.testing.assert_close(total, x.float().abs().sum(), rtol=1e-5, atol=0)
+        per_sample = compiled.abs_sum_per_sample(x)
+        assert per_sample.shape == (2,)
+        torch.testing.assert_close(per_sample, x.float().abs().sum((1, 2)), rtol=1e-5, atol=0)
+    assert {"abs_max_sum_reference", "abs_sum_per_sample_reference"} <= set(compiled._COMPILED)

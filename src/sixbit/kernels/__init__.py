@@ -5,6 +5,10 @@
 
 from .cpu import (
     ACTIVATIONS,
+    abs_max_sum,
+    abs_max_sum_reference,
+    abs_sum_per_sample,
+    abs_sum_per_sample_reference,
     amx_int8,
     compiled_cpu_ops,
     fastest_float_dtype,
@@ -42,6 +46,10 @@ from .triton.gemm import weight4_linear, weight4_linear_reference, weight4_suppo
 
 __all__ = [
     "ACTIVATIONS",
+    "abs_max_sum",
+    "abs_max_sum_reference",
+    "abs_sum_per_sample",
+    "abs_sum_per_sample_reference",
     "amx_int8",
     "available",
     "compiled_cpu_ops",

@@ -213,6 +213,28 @@ def scale_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tens
     return _run(scale_epilogue_reference, acc, x_scale, w_scale, extra, bias, dtype, activation)
 
 
+def abs_max_sum_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``max |x|`` and ``Σ |x|`` in fp32 (0-d tensors)."""
+    a = x.detach().float().abs()
+    return a.amax(), a.sum()
+
+
+def abs_max_sum(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`abs_max_sum_reference`, compiled into one pass on large CPU inputs (no ``|x|``
+    written: the delta cache's refresh check reads every linear input of a refreshed block)."""
+    return _run(abs_max_sum_reference, x)
+
+
+def abs_sum_per_sample_reference(x: torch.Tensor) -> torch.Tensor:
+    """``Σ |x|`` over all but the first (batch) dimension, in fp32: shape ``(B,)``."""
+    return x.detach().float().abs().reshape(x.shape[0], -1).sum(1)
+
+
+def abs_sum_per_sample(x: torch.Tensor) -> torch.Tensor:
+    """:func:`abs_sum_per_sample_reference`, compiled into one pass on large CPU inputs."""
+    return _run(abs_sum_per_sample_reference, x)
+
+
 def nvfp4_dequantize_reference(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
                                table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Rows of an NVFP4 weight (``codes`` (n, K/2) uint8, low nibble first; E4M3 ``scales``

@@ -55,8 +55,8 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from ... import formats
-from ..._distributed import token_max, token_mean
+from ... import formats, kernels
+from ..._distributed import token_max, token_sum
 from ..._validate import report, type_problems
 from ...models import iter_blocks
 from ...nn.precision import ActMode, Level, gemm_flops
@@ -395,8 +395,9 @@ def _purify(cache: DeltaCache, layer: nn.Module, x: torch.Tensor) -> ActMode | N
     mode = scope.decide(layer, x, below=Level.REFRESH) or layer.act_mode
     if mode is ActMode.FP:
         return None
-    a = x.detach().abs()
-    if float(token_max(a.amax())) <= cache.config.pdr_outlier_ratio * float(token_mean(a)):  # every rank's tokens
+    amax, total = kernels.abs_max_sum(x)  # one pass; every rank's tokens below
+    total, count = token_sum(torch.stack([total, total.new_tensor(float(x.numel()))])).unbind(0)
+    if float(token_max(amax)) <= cache.config.pdr_outlier_ratio * float(total / count):
         return None
     report = cache.reports.current
     report.pdr_full_precision_calls += 1
