@@ -34,14 +34,17 @@ def _loop(tm):
     return torch.stack(outs)
 
 
-@pytest.mark.parametrize("preset", ["w8a8", "w4a8", "balanced"])
+@pytest.mark.parametrize("preset", ["w8a8", "w4a8", "balanced", "w8a8 + kept INT8"])
 def test_compiled_transformer_matches_eager(preset):
     tm = build_tiny("cogvideox")
-    config = named_preset(preset)
+    kept = preset.endswith(" + kept INT8")  # packed operands and the GELU fused into its linear
+    config = named_preset(preset.removesuffix(" + kept INT8"))
     if config.dmpq is not None:  # a one-cell video grid keeps the calibration short; DMPQ kept on this CPU
         config = dataclasses.replace(config, dmpq=dataclasses.replace(config.dmpq, step_groups=1, block_groups=1,
                                                                       low="nvfp4"))
     sixbit.convert_model(tm.model, (lambda: _loop(tm)) if config.needs_calibration else None, config)
+    if kept:
+        sixbit.keep_int8_weights(tm.model)
     eager = _loop(tm)
     dynamo.reset()
     dynamo.utils.counters.clear()
