@@ -41,6 +41,14 @@ def token_max(t: torch.Tensor) -> torch.Tensor:
     return _reduce(t, torch.distributed.ReduceOp.MAX) if _group is not None else t
 
 
+def token_mean_of_sum(total: torch.Tensor, count: int) -> torch.Tensor:
+    """``total / count`` over every rank's tokens, for ``total`` this rank's sum of ``count`` elements."""
+    if _group is None:
+        return total / count
+    total, count = _reduce(torch.stack([total, total.new_tensor(float(count))]), torch.distributed.ReduceOp.SUM)
+    return total / count
+
+
 @torch.compiler.disable
 def _reduce(t: torch.Tensor, op) -> torch.Tensor:
     out = t.detach().clone()

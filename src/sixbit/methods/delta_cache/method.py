@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from ... import formats, kernels
-from ..._distributed import token_max, token_sum
+from ..._distributed import token_max, token_mean_of_sum
 from ..._validate import report, type_problems
 from ...models import iter_blocks
 from ...nn.precision import ActMode, Level, gemm_flops
@@ -395,9 +395,9 @@ def _purify(cache: DeltaCache, layer: nn.Module, x: torch.Tensor) -> ActMode | N
     mode = scope.decide(layer, x, below=Level.REFRESH) or layer.act_mode
     if mode is ActMode.FP:
         return None
-    amax, total = kernels.abs_max_sum(x)  # one pass; every rank's tokens below
-    total, count = token_sum(torch.stack([total, total.new_tensor(float(x.numel()))])).unbind(0)
-    if float(token_max(amax)) <= cache.config.pdr_outlier_ratio * float(total / count):
+    amax, total = kernels.abs_max_sum(x)  # one pass
+    mean = token_mean_of_sum(total, x.numel())  # every rank's tokens
+    if float(token_max(amax)) <= cache.config.pdr_outlier_ratio * float(mean):
         return None
     report = cache.reports.current
     report.pdr_full_precision_calls += 1
