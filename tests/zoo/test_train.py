@@ -3,11 +3,12 @@
 import json
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from sixbit.zoo.shapes import load_pipeline
-from sixbit.zoo.shapes.train import main, training_batch
+from sixbit.zoo.shapes.train import flow_times, main, training_batch
 
 
 def _weights(folder):
@@ -29,6 +30,28 @@ def test_training_batch_is_deterministic_with_cfg_dropout():
     assert v1.min() >= -1 and v1.max() <= 1
     assert 10 < c1.count("") < 54  # about half the captions dropped to the unconditional prompt
     assert any("background" in c for c in c1) and any(c and "background" not in c for c in c1)
+
+
+def test_flow_times_uniform_and_logit_normal():
+    u = flow_times(20_000, torch.Generator().manual_seed(0), "uniform")
+    ln = flow_times(20_000, torch.Generator().manual_seed(0), "logit-normal")
+    assert 0 < float(u.min()) and float(u.max()) < 1 and 0 < float(ln.min()) and float(ln.max()) < 1
+    # logit-normal: symmetric about 1/2, its logit a standard normal, so far fewer times near the ends.
+    logit = torch.log(ln / (1 - ln))
+    assert abs(float(logit.mean())) < 0.03 and abs(float(logit.std()) - 1) < 0.03
+    assert float((ln < 0.1).float().mean()) < 0.5 * float((u < 0.1).float().mean())
+    with pytest.raises(ValueError, match="logit-normal"):
+        flow_times(4, torch.Generator(), "cosine")
+
+
+def test_training_batch_draws_objects_in_the_size_range():
+    small, _ = training_batch(3, seed=0, batch_size=32, cfg_dropout=0.0, size_range=(9.0, 9.0))
+    large, _ = training_batch(3, seed=0, batch_size=32, cfg_dropout=0.0, size_range=(16.0, 16.0))
+    # Saturation (object coverage) grows with the object's area: (16 / 9)^2 ~ 3.2x.
+    def area(v):
+        v = (v + 1) / 2
+        return float((v.amax(dim=2) - v.amin(dim=2)).sum())
+    assert 2.8 < area(large) / area(small) < 3.6
 
 
 def test_train_is_deterministic_resumable_and_loadable(tmp_path):

@@ -32,6 +32,18 @@ def test_specs_cover_every_attribute_value():
     assert {s.background for s in specs} == set(world.BACKGROUNDS)
 
 
+def test_size_range_is_drawn_and_checked():
+    specs = sample_specs(200, seed=1, size_range=(13.0, 16.0))
+    assert 13.0 <= min(s.size for s in specs) and max(s.size for s in specs) <= 16.0
+    # The largest allowed object, on its longest travel, still never touches the border pixels.
+    video = render(sample_specs(100, seed=2, size_range=(16.0, 16.0))).numpy()
+    sat = video.max(axis=2) - video.min(axis=2)  # (B, F, H, W)
+    assert sat[..., 0, :].max() == sat[..., -1, :].max() == sat[..., 0].max() == sat[..., -1].max() == 0
+    for bad in ((0.0, 10.0), (12.0, 9.0), (13.0, 17.0)):
+        with pytest.raises(ValueError, match="size_range"):
+            sample_specs(1, seed=0, size_range=bad)
+
+
 def test_render_shape_range_and_fixed_attributes():
     specs = sample_specs(4, seed=3, color="blue", shape="triangle")
     video = render(specs)

@@ -46,15 +46,16 @@ from safetensors.torch import load_file, save_file
 
 from . import WEIGHTS_DIR, make_pipeline
 from .models import predict_velocity
-from .world import sample_specs, render
+from .world import SIZE_RANGE, render, sample_specs
 
 logger = logging.getLogger(__name__)
 
 
-def training_batch(step: int, seed: int, batch_size: int, cfg_dropout: float):
+def training_batch(step: int, seed: int, batch_size: int, cfg_dropout: float, size_range=SIZE_RANGE,
+                   jitter: float | None = None):
     """(videos in [-1, 1] (B, F, 3, H, W), captions) for training step ``step``."""
     rng = np.random.default_rng((seed, step))
-    specs = sample_specs(batch_size, seed=int(rng.integers(2**62)))
+    specs = sample_specs(batch_size, seed=int(rng.integers(2**62)), size_range=tuple(size_range), jitter=jitter)
     captions = []
     for spec in specs:
         if rng.random() < cfg_dropout:
@@ -64,10 +65,22 @@ def training_batch(step: int, seed: int, batch_size: int, cfg_dropout: float):
     return render(specs) * 2 - 1, captions
 
 
-def flow_matching_loss(arch, transformer, text_encoder, videos, captions, generator):
-    """Mean squared error between predicted and true velocity at uniformly drawn flow times."""
+def flow_times(b: int, generator, kind: str = "uniform", mean: float = 0.0) -> torch.Tensor:
+    """``b`` flow times in (0, 1): ``"uniform"``, or ``"logit-normal"`` (sigmoid of a normal with
+    ``mean`` and SD 1: trains the middle times, where layout and shape are decided, more than the
+    ends; ``mean > 0`` leans toward the noisy end)."""
+    if kind == "uniform":
+        return torch.rand(b, generator=generator)
+    if kind == "logit-normal":
+        return torch.sigmoid(torch.randn(b, generator=generator) + mean)
+    raise ValueError(f"unknown flow-time distribution {kind!r}; choose 'uniform' or 'logit-normal'")
+
+
+def flow_matching_loss(arch, transformer, text_encoder, videos, captions, generator, timesteps: str = "uniform",
+                       t_mean: float = 0.0):
+    """Mean squared error between predicted and true velocity at flow times drawn by :func:`flow_times`."""
     b = videos.shape[0]
-    t = torch.rand(b, generator=generator)
+    t = flow_times(b, generator, timesteps, t_mean)
     noise = torch.randn(videos.shape, generator=generator)
     tt = t.view(b, 1, 1, 1, 1)
     x_t = (1 - tt) * videos + tt * noise
@@ -176,11 +189,11 @@ def train(args) -> Path:
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         for step in range(start, args.steps):
-            videos, captions = training_batch(step, args.seed, args.batch_size, args.cfg_dropout)
+            videos, captions = training_batch(step, args.seed, args.batch_size, args.cfg_dropout, args.size, args.jitter)
             generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
             for group in optimizer.param_groups:
                 group["lr"] = _lr(step, args.steps, args.lr, args.warmup)
-            loss = flow_matching_loss(args.arch, transformer, text_encoder, videos, captions, generator)
+            loss = flow_matching_loss(args.arch, transformer, text_encoder, videos, captions, generator, args.timesteps, args.t_mean)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -228,6 +241,13 @@ def main(argv=None) -> None:
     parser.add_argument("--ema", type=float, default=0.998)
     parser.add_argument("--cfg-dropout", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", type=float, nargs=2, default=list(SIZE_RANGE), metavar=("LOW", "HIGH"),
+                        help="object sizes in px (default: the world's)")
+    parser.add_argument("--timesteps", choices=["uniform", "logit-normal"], default="uniform",
+                        help="flow-time distribution of the training loss")
+    parser.add_argument("--t-mean", type=float, default=0.0, help="mean of the logit-normal's normal (> 0: noisier)")
+    parser.add_argument("--jitter", type=float, default=None,
+                        help="trajectory midpoints within this many px of the center (default: anywhere)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--save-every", type=int, default=250)

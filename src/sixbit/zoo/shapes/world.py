@@ -59,6 +59,8 @@ VOCABULARY: tuple[str, ...] = (
 )
 
 _SUPERSAMPLE = 4
+#: Default object sizes (px across) drawn by :func:`sample_specs`.
+SIZE_RANGE: tuple[float, float] = (9.0, 12.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,12 +144,22 @@ def parse_prompt(prompt: str) -> dict[str, str]:
     return found
 
 
-def sample_specs(n: int, seed: int, **fixed: str) -> list[VideoSpec]:
+def sample_specs(n: int, seed: int, size_range: tuple[float, float] = SIZE_RANGE, jitter: float | None = None,
+                 **fixed: str) -> list[VideoSpec]:
     """Draw ``n`` random specs deterministically from ``seed``.
 
     Attributes passed in ``fixed`` (``color``, ``shape``, ``direction``, ``background``) are
-    held at the given value; everything else is drawn.
+    held at the given value; everything else is drawn. Object sizes (px) are uniform in
+    ``size_range``; the largest size must leave room for the longest travel inside the frame.
+    Positions: anywhere the whole trajectory fits (``jitter=None``), or with the trajectory's
+    midpoint within ``jitter`` px of the frame center on each axis (clipped to where it fits).
     """
+    if jitter is not None and not jitter >= 0:
+        raise ValueError(f"jitter={jitter!r} must be None (anywhere) or >= 0 px")
+    lo_size, hi_size = size_range
+    if not 0 < lo_size <= hi_size <= min(HEIGHT, WIDTH) - 2 - 2.0 * (NUM_FRAMES - 1):
+        raise ValueError(f"size_range={size_range!r}: sizes must be 0 < low <= high <= "
+                         f"{min(HEIGHT, WIDTH) - 2 - 2.0 * (NUM_FRAMES - 1):g} px (the object and its travel fit the frame)")
     rng = np.random.default_rng(seed)
     specs = []
     for _ in range(n):
@@ -156,7 +168,7 @@ def sample_specs(n: int, seed: int, **fixed: str) -> list[VideoSpec]:
         direction = fixed.get("direction") or rng.choice(list(DIRECTIONS))
         background = fixed.get("background") or rng.choice(BACKGROUNDS)
         texture = rng.choice(TEXTURES)
-        size = float(rng.uniform(9.0, 12.0))
+        size = float(rng.uniform(lo_size, hi_size))
         speed = float(rng.uniform(1.5, 2.0))
         travel = speed * (NUM_FRAMES - 1)
         margin = size / 2 + 1.0
@@ -172,7 +184,11 @@ def sample_specs(n: int, seed: int, **fixed: str) -> list[VideoSpec]:
             hi_y -= travel
         elif dy < 0:
             lo_y += travel
-        x0, y0 = float(rng.uniform(lo_x, hi_x)), float(rng.uniform(lo_y, hi_y))
+        if jitter is None:
+            x0, y0 = float(rng.uniform(lo_x, hi_x)), float(rng.uniform(lo_y, hi_y))
+        else:
+            x0 = float(np.clip(WIDTH / 2 - dx * travel / 2 + rng.uniform(-jitter, jitter), lo_x, hi_x))
+            y0 = float(np.clip(HEIGHT / 2 - dy * travel / 2 + rng.uniform(-jitter, jitter), lo_y, hi_y))
         gray = float(rng.uniform(0.08, 0.55))
         # Textures are low contrast gray: second level 0.12-0.25 away, clipped into [0.02, 0.7].
         gray2 = float(np.clip(gray + rng.choice([-1, 1]) * rng.uniform(0.12, 0.25), 0.02, 0.7))
