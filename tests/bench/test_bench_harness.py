@@ -78,3 +78,18 @@ def test_one_slow_probe_does_not_move_a_speedup():
     assert by["bf16"]["speedup"] == 1.0 and by["bf16"]["speedup_fp32"] == 2.0 and by["fp"]["speedup"] == 0.5
     for i in range(5):  # the slow probe sits next to m1 and m2: the median of four ignores it
         assert by[f"m{i}"]["speedup"] == 2.0 and by[f"m{i}"]["speedup_fp32"] == 4.0
+
+
+def test_calibration_pairs_are_balanced_over_every_attribute():
+    from collections import Counter
+
+    from sixbit.bench.harness import calibration_pairs
+    from sixbit.zoo.shapes import HELDOUT_PAIRS, parse_prompt
+
+    for n in (4, 8, 12, 24):
+        pairs = calibration_pairs(n)
+        assert len({p for p, _ in pairs}) == n and [s for _, s in pairs] == list(range(20_000, 20_000 + n))
+        assert not {s for _, s in pairs} & {s for _, s in HELDOUT_PAIRS}
+        for key in ("color", "shape", "direction"):
+            counts = Counter(parse_prompt(p)[key] for p, _ in pairs)
+            assert max(counts.values()) - min(counts.values()) <= 1 and len(counts) == min(n, {"shape": 3}.get(key, 4))
