@@ -44,6 +44,20 @@ def test_size_range_is_drawn_and_checked():
             sample_specs(1, seed=0, size_range=bad)
 
 
+def test_jitter_keeps_trajectories_around_the_center():
+    # Every allowed size leaves room for a centered trajectory, so clipping only moves it closer.
+    for jitter in (0.0, 3.0):
+        specs = sample_specs(100, seed=3, size_range=(9.0, 16.0), jitter=jitter)
+        for spec in specs:
+            c = spec.centers()
+            assert (np.abs((c[0] + c[-1]) / 2 - world.WIDTH / 2) <= jitter + 1e-9).all()
+            assert (c - spec.size / 2 >= 1 - 1e-9).all() and (c + spec.size / 2 <= world.WIDTH - 1 + 1e-9).all()
+        assert jitter == 0 or len({round(s.x0 + s.y0, 3) for s in specs}) > 50
+    assert sample_specs(5, seed=1) == sample_specs(5, seed=1, jitter=None)
+    with pytest.raises(ValueError, match="jitter"):
+        sample_specs(1, seed=0, jitter=-1.0)
+
+
 def test_render_shape_range_and_fixed_attributes():
     specs = sample_specs(4, seed=3, color="blue", shape="triangle")
     video = render(specs)
