@@ -40,8 +40,15 @@ def test_flow_times_uniform_and_logit_normal():
     logit = torch.log(ln / (1 - ln))
     assert abs(float(logit.mean())) < 0.03 and abs(float(logit.std()) - 1) < 0.03
     assert float((ln < 0.1).float().mean()) < 0.5 * float((u < 0.1).float().mean())
+    # leaning toward noise (mean 1) nearly never trains t < 0.1; a uniform share of the batch does
+    leaned = flow_times(20_000, torch.Generator().manual_seed(0), "logit-normal", mean=1.0)
+    mixed = flow_times(20_000, torch.Generator().manual_seed(0), "logit-normal", mean=1.0, uniform_fraction=0.3)
+    assert float(leaned.median()) > 0.7 and float((leaned < 0.1).float().mean()) < 0.01
+    assert 0.025 < float((mixed < 0.1).float().mean()) < 0.04  # 0.3 * 0.1 + 0.7 * 0.007
     with pytest.raises(ValueError, match="logit-normal"):
         flow_times(4, torch.Generator(), "cosine")
+    with pytest.raises(ValueError, match="uniform_fraction"):
+        flow_times(4, torch.Generator(), "logit-normal", uniform_fraction=1.5)
 
 
 def test_training_batch_draws_objects_in_the_size_range():

@@ -65,22 +65,30 @@ def training_batch(step: int, seed: int, batch_size: int, cfg_dropout: float, si
     return render(specs) * 2 - 1, captions
 
 
-def flow_times(b: int, generator, kind: str = "uniform", mean: float = 0.0) -> torch.Tensor:
+def flow_times(b: int, generator, kind: str = "uniform", mean: float = 0.0, uniform_fraction: float = 0.0) -> torch.Tensor:
     """``b`` flow times in (0, 1): ``"uniform"``, or ``"logit-normal"`` (sigmoid of a normal with
     ``mean`` and SD 1: trains the middle times, where layout and shape are decided, more than the
-    ends; ``mean > 0`` leans toward the noisy end)."""
+    ends; ``mean > 0`` leans toward the noisy end), of which a ``uniform_fraction`` of the batch is
+    drawn uniformly instead (the logit-normal alone almost never trains the last, least noisy steps
+    of sampling, which clean the background and the object's interior)."""
+    if not 0.0 <= uniform_fraction <= 1.0:
+        raise ValueError(f"uniform_fraction={uniform_fraction!r} must be in [0, 1]")
     if kind == "uniform":
         return torch.rand(b, generator=generator)
     if kind == "logit-normal":
-        return torch.sigmoid(torch.randn(b, generator=generator) + mean)
+        t = torch.sigmoid(torch.randn(b, generator=generator) + mean)
+        if uniform_fraction > 0:
+            pick = torch.rand(b, generator=generator) < uniform_fraction
+            t = torch.where(pick, torch.rand(b, generator=generator), t)
+        return t
     raise ValueError(f"unknown flow-time distribution {kind!r}; choose 'uniform' or 'logit-normal'")
 
 
 def flow_matching_loss(arch, transformer, text_encoder, videos, captions, generator, timesteps: str = "uniform",
-                       t_mean: float = 0.0):
+                       t_mean: float = 0.0, uniform_fraction: float = 0.0):
     """Mean squared error between predicted and true velocity at flow times drawn by :func:`flow_times`."""
     b = videos.shape[0]
-    t = flow_times(b, generator, timesteps, t_mean)
+    t = flow_times(b, generator, timesteps, t_mean, uniform_fraction)
     noise = torch.randn(videos.shape, generator=generator)
     tt = t.view(b, 1, 1, 1, 1)
     x_t = (1 - tt) * videos + tt * noise
@@ -193,7 +201,8 @@ def train(args) -> Path:
             generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
             for group in optimizer.param_groups:
                 group["lr"] = _lr(step, args.steps, args.lr, args.warmup)
-            loss = flow_matching_loss(args.arch, transformer, text_encoder, videos, captions, generator, args.timesteps, args.t_mean)
+            loss = flow_matching_loss(args.arch, transformer, text_encoder, videos, captions, generator, args.timesteps, args.t_mean,
+                                      args.uniform_fraction)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -246,6 +255,8 @@ def main(argv=None) -> None:
     parser.add_argument("--timesteps", choices=["uniform", "logit-normal"], default="uniform",
                         help="flow-time distribution of the training loss")
     parser.add_argument("--t-mean", type=float, default=0.0, help="mean of the logit-normal's normal (> 0: noisier)")
+    parser.add_argument("--uniform-fraction", type=float, default=0.0,
+                        help="with --timesteps logit-normal: this fraction of each batch draws its time uniformly")
     parser.add_argument("--jitter", type=float, default=None,
                         help="trajectory midpoints within this many px of the center (default: anywhere)")
     parser.add_argument("--threads", type=int, default=2)
