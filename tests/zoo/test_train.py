@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from sixbit.zoo.shapes import load_pipeline
-from sixbit.zoo.shapes.train import flow_times, main, training_batch
+from sixbit.zoo.shapes.train import flow_times, main, object_weights, training_batch
+from sixbit.zoo.shapes.world import VideoSpec, render
 
 
 def _weights(folder):
@@ -61,6 +62,16 @@ def test_training_batch_draws_objects_in_the_size_range():
     assert 2.8 < area(large) / area(small) < 3.6
 
 
+def test_object_weights_cover_the_object_and_two_pixels_around_it():
+    spec = VideoSpec("blue", "square", "right", "textured", size=10.0, speed=2.0, x0=8.0, y0=16.0)
+    video = render([spec]) * 2 - 1
+    w = object_weights(video, 4.0)[0, 0, 0]  # frame 0: the square covers x, y in [3, 13) and [11, 21)
+    assert w.shape == (32, 32) and set(w.unique().tolist()) == {1.0, 5.0}
+    rows, cols = (w > 1).nonzero(as_tuple=True)
+    assert (int(rows.min()), int(rows.max()), int(cols.min()), int(cols.max())) == (9, 22, 1, 14)
+    assert bool((object_weights(video, 0.0) == 1).all())
+
+
 def test_train_is_deterministic_resumable_and_loadable(tmp_path):
     a = _train(tmp_path, "a")
     b = _train(tmp_path, "b")
@@ -72,6 +83,12 @@ def test_train_is_deterministic_resumable_and_loadable(tmp_path):
     assert all(torch.equal(wa[k], wc[k]) for k in wa)  # stop + resume == one run
     meta = json.loads((a / "training.json").read_text())
     assert meta["step"] == 4 and meta["arch"] == "wan"
+    recipe = ("--size", "13", "16", "--jitter", "3", "--timesteps", "logit-normal", "--t-mean", "1",
+              "--uniform-fraction", "0.3", "--object-weight", "4")
+    d, e = _weights(_train(tmp_path, "d", *recipe)), _weights(_train(tmp_path, "e", *recipe))
+    assert all(torch.equal(d[k], e[k]) for k in d)
+    assert not all(torch.equal(wa[k], d[k]) for k in wa)
+    assert json.loads((tmp_path / "d" / "training.json").read_text())["object_weight"] == 4
     pipe = load_pipeline("wan", path=a)
     assert pipe.transformer.dtype == torch.float32
     frames = pipe("a red circle moving right", num_inference_steps=2).frames
