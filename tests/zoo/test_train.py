@@ -93,3 +93,15 @@ def test_train_is_deterministic_resumable_and_loadable(tmp_path):
     assert pipe.transformer.dtype == torch.float32
     frames = pipe("a red circle moving right", num_inference_steps=2).frames
     assert frames.shape == (1, 8, 32, 32, 3) and np.isfinite(frames).all()
+
+
+def test_eval_pairs_records_an_adherence_curve(tmp_path):
+    out = _train(tmp_path, "a", "--steps", "2", "--save-every", "1", "--eval-pairs", "2")
+    curve = json.loads((out / "training.json").read_text())["adherence"]
+    assert [p["step"] for p in curve] == [1, 2]
+    assert set(curve[0]) == {"step", "color", "shape", "direction", "all", "flicker"}
+    assert all(0 <= p[k] <= 1 for p in curve for k in ("color", "shape", "direction", "all"))
+    # a resumed run keeps the points up to where it resumed
+    _train(tmp_path, "b", "--steps", "2", "--save-every", "1", "--eval-pairs", "1", "--stop-at", "1")
+    resumed = _train(tmp_path, "b", "--steps", "2", "--save-every", "1", "--eval-pairs", "1", "--resume")
+    assert [p["step"] for p in json.loads((resumed / "training.json").read_text())["adherence"]] == [1, 2]

@@ -185,6 +185,24 @@ def export(pipe, params, ema, out: Path, meta: dict) -> None:
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def _evaluate(arch: str, out: Path, step: int, pairs: int, curve: list) -> None:
+    """Judge the weights just exported to ``out`` on ``pairs`` held-out pairs; the point joins
+    ``curve`` (the adherence learning curve) and ``training.json``."""
+    from sixbit.eval.shapes import evaluate_pipeline
+
+    from . import heldout_pairs, load_pipeline
+
+    t0 = time.time()
+    report = evaluate_pipeline(load_pipeline(arch, path=out), heldout_pairs(pairs))
+    point = {"step": step, **{k: round(v, 4) for k, v in report.accuracy.items()}, "flicker": round(report.flicker, 4)}
+    curve.append(point)
+    meta_path = out / "training.json"
+    meta = json.loads(meta_path.read_text())
+    meta["adherence"] = curve
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    logger.info("step %d: %s (%.0f s)", step, report, time.time() - t0)
+
+
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -208,6 +226,9 @@ def train(args) -> Path:
     t0, losses = time.time(), []
     meta = {k: v for k, v in vars(args).items() if k not in ("out", "state", "resume")}
     meta.update(transformer_parameters=n_params, started_at_step=start)
+    old_meta = out / "training.json"
+    curve = json.loads(old_meta.read_text()).get("adherence", []) if args.resume and old_meta.is_file() else []
+    curve = [point for point in curve if point["step"] <= start]
     done = start
     # SIGTERM (e.g. `kill PID` of a background run, where SIGINT is often ignored) stops cleanly too.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -238,17 +259,19 @@ def train(args) -> Path:
                 losses, t0 = [], time.time()
             if done % args.save_every == 0 or done == args.steps:
                 _save_state(state_path, done, modules, ema, optimizer)
-                export(pipe, params, ema, out, {**meta, "step": done})
+                export(pipe, params, ema, out, {**meta, "step": done, "adherence": curve})
                 logger.info("saved step %d to %s and %s", done, out, state_path)
+                if args.eval_pairs:
+                    _evaluate(args.arch, out, done, args.eval_pairs, curve)
             if args.stop_at is not None and done >= args.stop_at:
                 _save_state(state_path, done, modules, ema, optimizer)
-                export(pipe, params, ema, out, {**meta, "step": done, "stopped_at": done})
+                export(pipe, params, ema, out, {**meta, "step": done, "stopped_at": done, "adherence": curve})
                 logger.info("stopped at step %d of %d (--stop-at); continue with --resume", done, args.steps)
                 break
     except KeyboardInterrupt:
         # Stop cleanly: keep what was trained so far, resumable with --resume.
         _save_state(state_path, done, modules, ema, optimizer)
-        export(pipe, params, ema, out, {**meta, "step": done, "interrupted": True})
+        export(pipe, params, ema, out, {**meta, "step": done, "interrupted": True, "adherence": curve})
         logger.info("interrupted: saved step %d to %s and %s", done, out, state_path)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -275,6 +298,9 @@ def main(argv=None) -> None:
                         help="with --timesteps logit-normal: this fraction of each batch draws its time uniformly")
     parser.add_argument("--object-weight", type=float, default=0.0,
                         help="extra loss weight on the object and 2 px around it (0: plain MSE)")
+    parser.add_argument("--eval-pairs", type=int, default=0,
+                        help="judge every saved checkpoint on this many held-out pairs (48: all; 0: off); "
+                             "the learning curve goes into training.json")
     parser.add_argument("--jitter", type=float, default=None,
                         help="trajectory midpoints within this many px of the center (default: anywhere)")
     parser.add_argument("--threads", type=int, default=2)
