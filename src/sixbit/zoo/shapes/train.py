@@ -21,6 +21,13 @@ Shipped weights (``weights/<arch>``): ``--steps 2200`` with the defaults otherwi
 shape last (see BENCHMARKS.md). To train further, resume with a longer schedule, e.g.
 ``--steps 6000 --resume`` (the learning rate then follows the longer cosine from the resumed step).
 
+Recipe options (defaults reproduce the shipped weights): ``--size LOW HIGH`` (object sizes, px),
+``--jitter PX`` (trajectories centered within that many px), ``--timesteps logit-normal`` with
+``--t-mean`` (train the noisy times, where shape and motion are decided, more) and
+``--uniform-fraction`` (a uniform share for the clean end), ``--object-weight`` (extra loss weight on
+the object's pixels). ``--eval-pairs 48`` judges each saved checkpoint on the held-out pairs and
+writes the adherence learning curve into ``training.json``.
+
 Stopping: Ctrl-C or SIGTERM saves the state and the EMA weights reached so far (``--resume``
 continues); ``--stop-at N`` does the same at a chosen step.
 
