@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..._io import write_text_atomic
 from . import WEIGHTS_DIR, make_pipeline
 from .models import predict_velocity
 from .world import SIZE_RANGE, render, sample_specs
@@ -189,7 +190,7 @@ def export(pipe, params, ema, out: Path, meta: dict) -> None:
         snapshot.to(torch.float16).save_pretrained(out, safe_serialization=True)
     finally:
         diffusers_logging.set_verbosity(verbosity)
-    (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(out / "training.json", json.dumps(meta, indent=2) + "\n")
 
 
 def _evaluate(arch: str, out: Path, step: int, pairs: int, curve: list) -> None:
@@ -203,10 +204,9 @@ def _evaluate(arch: str, out: Path, step: int, pairs: int, curve: list) -> None:
     report = evaluate_pipeline(load_pipeline(arch, path=out), heldout_pairs(pairs))
     point = {"step": step, **{k: round(v, 4) for k, v in report.accuracy.items()}, "flicker": round(report.flicker, 4)}
     curve.append(point)
-    meta_path = out / "training.json"
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads((out / "training.json").read_text())
     meta["adherence"] = curve
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(out / "training.json", json.dumps(meta, indent=2) + "\n")
     logger.info("step %d: %s (%.0f s)", step, report, time.time() - t0)
 
 
@@ -236,6 +236,7 @@ def train(args) -> Path:
     old_meta = out / "training.json"
     curve = json.loads(old_meta.read_text()).get("adherence", []) if args.resume and old_meta.is_file() else []
     curve = [point for point in curve if point["step"] <= start]
+    meta["adherence"] = curve  # the same list: every export writes the points so far
     done = start
     # SIGTERM (e.g. `kill PID` of a background run, where SIGINT is often ignored) stops cleanly too.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -266,19 +267,19 @@ def train(args) -> Path:
                 losses, t0 = [], time.time()
             if done % args.save_every == 0 or done == args.steps:
                 _save_state(state_path, done, modules, ema, optimizer)
-                export(pipe, params, ema, out, {**meta, "step": done, "adherence": curve})
+                export(pipe, params, ema, out, {**meta, "step": done})
                 logger.info("saved step %d to %s and %s", done, out, state_path)
                 if args.eval_pairs:
                     _evaluate(args.arch, out, done, args.eval_pairs, curve)
             if args.stop_at is not None and done >= args.stop_at:
                 _save_state(state_path, done, modules, ema, optimizer)
-                export(pipe, params, ema, out, {**meta, "step": done, "stopped_at": done, "adherence": curve})
+                export(pipe, params, ema, out, {**meta, "step": done, "stopped_at": done})
                 logger.info("stopped at step %d of %d (--stop-at); continue with --resume", done, args.steps)
                 break
     except KeyboardInterrupt:
         # Stop cleanly: keep what was trained so far, resumable with --resume.
         _save_state(state_path, done, modules, ema, optimizer)
-        export(pipe, params, ema, out, {**meta, "step": done, "interrupted": True, "adherence": curve})
+        export(pipe, params, ema, out, {**meta, "step": done, "interrupted": True})
         logger.info("interrupted: saved step %d to %s and %s", done, out, state_path)
     finally:
         signal.signal(signal.SIGTERM, previous)
