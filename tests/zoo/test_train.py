@@ -102,6 +102,10 @@ def test_eval_pairs_records_an_adherence_curve(tmp_path):
     assert set(curve[0]) == {"step", "color", "shape", "direction", "all", "flicker"}
     assert all(0 <= p[k] <= 1 for p in curve for k in ("color", "shape", "direction", "all"))
     # a resumed run keeps the points up to where it resumed
-    _train(tmp_path, "b", "--steps", "2", "--save-every", "1", "--eval-pairs", "1", "--stop-at", "1")
-    resumed = _train(tmp_path, "b", "--steps", "2", "--save-every", "1", "--eval-pairs", "1", "--resume")
-    assert [p["step"] for p in json.loads((resumed / "training.json").read_text())["adherence"]] == [1, 2]
+    stopped = json.loads((_train(tmp_path, "b", "--steps", "2", "--save-every", "1", "--eval-pairs", "1",
+                                 "--stop-at", "1") / "training.json").read_text())
+    resumed = json.loads((_train(tmp_path, "b", "--steps", "2", "--save-every", "1", "--eval-pairs", "1",
+                                 "--resume") / "training.json").read_text())
+    assert [p["step"] for p in resumed["adherence"]] == [1, 2]
+    # the training time is summed over the resumed runs
+    assert 0 < stopped["training_seconds"] < resumed["training_seconds"]

@@ -234,14 +234,17 @@ def train(args) -> Path:
     meta = {k: v for k, v in vars(args).items() if k not in ("out", "state", "resume")}
     meta.update(transformer_parameters=n_params, started_at_step=start)
     old_meta = out / "training.json"
-    curve = json.loads(old_meta.read_text()).get("adherence", []) if args.resume and old_meta.is_file() else []
-    curve = [point for point in curve if point["step"] <= start]
+    old = json.loads(old_meta.read_text()) if args.resume and old_meta.is_file() else {}
+    curve = [point for point in old.get("adherence", []) if point["step"] <= start]
     meta["adherence"] = curve  # the same list: every export writes the points so far
+    # Wall time of the training steps alone (not saving or judging), summed over resumed runs.
+    seconds = float(old.get("training_seconds", 0.0))
     done = start
     # SIGTERM (e.g. `kill PID` of a background run, where SIGINT is often ignored) stops cleanly too.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         for step in range(start, args.steps):
+            step_t0 = time.time()
             videos, captions = training_batch(step, args.seed, args.batch_size, args.cfg_dropout, args.size, args.jitter)
             generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
             for group in optimizer.param_groups:
@@ -259,6 +262,8 @@ def train(args) -> Path:
                     e.lerp_(p.detach(), 1 - decay)
             losses.append(loss.item())
             done = step + 1
+            seconds += time.time() - step_t0
+            meta["training_seconds"] = round(seconds, 3)
             if done % args.log_every == 0 or done == args.steps:
                 logger.info(
                     "step %d/%d loss %.4f (mean of last %d) %.3f s/step",
