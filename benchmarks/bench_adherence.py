@@ -10,11 +10,16 @@ names color, shape and motion direction; accuracy is the share of videos where i
 the prompt. The first row runs the judge on clean renders of the same pairs: the ceiling, and
 the check that the judge itself is right. (``sixbit bench`` reports adherence on its few
 prompts per method; this is the full held-out set, issue 3's measure.)
+
+The learning curve below the table comes from the shipped weights' ``training.json``: training
+(``--eval-pairs 48``) judged every saved checkpoint on the same pairs. It is plotted into
+``benchmarks/plots/adherence_curve.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import Counter
@@ -24,10 +29,12 @@ import torch
 
 from sixbit.bench.report import machine_description, update_section
 from sixbit.eval.shapes import adherence, generate_heldout, judge_video
-from sixbit.zoo.shapes import HELDOUT_PAIRS, load_pipeline
+from sixbit.zoo.shapes import HELDOUT_PAIRS, WEIGHTS_DIR, load_pipeline
 from sixbit.zoo.shapes.world import parse_prompt, render, sample_specs
 
 SECTION = "shapes-adherence"
+ROOT = Path(__file__).resolve().parents[1]
+ATTRIBUTES = ("color", "shape", "direction")
 
 
 def _row(name, steps, guidance, report, seconds):
@@ -36,12 +43,55 @@ def _row(name, steps, guidance, report, seconds):
             f"{a['all']:.1%} | {report.flicker:.4f} | {seconds} |")
 
 
+def learning_curves() -> dict[str, list[dict]]:
+    """The adherence learning curve each shipped model's training recorded (empty when it did not)."""
+    return {arch: json.loads((WEIGHTS_DIR / arch / "training.json").read_text()).get("adherence", [])
+            for arch in ("cogvideox", "wan")}
+
+
+def plot_curves(curves: dict[str, list[dict]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 3.8), squeeze=False, sharey=True)
+    for ax, (arch, curve) in zip(axes[0], curves.items()):
+        steps = [p["step"] for p in curve]
+        for attr, style in zip((*ATTRIBUTES, "all"), ("s-", "o-", "^-", "k--")):
+            ax.plot(steps, [100 * p[attr] for p in curve], style, label=attr, ms=5)
+        ax.set_title(f"shapes-{arch}: 48 held-out pairs")
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("judge agrees with the prompt (%)")
+    axes[0][0].legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def curve_lines(curves: dict[str, list[dict]]) -> list[str]:
+    """The learning-curve table and plot (nothing when no shipped model recorded a curve)."""
+    if not any(curves.values()):
+        return []
+    plot_curves({a: c for a, c in curves.items() if c}, ROOT / "benchmarks" / "plots" / "adherence_curve.png")
+    lines = ["", ("Learning curve: each checkpoint saved during training, judged on the 48 held-out pairs "
+             "(recorded by `python -m sixbit.zoo.shapes.train --eval-pairs 48` in the weights' `training.json`)."), "",
+             "| model | step | color | shape | direction | all three | flicker |", "|---|---|---|---|---|---|---|"]
+    for arch, curve in curves.items():
+        lines += [f"| shapes-{arch} | {p['step']} | " + " | ".join(f"{p[k]:.1%}" for k in (*ATTRIBUTES, "all"))
+                  + f" | {p['flicker']:.4f} |" for p in curve]
+    return [*lines, "", "![adherence learning curve](benchmarks/plots/adherence_curve.png)"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=4.0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md"))
+    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     renders = [render(sample_specs(1, seed=s, **parse_prompt(p))[0]) for p, s in HELDOUT_PAIRS]
@@ -66,14 +116,15 @@ def main(argv=None) -> int:
     body = "\n".join([
         "### Shapes models: prompt adherence on the 48 held-out pairs (full precision)",
         "",
-        f"Written by `python benchmarks/bench_adherence.py` on {machine_description()}. Flicker: mean absolute "
-        "frame-to-frame change of background pixels (clean renders score 0).",
+        (f"Written by `python benchmarks/bench_adherence.py` on {machine_description()}. Flicker: mean absolute "
+        "frame-to-frame change of background pixels (clean renders score 0)."),
         "",
         *lines,
         "",
         "Shape, asked vs what the judge saw:",
         "",
         *confusion,
+        *curve_lines(learning_curves()),
     ])
     print(body)
     update_section(args.output, SECTION, body)
