@@ -53,16 +53,21 @@ def test_weights_load_offline_in_a_fresh_process():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_shipped_model_draws_one_object_of_the_asked_color(arch):
+def test_shipped_model_draws_the_asked_color_direction_and_shape_outline(arch):
     # 8 held-out pairs that cover all 4 colors, 3 shapes and 4 directions (index = 12c + 4s + d).
-    # The shipped weights are under-trained for shape and direction (see BENCHMARKS.md,
-    # section shapes-adherence); this test pins what they do reliably: one object, in every
-    # frame, of the prompted color. Raise the bar here when better weights ship.
+    # The shipped weights get color and direction right on all 48 held-out pairs; squares come out
+    # square but with a fill just under the judge's 0.9 threshold, so most are judged circles (see
+    # BENCHMARKS.md, section shapes-adherence). This pins what they do: one object in every frame,
+    # of the prompted color, moving the prompted way; triangles recognized; every square fuller
+    # than every circle. Raise the bar here when better weights ship.
     pairs = [HELDOUT_PAIRS[12 * (k % 4) + 4 * (k % 3) + (k + k // 4) % 4] for k in range(8)]
     torch.set_num_threads(min(2, torch.get_num_threads()))
     report = evaluate_pipeline(load_pipeline(arch), pairs=pairs, num_inference_steps=10)
     assert all(v.detected_frames == 8 for v in report.verdicts), report.verdicts
-    assert report.accuracy["color"] >= 7 / 8, report.failures()
+    assert report.accuracy["color"] >= 7 / 8 and report.accuracy["direction"] >= 7 / 8, report.failures()
+    by_shape = {s: [v for (p, _), v in zip(pairs, report.verdicts) if s in p] for s in ("circle", "square", "triangle")}
+    assert all(v.shape == "triangle" for v in by_shape["triangle"]), by_shape["triangle"]
+    assert min(v.fill_ratio for v in by_shape["square"]) > max(v.fill_ratio for v in by_shape["circle"]), by_shape
 
 
 @pytest.mark.parametrize("arch", ARCHS)

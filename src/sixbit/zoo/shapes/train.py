@@ -1,6 +1,7 @@
 """Train a shapes text-to-video model: ``python -m sixbit.zoo.shapes.train --arch cogvideox|wan``.
 
-Rectified flow (flow matching): ``x_t = (1 - t) x0 + t noise`` with ``t ~ U(0, 1)``, the
+Rectified flow (flow matching): ``x_t = (1 - t) x0 + t noise`` at flow times ``t`` in (0, 1)
+drawn by :func:`flow_times`, the
 transformer predicts the velocity ``noise - x0`` at timestep ``1000 t`` (the convention of
 diffusers' ``FlowMatchEulerDiscreteScheduler``). Captions drop to ``""`` with probability
 ``--cfg-dropout`` so the model also learns the unconditional velocity used by guidance, and half
@@ -11,22 +12,23 @@ Determinism: step ``k`` draws its videos from ``numpy.random.default_rng((seed, 
 noise from ``torch.Generator().manual_seed(seed * 1_000_003 + k)``; with the same thread count
 the run is reproducible, and ``--resume`` continues bit-exactly from a training-state checkpoint.
 
-Shipped weights (``weights/<arch>``): ``--steps 2200`` with the defaults otherwise, run with
-``--threads 1`` (both models trained side by side on 2 shared CPU cores)::
+Shipped weights (``weights/<arch>``): the defaults, run with ``--threads 1`` (both models trained
+side by side on 2 shared CPU cores: 97 minutes for cogvideox, 109 for wan, wall time including
+the six held-out evaluations)::
 
-    python -m sixbit.zoo.shapes.train --arch cogvideox --steps 2200 --threads 1
-    python -m sixbit.zoo.shapes.train --arch wan --steps 2200 --threads 1
+    python -m sixbit.zoo.shapes.train --arch cogvideox --threads 1
+    python -m sixbit.zoo.shapes.train --arch wan --threads 1
 
-2200 steps is a time budget, not convergence: the models learn color first, then motion, and
-shape last (see BENCHMARKS.md). To train further, resume with a longer schedule, e.g.
-``--steps 6000 --resume`` (the learning rate then follows the longer cosine from the resumed step).
-
-Recipe options (defaults reproduce the shipped weights): ``--size LOW HIGH`` (object sizes, px),
-``--jitter PX`` (trajectories centered within that many px), ``--timesteps logit-normal`` with
-``--t-mean`` (train the noisy times, where shape and motion are decided, more) and
-``--uniform-fraction`` (a uniform share for the clean end), ``--object-weight`` (extra loss weight on
-the object's pixels). ``--eval-pairs 48`` judges each saved checkpoint on the held-out pairs and
-writes the adherence learning curve into ``training.json``.
+The recipe (each option is a default; BENCHMARKS.md, section shapes-adherence, has the learning
+curve): objects 13-16 px across (``--size LOW HIGH``; 3-4 patches of 4x4, so corners are more than
+sub-patch detail) on trajectories centered within 3 px (``--jitter PX``); ``--timesteps
+logit-normal`` with ``--t-mean 1`` (train the noisy times, where shape and motion are decided,
+more) and ``--uniform-fraction 0.3`` (a uniform share for the clean end); ``--object-weight 4``
+(extra loss weight on the object's pixels); 9000 steps with EMA 0.999. The models learn color
+first, then motion, and shape last. ``--eval-pairs 48`` judges each saved checkpoint on the
+held-out pairs and writes the adherence learning curve into ``training.json`` (0 turns it off).
+To train further, resume with a longer schedule, e.g. ``--steps 12000 --resume`` (the learning
+rate then follows the longer cosine from the resumed step).
 
 Stopping: Ctrl-C or SIGTERM saves the state and the EMA weights reached so far (``--resume``
 continues); ``--stop-at N`` does the same at a chosen step.
@@ -54,13 +56,13 @@ from safetensors.torch import load_file, save_file
 from ..._io import write_text_atomic
 from . import WEIGHTS_DIR, make_pipeline
 from .models import predict_velocity
-from .world import SIZE_RANGE, render, sample_specs
+from .world import JITTER, SIZE_RANGE, render, sample_specs
 
 logger = logging.getLogger(__name__)
 
 
 def training_batch(step: int, seed: int, batch_size: int, cfg_dropout: float, size_range=SIZE_RANGE,
-                   jitter: float | None = None):
+                   jitter: float | None = JITTER):
     """(videos in [-1, 1] (B, F, 3, H, W), captions) for training step ``step``."""
     rng = np.random.default_rng((seed, step))
     specs = sample_specs(batch_size, seed=int(rng.integers(2**62)), size_range=tuple(size_range), jitter=jitter)
@@ -295,30 +297,30 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arch", choices=["cogvideox", "wan"], required=True)
     parser.add_argument("--out", default=None, help="output folder (default: the package's shipped weights)")
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=9000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--ema", type=float, default=0.998)
+    parser.add_argument("--ema", type=float, default=0.999)
     parser.add_argument("--cfg-dropout", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", type=float, nargs=2, default=list(SIZE_RANGE), metavar=("LOW", "HIGH"),
                         help="object sizes in px (default: the world's)")
-    parser.add_argument("--timesteps", choices=["uniform", "logit-normal"], default="uniform",
+    parser.add_argument("--timesteps", choices=["uniform", "logit-normal"], default="logit-normal",
                         help="flow-time distribution of the training loss")
-    parser.add_argument("--t-mean", type=float, default=0.0, help="mean of the logit-normal's normal (> 0: noisier)")
-    parser.add_argument("--uniform-fraction", type=float, default=0.0,
+    parser.add_argument("--t-mean", type=float, default=1.0, help="mean of the logit-normal's normal (> 0: noisier)")
+    parser.add_argument("--uniform-fraction", type=float, default=0.3,
                         help="with --timesteps logit-normal: this fraction of each batch draws its time uniformly")
-    parser.add_argument("--object-weight", type=float, default=0.0,
+    parser.add_argument("--object-weight", type=float, default=4.0,
                         help="extra loss weight on the object and 2 px around it (0: plain MSE)")
-    parser.add_argument("--eval-pairs", type=int, default=0,
+    parser.add_argument("--eval-pairs", type=int, default=48,
                         help="judge every saved checkpoint on this many held-out pairs (48: all; 0: off); "
                              "the learning curve goes into training.json")
-    parser.add_argument("--jitter", type=float, default=None,
-                        help="trajectory midpoints within this many px of the center (default: anywhere)")
+    parser.add_argument("--jitter", type=float, default=JITTER,
+                        help="trajectory midpoints within this many px of the center (default: the world's)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--save-every", type=int, default=250)
+    parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--save-every", type=int, default=1500)
     parser.add_argument("--state", default=None, help="training-state file (default ~/.cache/sixbit/shapes-train-ARCH.safetensors)")
     parser.add_argument("--stop-at", type=int, default=None, help="save and stop after this step (resume later)")
     parser.add_argument("--resume", action="store_true", help="continue from the --state file")

@@ -59,8 +59,11 @@ VOCABULARY: tuple[str, ...] = (
 )
 
 _SUPERSAMPLE = 4
-#: Default object sizes (px across) drawn by :func:`sample_specs`.
-SIZE_RANGE: tuple[float, float] = (9.0, 12.0)
+#: Default object sizes (px across) drawn by :func:`sample_specs`: 13-16 px is 3-4 patches of 4x4,
+#: so a square's corners and a triangle's apex are more than sub-patch detail.
+SIZE_RANGE: tuple[float, float] = (13.0, 16.0)
+#: Default distance (px) of a trajectory's midpoint from the frame center on each axis.
+JITTER: float = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +147,7 @@ def parse_prompt(prompt: str) -> dict[str, str]:
     return found
 
 
-def sample_specs(n: int, seed: int, size_range: tuple[float, float] = SIZE_RANGE, jitter: float | None = None,
+def sample_specs(n: int, seed: int, size_range: tuple[float, float] = SIZE_RANGE, jitter: float | None = JITTER,
                  **fixed: str) -> list[VideoSpec]:
     """Draw ``n`` random specs deterministically from ``seed``.
 
