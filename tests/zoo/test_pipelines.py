@@ -8,6 +8,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
@@ -111,6 +112,23 @@ def test_cfg_branch_calls_and_cache_context():
 
 def test_guidance_changes_the_result(pipe):
     assert np.abs(_run(pipe, guidance_scale=1.0) - _run(pipe, guidance_scale=6.0)).mean() > 1e-4
+
+
+def test_a_stochastic_scheduler_draws_its_step_noise_from_the_callers_generators(pipe):
+    deterministic = pipe.scheduler
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(deterministic.config, stochastic_sampling=True)
+    try:
+        gens = lambda: [torch.Generator().manual_seed(s) for s in (0, 1)]  # noqa: E731
+        a = pipe(PROMPTS, num_inference_steps=3, generator=gens()).frames
+        torch.manual_seed(123)  # the global RNG plays no part
+        b = pipe(PROMPTS, num_inference_steps=3, generator=gens()).frames
+        # each video's step noise comes from its own generator: alone, the second is the same video
+        alone = pipe(PROMPTS[1:], num_inference_steps=3, generator=gens()[1:]).frames
+    finally:
+        pipe.scheduler = deterministic
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(alone[0], a[1], atol=1e-5)
+    assert np.abs(a - pipe(PROMPTS, num_inference_steps=3, generator=gens()).frames).mean() > 1e-3
 
 
 def test_save_pretrained_then_from_pretrained_in_a_fresh_process(tmp_path):

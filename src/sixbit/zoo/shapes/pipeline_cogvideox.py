@@ -74,6 +74,7 @@ class ShapesCogVideoXPipeline(ShapesPipelineBase):
         rope = cogvideox_rotary_emb(self.transformer, latents.shape[1], latents.shape[3], latents.shape[4], device)
 
         self.scheduler.set_timesteps(num_inference_steps, device=device)
+        step_kwargs = self._step_kwargs(generator)
         timesteps = self.scheduler.timesteps
         self._num_timesteps = len(timesteps)
         with self.progress_bar(total=len(timesteps)) as progress_bar:
@@ -100,7 +101,7 @@ class ShapesCogVideoXPipeline(ShapesPipelineBase):
                 if self.do_classifier_free_guidance:
                     v_uncond, v_cond = velocity.chunk(2)
                     velocity = v_uncond + guidance_scale * (v_cond - v_uncond)
-                latents = self.scheduler.step(velocity, t, latents, return_dict=False)[0]
+                latents = self.scheduler.step(velocity, t, latents, return_dict=False, **step_kwargs)[0]
                 latents = self._run_callback(callback_on_step_end, tensor_inputs, i, t, latents)
                 progress_bar.update()
 

@@ -8,6 +8,7 @@ conditional and unconditional branch in one call; Wan calls once per branch insi
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable
 
 import numpy as np
@@ -92,6 +93,12 @@ class ShapesPipelineBase(DiffusionPipeline):
         if isinstance(generator, list) and len(generator) != batch_size:
             raise ValueError(f"got {len(generator)} generators for a batch of {batch_size} videos")
         return randn_tensor(shape, generator=generator, device=torch.device(device), dtype=dtype)
+
+    def _step_kwargs(self, generator) -> dict[str, Any]:
+        """``generator`` for the scheduler's step where it takes one: a stochastic sampler (e.g.
+        ``FlowMatchEulerDiscreteScheduler(stochastic_sampling=True)``) then draws its per-step noise
+        from the caller's generators and stays reproducible; a deterministic one ignores it."""
+        return {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
 
     @staticmethod
     def _normalize_callback(callback, tensor_inputs):

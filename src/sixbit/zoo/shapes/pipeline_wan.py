@@ -64,6 +64,7 @@ class ShapesWanPipeline(ShapesPipelineBase):
         latents = self.prepare_latents(batch, generator, device, dtype, "BCFHW", latents)
 
         self.scheduler.set_timesteps(num_inference_steps, device=device)
+        step_kwargs = self._step_kwargs(generator)
         timesteps = self.scheduler.timesteps
         self._num_timesteps = len(timesteps)
         with self.progress_bar(total=len(timesteps)) as progress_bar:
@@ -87,7 +88,7 @@ class ShapesWanPipeline(ShapesPipelineBase):
                             hidden_states=latents, timestep=timestep, encoder_hidden_states=uncond, return_dict=False
                         )[0]
                     velocity = v_uncond + guidance_scale * (velocity - v_uncond)
-                latents = self.scheduler.step(velocity, t, latents, return_dict=False)[0]
+                latents = self.scheduler.step(velocity, t, latents, return_dict=False, **step_kwargs)[0]
                 latents = self._run_callback(callback_on_step_end, tensor_inputs, i, t, latents)
                 progress_bar.update()
 
