@@ -23,7 +23,7 @@ def _generate(pipe):
     return videos
 
 
-@pytest.mark.parametrize("arch, name", [("wan", "dbcache-ts1-0.6"), ("cogvideox", "dbcache-0.6")])
+@pytest.mark.parametrize("arch, name", [("wan", "dbcache-ts1-0.8"), ("cogvideox", "dbcache-0.8")])
 def test_dbcache_skips_blocks_and_resets_per_generation(arch, name):
     cache_dit = pytest.importorskip("cache_dit")
     fp_pipe = load_pipeline(arch)
@@ -39,7 +39,8 @@ def test_dbcache_skips_blocks_and_resets_per_generation(arch, name):
         first = _generate(pipe)
     counter.remove()
 
-    # cache-dit's own statistics: step 2's residual diff (≈ 0.5 here) is under 0.6, step 3's (≈ 1) is not
+    # cache-dit's own statistics: step 2's residual diff is under 0.8 (measured: over 0.7 on cogvideox,
+    # over 0.6 on wan), step 3's (≈ 1) is not
     stats = cache_dit.summary(pipe, logging=False)[0]
     per_branch = arch == "wan"  # two transformer calls per step, told apart by call parity
     assert stats.cached_steps == [2]
