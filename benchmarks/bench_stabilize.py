@@ -59,7 +59,7 @@ def measure(arch: str, presets: list[str], pairs, steps: int) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arch", action="append", choices=["cogvideox", "wan"], help="default: both")
-    parser.add_argument("--presets", default="w4a8,w4a4,w8a8", help="presets without calibration (default w4a8,w4a4,w8a8)")
+    parser.add_argument("--presets", default="w4a8-rtn,w8a8", help="presets without calibration (default w4a8-rtn,w8a8)")
     parser.add_argument("--pairs", type=int, default=12, help="held-out pairs, spread over all 48 (default 12)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
