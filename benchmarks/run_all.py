@@ -281,6 +281,12 @@ def main(argv=None) -> int:
         for name in names:
             if bodies[name] is not None:
                 update_section(out, name, bodies[name])
+        # The header's step list is the full run's: note where a step that failed there has now run.
+        text = out.read_text()
+        for label, (rc, sec, _) in status.items():
+            text = re.sub(rf"({re.escape(label)} \d+ s) \(FAILED\)", r"\1 (FAILED; rerun with --only: "
+                          + ("ok" if rc == 0 else "failed again") + f" in {sec:.0f} s)", text, count=1)
+        out.write_text(text)
         print(f"updated {', '.join(n for n in names if bodies[n] is not None)} in {out} in {total / 60:.1f} min")
         return 0 if all(rc == 0 for rc, _, _ in status.values()) else 1
     steps = "; ".join(f"{label} {sec:.0f} s" + ("" if rc == 0 else " (FAILED)") for label, (rc, sec, _) in status.items())
@@ -291,7 +297,9 @@ def main(argv=None) -> int:
         f"Every number below was written by `{command}`: the harness `sixbit bench` on both shipped models "
         f"({args.prompts} prompts × {args.steps} steps each), the real layer shapes, and the scripts it calls "
         f"({scripts}); nothing is typed by hand. Total run time: **{total / 60:.1f} min** on 2 CPU cores ({steps}). "
-        "Numbers marked PROJECTION come from a peak-throughput model of the counted work, not from a GPU.\n"
+        "Numbers marked PROJECTION come from a peak-throughput model of the counted work, not from a GPU. "
+        f"Not run here, kept from the previous file (each names its own script and may predate the shipped "
+        f"weights): {', '.join(f'`{k}`' for k in KEPT)}.\n"
     )
     for name in ORDER:
         body = bodies[name]
