@@ -184,9 +184,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for model in args.models:
             for preset in ("fp", "w4a8-rtn"):
-                results = {s: measure(model, preset, s, args.quick, Path(folder)) for s in SETTINGS}
-                single = results[SETTINGS[0]]
-                for setting, r in results.items():
+                by_setting = {s: measure(model, preset, s, args.quick, Path(folder)) for s in SETTINGS}
+                single = by_setting[SETTINGS[0]]
+                for setting, r in by_setting.items():
                     rows.append({**{k: v for k, v in r.items() if k != "output"}, "model": model, "preset": preset,
                                  "setting": setting, "base": single["s_per_step"],
                                  "psnr": _psnr(r["output"], single["output"]) if setting.startswith("2") else None})
