@@ -140,7 +140,9 @@ class _Profile:
                    (sixbit.kernels, "scale_epilogue", "dequantization epilogue"),
                    (ql.QuantLinear, "int8_weight", "weight unpack (4 → 8 bit)"), (hadamard, "rotate", "Hadamard"),
                    (hadamard, "rotate_unnormalized", "Hadamard"), (F, "gelu", "GELU"),
-                   (ql, "low_rank", "low-rank branch"), (F, "scaled_dot_product_attention", "attention"),
+                   (ql, "low_rank", "low-rank branch"), (ql, "_branch", "low-rank branch"),
+                   (ql, "_full", "low-rank branch"), (ql, "_add_branch", "low-rank branch"),
+                   (F, "scaled_dot_product_attention", "attention"),
                    (F, "layer_norm", "norms"), (F, "group_norm", "norms")]
         targets = [t for t in targets if hasattr(t[0], t[1])]  # an older sixbit (--before) lacks some
         saved = [(obj, name, getattr(obj, name)) for obj, name, _ in targets]

@@ -234,8 +234,10 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
     holds 8 more bits per weight and a scale per row (``w4a8``: 4.9 → 13 bits; ``w8a8`` on AMX:
     8 → 16, bf16's size). Results differ from the model without them by rounding only: on AMX the
     two fp32 scale multiplies come in the other order, and on bf16 models the GEMM's output times
-    the weight scale is rounded once to bf16 before the token scale; the fused GELU runs in fp32
-    before the output's one rounding (unfused: after it). Checkpoints never hold the copies.
+    the weight scale is rounded once to bf16 before the token scale (a low-rank branch, divided by
+    the token scale, is added to it before that rounding: no (tokens, N) tensor of its own, and the
+    scaling writes in place); the fused GELU runs in fp32 before the output's one rounding
+    (unfused: after it). Checkpoints never hold the copies.
 
     Example:
         >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP

@@ -155,3 +155,18 @@ def test_compiled_abs_reductions_equal_the_eager_ones(compiled):
         assert per_sample.shape == (2,)
         torch.testing.assert_close(per_sample, x.float().abs().sum((1, 2)), rtol=1e-5, atol=0)
     assert {"abs_max_sum_reference", "abs_sum_per_sample_reference"} <= set(compiled._COMPILED)
+
+
+def test_in_place_epilogue_writes_into_the_accumulator(compiled):
+    torch.manual_seed(0)
+    acc = (torch.randn(37, 40) * 30).bfloat16()  # a packed GEMM's bf16 output (weight scale applied)
+    xs, bias = torch.rand(37, 1) * 0.1, torch.randn(40)
+    for activation in (None, "gelu-tanh"):
+        want = compiled.scale_epilogue_reference(acc, xs, None, None, bias, torch.bfloat16, activation)
+        for fn in (compiled.scale_epilogue_reference, compiled.scale_epilogue):
+            a = acc.clone()
+            out = fn(a, xs, None, None, bias, torch.bfloat16, activation, True)
+            assert out.data_ptr() == a.data_ptr()
+            torch.testing.assert_close(out, want, rtol=0 if activation is None else 2**-8, atol=0 if activation is None else 1e-5)
+    with pytest.raises(ValueError, match="it must be torch.bfloat16, not torch.float32"):
+        compiled.scale_epilogue_reference(acc.float(), xs, None, None, bias, torch.bfloat16, None, True)

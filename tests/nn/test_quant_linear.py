@@ -273,3 +273,42 @@ def test_bf16_inputs_are_rotated_inside_the_quantization(monkeypatch):
     for a, b in zip(late, early):
         assert a.dtype == torch.bfloat16
         torch.testing.assert_close(a.float(), b.float(), rtol=0.02, atol=0.02 * b.abs().max().item())
+
+
+@pytest.mark.skipif(not __import__("sixbit.kernels", fromlist=["amx_int8"]).amx_int8(), reason="no AMX INT8 on this CPU")
+def test_kept_int8_adds_the_branch_to_the_gemm_output_and_scales_in_place(monkeypatch):
+    """Kept INT8 on AMX, bf16: the low-rank branch goes into the packed GEMM's output (divided by
+    the token scales) and the epilogue writes in place — the unkept path's result up to bf16 rounding."""
+    from sixbit import kernels
+
+    torch.manual_seed(0)
+    layer = QuantLinear.from_linear(torch.nn.Linear(128, 48), "nvfp4", hadamard_block=32, act_mode="int8")
+    layer.lowrank_up, layer.lowrank_down = torch.randn(48, 4), torch.randn(4, 128) * 0.1
+    layer = layer.to(torch.bfloat16)
+    x = (torch.randn(2, 9, 128) * torch.exp(torch.randn(128))).bfloat16()
+    plain = layer(x).float()
+    without_branch = plain - F.linear(F.linear(x.float(), layer.lowrank_down.float()), layer.lowrank_up.float())
+    sixbit.keep_int8_weights(torch.nn.Sequential(layer))
+    assert layer._packed is not None
+    flags = []
+    epilogue = kernels.scale_epilogue
+    monkeypatch.setattr(kernels, "scale_epilogue", lambda *a, **k: flags.append(k.get("inplace")) or epilogue(*a, **k))
+    kept = layer(x).float()
+    assert flags == [True]
+    tol = 0.01 * plain.abs().max().item()
+    torch.testing.assert_close(kept, plain, rtol=0.02, atol=tol)
+    assert (kept - without_branch).abs().max() > 10 * tol  # the branch is there
+
+
+def test_large_rotations_reuse_one_buffer(monkeypatch):
+    from sixbit.nn import quant_linear as ql
+
+    x = torch.randn(40, 256).bfloat16()
+    want = ql._quantize_rows(x, 128)
+    monkeypatch.setattr(ql.kernels, "fused_cpu", lambda t, numel=None: True)  # x counts as large
+    monkeypatch.setattr(ql, "_SCRATCH", __import__("threading").local())
+    got = ql._quantize_rows(x, 128)
+    buffer = ql._SCRATCH.buf
+    assert all(map(torch.equal, got, want)) and buffer.numel() == x.numel()
+    assert all(map(torch.equal, ql._quantize_rows(x[:20], 128), (want[0][:20], want[1][:20])))
+    assert ql._SCRATCH.buf is buffer  # a smaller input reuses it

@@ -43,3 +43,12 @@ def test_errors():
         hadamard.rotate(torch.randn(2, 96), 48)
     with pytest.raises(ValueError, match="hadamard_block=None"):
         hadamard.rotate(torch.randn(2, 100), 16)
+
+
+def test_unnormalized_rotation_into_a_given_tensor():
+    x = torch.randn(2, 5, 64).bfloat16()
+    out = torch.empty_like(x)
+    assert hadamard.rotate_unnormalized(x, 32, out) is out
+    assert torch.equal(out, hadamard.rotate_unnormalized(x, 32))
+    with pytest.raises(ValueError, match="out must be a contiguous torch.bfloat16 tensor of shape"):
+        hadamard.rotate_unnormalized(x, 32, torch.empty(2, 5, 64))

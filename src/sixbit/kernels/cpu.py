@@ -184,12 +184,15 @@ _GELU_TANH_K = 2 * math.sqrt(2 / math.pi)
 
 def scale_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor | None,
                              extra: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype,
-                             activation: str | None = None) -> torch.Tensor:
+                             activation: str | None = None, inplace: bool = False) -> torch.Tensor:
     """``acc (M, N) · x_scale (M, 1) · w_scale (N,)`` in fp32 (``acc``: the int32 accumulator, or
     already times ``w_scale``, e.g. by :func:`packed_int8_matmul`: then ``w_scale`` is None),
     ``+ extra`` (fp32, e.g. the low-rank branch), ``+ bias``, then ``activation`` (one of
     :data:`ACTIVATIONS`; GELU's tanh form as the identical ``y·σ(2·√(2/π)·(y + 0.044715·y³))``,
-    cheaper to vectorize), in ``dtype``: each step rounds in fp32 in this order."""
+    cheaper to vectorize), in ``dtype``: each step rounds in fp32 in this order. ``inplace``: the
+    result is written into ``acc`` (of dtype ``dtype``) and returned, no new (M, N) tensor."""
+    if inplace and acc.dtype != dtype:
+        raise ValueError(f"an in-place epilogue writes into the accumulator: it must be {dtype}, not {acc.dtype}")
     y = acc.float() * x_scale.reshape(-1, 1)
     if w_scale is not None:
         y = y * w_scale.reshape(1, -1)
@@ -203,14 +206,15 @@ def scale_epilogue_reference(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: 
         y = y * torch.sigmoid(_GELU_TANH_K * (y + 0.044715 * y * y * y))
     elif activation is not None:
         raise ValueError(f"unknown activation {activation!r}; sixbit's epilogue applies {', '.join(ACTIVATIONS)}")
-    return y.to(dtype)
+    return acc.copy_(y) if inplace else y.to(dtype)
 
 
 def scale_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor | None, extra: torch.Tensor | None = None,
                    bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
-                   activation: str | None = None) -> torch.Tensor:
-    """:func:`scale_epilogue_reference`, compiled into one pass on large CPU accumulators."""
-    return _run(scale_epilogue_reference, acc, x_scale, w_scale, extra, bias, dtype, activation)
+                   activation: str | None = None, inplace: bool = False) -> torch.Tensor:
+    """:func:`scale_epilogue_reference`, compiled into one pass on large CPU accumulators (in place
+    too: the compiled pass stores into ``acc``)."""
+    return _run(scale_epilogue_reference, acc, x_scale, w_scale, extra, bias, dtype, activation, inplace)
 
 
 def abs_max_sum_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

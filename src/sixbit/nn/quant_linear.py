@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -430,12 +430,12 @@ class QuantLinear(nn.Module):
         divided = self.input_divisor is not None and not static  # the static quantizer folds it into its scale
         if divided:
             x2 = x2 / self.input_divisor.to(x2.dtype)
-        branch = None
+        branch = None  # the low-rank branch as (x·Dᵀ, U): each path adds x·Dᵀ·Uᵀ as suits it
         if self.lowrank_up is not None and late:  # x·H·Dᵀ = x·(D·H)ᵀ: the unrotated input, D rotated
-            branch = low_rank(x2, hadamard.rotate(self.lowrank_down, self.hadamard_block), self.lowrank_up)
+            branch = _branch(x2, hadamard.rotate(self.lowrank_down, self.hadamard_block), self.lowrank_up)
         elif self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
             xb = x2 if divided or self.input_divisor is None else x2 / self.input_divisor.to(x2.dtype)
-            branch = low_rank(xb, self.lowrank_down, self.lowrank_up)
+            branch = _branch(xb, self.lowrank_down, self.lowrank_up)
         # LoRAs come before the bias: with them, the bias waits for _finish
         bias = None if self._loras else self.bias
         dtype = torch.float32 if self._loras else x.dtype
@@ -514,9 +514,17 @@ class QuantLinear(nn.Module):
         if self._packed is not None and x.device.type == "cpu":  # AMX: the weight scale applied inside
             acc = kernels.packed_int8_matmul(codes, *self._packed,
                                              dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
-            return kernels.scale_epilogue(acc, scale, None, branch, bias, dtype, activation)
+            if acc.dtype != dtype:
+                return kernels.scale_epilogue(acc, scale, None, _full(branch), bias, dtype, activation)
+            # no new (tokens, N) tensor after the GEMM's own: at real sizes each is fresh pages from
+            # the OS, which cost more than the pass itself. The branch goes into the GEMM's output
+            # divided by the token scale (one more rounding to ``dtype``), the epilogue writes in place.
+            if branch is not None:
+                _add_branch(acc, branch, scale)
+            return kernels.scale_epilogue(acc, scale, None, None, bias, dtype, activation, inplace=True)
         w_codes, w_scale = self.int8_weight()
-        return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, branch, bias, dtype, activation)
+        return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, _full(branch), bias, dtype,
+                                      activation)
 
     def _forward_nvfp4(self, x, branch, bias, dtype):
         # the per-tensor scale from every rank's tokens when a sequence-parallel model splits them
@@ -588,8 +596,25 @@ def _quantized_input(x: torch.Tensor, source: torch.Tensor | None,
 def _quantize_rows(x: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     if block is None:
         return kernels.quantize_rows(x)
-    codes, scale = kernels.quantize_rows(hadamard.rotate_unnormalized(x, block))
+    codes, scale = kernels.quantize_rows(hadamard.rotate_unnormalized(x, block, _scratch(x)))
     return codes, scale * block ** -0.5
+
+
+_SCRATCH = threading.local()  # one reused buffer per thread for the rotated input of a large layer
+
+
+def _scratch(x: torch.Tensor) -> torch.Tensor | None:
+    """A reused contiguous buffer of ``x``'s shape and dtype for a temporary that dies within the
+    call (None for small, non-CPU or compiled inputs): a fresh (tokens, 7680) bf16 tensor at
+    CogVideoX-2B size is 38 MB of new pages from the OS on every call (glibc maps allocations
+    above 32 MiB on its own), and faulting them in took longer than the rotation written into them.
+    The buffer grows to the largest such input seen (38 MB there) and stays."""
+    if not kernels.fused_cpu(x) or torch.compiler.is_compiling():
+        return None
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.dtype != x.dtype or buf.numel() < x.numel():
+        buf = _SCRATCH.buf = torch.empty(x.numel(), dtype=x.dtype)
+    return buf[:x.numel()].view(x.shape)
 
 
 def _forget(ref: weakref.ref) -> None:
@@ -603,10 +628,32 @@ def low_rank(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Ten
     return F.linear(F.linear(x, down.to(x.dtype)), up.to(x.dtype))
 
 
-def _add(y: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+class _Branch(NamedTuple):
+    """A layer's low-rank branch on one input: ``down`` = ``x·Dᵀ`` (tokens, rank) and the up factor
+    ``U`` (N, rank); :func:`_full` makes its output ``x·Dᵀ·Uᵀ`` as :func:`low_rank` does."""
+
+    down: torch.Tensor
+    up: torch.Tensor
+
+
+def _branch(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> _Branch:
+    return _Branch(F.linear(x, down.to(x.dtype)), up)
+
+
+def _full(branch: _Branch | None) -> torch.Tensor | None:
+    return None if branch is None else F.linear(branch.down, branch.up.to(branch.down.dtype))
+
+
+def _add_branch(acc: torch.Tensor, branch: _Branch, x_scale: torch.Tensor) -> None:
+    """``acc += branch / x_scale`` in place (``x_scale`` (tokens, 1): an epilogue multiplies by it
+    next), one GEMM of rank ``K`` accumulating into ``acc``, rounded once to its dtype."""
+    acc.addmm_((branch.down.float() / x_scale).to(acc.dtype), branch.up.to(acc.dtype).t())
+
+
+def _add(y: torch.Tensor, branch: _Branch | None, bias: torch.Tensor | None) -> torch.Tensor:
     """``y + branch + bias`` in ``y``'s dtype, in that order."""
     if branch is not None:
-        y = y + branch
+        y = y + _full(branch)
     return y if bias is None else y + bias.to(y.dtype)
 
 

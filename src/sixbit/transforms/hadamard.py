@@ -68,11 +68,19 @@ def _signs(block: int, dtype: torch.dtype, device: str) -> torch.Tensor:
     return (_matrix(block, torch.float64, "cpu") * math.sqrt(block)).round().to(dtype=dtype, device=device)
 
 
-def rotate_unnormalized(x: torch.Tensor, block: int) -> torch.Tensor:
+def rotate_unnormalized(x: torch.Tensor, block: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x·(√b·H)``: the rotation by the ±1 Sylvester matrix, exact in every dtype, computed in
     ``x``'s dtype (a bf16 input: one bf16 GEMM accumulating in fp32, one rounding — no fp32 copy
     of ``x``). ``rotate(x, b) = rotate_unnormalized(x, b) / √b``; a per-token quantization of it
-    needs only its scales divided by ``√b``."""
+    needs only its scales divided by ``√b``. ``out``: a contiguous tensor of ``x``'s shape and
+    dtype to write it into (and return)."""
     check_block(x.shape[-1], block)
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
-    return (blocks @ _signs(block, x.dtype, str(x.device))).reshape(x.shape)
+    signs = _signs(block, x.dtype, str(x.device))
+    if out is None:
+        return (blocks @ signs).reshape(x.shape)
+    if out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}, got "
+                         f"{out.dtype}{tuple(out.shape)}")
+    torch.matmul(blocks, signs, out=out.view(blocks.shape))
+    return out
