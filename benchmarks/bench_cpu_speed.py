@@ -47,7 +47,8 @@ from bench_real_size import _config, _peak_gib, _run_child
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "CogVideoX-2B"
 KEPT = " + kept INT8"  # sixbit.keep_int8_weights: the INT8 GEMM operand kept ready (AMX-packed here)
-SETTINGS = ("bf16", "fp32", "w8a8", "w8a8" + KEPT, "w4a8", "w4a8" + KEPT)
+UNFOLDED = " (unfolded)"  # keep_int8_weights(fold=False): rotation and low-rank branch run per call
+SETTINGS = ("bf16", "fp32", "w8a8", "w8a8" + KEPT, "w4a8", "w4a8" + KEPT + UNFOLDED, "w4a8" + KEPT)
 EVERY_SKIP = " (every allowed skip)"  # threshold and error budget at infinity: a trained model's skip pattern
 STEP_SETTINGS = ("balanced" + KEPT, "balanced" + KEPT + EVERY_SKIP)
 KINDS = ("16-bit GEMM", "integer GEMM", "activation quantization", "dequantization epilogue", "weight unpack (4 → 8 bit)",
@@ -68,6 +69,7 @@ def _load(folder: str, setting: str, blocks: int | None, w4a8: str | None):
 
     dtype = torch.float32 if setting == "fp32" else torch.bfloat16
     every_skip, setting = setting.endswith(EVERY_SKIP), setting.removesuffix(EVERY_SKIP)
+    unfolded, setting = setting.endswith(UNFOLDED), setting.removesuffix(UNFOLDED)
     kept, setting = setting.endswith(KEPT), setting.removesuffix(KEPT)
     if setting in ("w4a8", "balanced"):
         if w4a8 is not None:
@@ -89,7 +91,7 @@ def _load(folder: str, setting: str, blocks: int | None, w4a8: str | None):
         elif setting not in ("bf16", "fp32"):
             raise ValueError(f"unknown setting {setting!r}")
     if kept:
-        sixbit.keep_int8_weights(model)
+        sixbit.keep_int8_weights(model, fold=not unfolded)
     if blocks is not None:
         model.transformer_blocks = model.transformer_blocks[:blocks]
     return model.eval().requires_grad_(False)
@@ -245,6 +247,35 @@ def child_steps(folder: str, setting: str, steps: int, blocks: int | None, frame
             "base_s": statistics.mean(base_times), "skip_share": skipped, "peak_gib": _peak_gib()}
 
 
+def child_fold(pairs: int) -> dict:
+    """PSNR against full precision on ``pairs`` held-out pairs of both shipped models (fp32, the
+    shapes pipelines' 20 steps, CFG 4) of ``w4a8`` (GPTQ on 8 calibration prompts) as converted,
+    with kept INT8 unfolded, and folded: what ``fold`` costs in quality where it can be measured."""
+    import torch
+
+    import sixbit
+    from sixbit.bench.harness import calibration_pairs, heldout_pairs
+    from sixbit.eval.metrics import psnr
+    from sixbit.eval.shapes import generate_heldout
+    from sixbit.zoo.shapes import load_pipeline
+
+    held, out = heldout_pairs(pairs), {}
+    for arch in ("cogvideox", "wan"):
+        with torch.no_grad():
+            fp, _ = generate_heldout(load_pipeline(arch), held, 20, 4.0)
+            pipe = load_pipeline(arch)
+            sixbit.convert_model(pipe, [p for p, _ in calibration_pairs(8)], "w4a8")
+            rows = {}
+            for name, fold in (("w4a8", None), ("w4a8" + KEPT + UNFOLDED, False), ("w4a8" + KEPT, True)):
+                if fold is not None:
+                    sixbit.keep_int8_weights(pipe.transformer, enabled=False)
+                    sixbit.keep_int8_weights(pipe.transformer, fold=fold)
+                videos, _ = generate_heldout(pipe, held, 20, 4.0)
+                rows[name] = [psnr(v, r) for v, r in zip(videos, fp)]
+        out[arch] = rows
+    return out
+
+
 # ----------------------------------------------------------------------------- parent
 
 def section(r: dict) -> str:
@@ -317,6 +348,19 @@ def section(r: dict) -> str:
                       "(`cache-pareto`; the default 0.2: 45 %); on these random weights the default threshold skips "
                       "nothing. It times a trained model's skip pattern at this size; the quality of those skips is "
                       "measured on the trained models, not here."]
+    fold = r.get("fold")
+    if fold:
+        names = list(next(iter(fold.values())))
+        n = len(next(iter(next(iter(fold.values())).values())))
+        lines += ["", f"*fold* (`keep_int8_weights(fold=True)`, the default; *unfolded*: `fold=False`): a rotating or "
+                  "branched layer packs the INT8 rounding of `(W_q + U·D)·H`, so its INT8 calls quantize the input "
+                  "unrotated and run one GEMM, no rotation or branch. What that does to quality, on the shipped "
+                  f"models (fp32, {n} held-out pairs, 20 steps, CFG 4; `w4a8` with GPTQ on 8 calibration prompts), "
+                  "PSNR against full precision, mean (min) dB:", "",
+                  "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for arch, rows in fold.items():
+            lines.append(f"| shapes-{arch} | " + " | ".join(
+                f"{statistics.mean(v):.2f} ({min(v):.2f})" for v in rows.values()) + " |")
     lines += ["", "Checks (issue 24): " + "; ".join(_checks(r)) + "."]
     return "\n".join(lines) + "\n"
 
@@ -343,6 +387,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20, help="steps of the balanced run (0: skip it)")
     parser.add_argument("--step-settings", default=",".join(STEP_SETTINGS))
+    parser.add_argument("--fold-pairs", type=int, default=16, help="held-out pairs of the shipped models on which "
+                        "kept INT8 is scored folded and unfolded (0: skip)")
     parser.add_argument("--interleave", action="store_true", help="time each setting's calls against a bf16 call "
                         "right before each, in the same process (both models resident)")
     parser.add_argument("--frames", type=int, default=4)
@@ -362,7 +408,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         kind, *rest = args.child
-        fn = {"call": child_call, "steps": child_steps}[kind]
+        fn = {"call": child_call, "steps": child_steps, "fold": child_fold}[kind]
         typed = [int(x) if x.isdigit() else (None if x == "none" else x) for x in rest]
         print(json.dumps(fn(*typed)))
         return 0
@@ -426,6 +472,9 @@ def main(argv=None) -> int:
             r["steps"][setting] = s = _run_child(["steps", str(folder), setting, str(args.steps), blocks, str(args.frames),
                                                   str(args.side), w4a8], args.rss_limit_gib, log, script=__file__)
             log(f"{setting}: {json.dumps(s)}")
+    if args.fold_pairs and not args.quick:
+        log(f"fold quality on the shipped models ({args.fold_pairs} pairs)")
+        r["fold"] = _run_child(["fold", str(args.fold_pairs)], args.rss_limit_gib, log, script=__file__)
     if previous is not None:
         run = 1 + max(c.get("run", 0) for c in previous["calls"].values())
         for c in r["calls"].values():
@@ -433,6 +482,7 @@ def main(argv=None) -> int:
                 c.update(run=run, base_s=r["calls"][base]["call_s"])
         previous["calls"].update({k: v for k, v in r["calls"].items() if k != base})
         previous["steps"].update(r["steps"])
+        previous.update({k: r[k] for k in ("fold",) if k in r})
         r = previous
     text = section(r)
     if args.quick:

@@ -219,7 +219,7 @@ def _tensor_bytes(model: nn.Module) -> int:
     return total
 
 
-def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
+def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True) -> int:
     """Keep every quantized layer's INT8 GEMM operand ready, built now: an INT8 copy of weights the
     integer GEMM cannot read directly (NVFP4, MX, FP8, grouped formats: the 4-bit presets), and on
     CPUs with AMX INT8 (:func:`sixbit.kernels.amx_int8`) every layer's INT8 weight packed for
@@ -232,12 +232,23 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
     to per-channel INT8, which at CogVideoX-2B size costs more than the GEMM, and INT8 GEMMs take
     ``torch._int_mm``, which does not reach AMX (BENCHMARKS.md ``cpu-speed``). With it every layer
     holds 8 more bits per weight and a scale per row (``w4a8``: 4.9 → 13 bits; ``w8a8`` on AMX:
-    8 → 16, bf16's size). Results differ from the model without them by rounding only: on AMX the
-    two fp32 scale multiplies come in the other order, and on bf16 models the GEMM's output times
-    the weight scale is rounded once to bf16 before the token scale (a low-rank branch, divided by
-    the token scale, is added to it before that rounding: no (tokens, N) tensor of its own, and the
+    8 → 16, bf16's size). Checkpoints never hold the copies.
+
+    ``fold`` (default True; AMX CPUs): a layer that rotates its input or has a low-rank branch (the
+    4-bit presets) packs the INT8 rounding of everything it computes, ``(W_q + U·D)·H``, so its
+    INT8 calls are plain W8A8 ones: the input quantized per token unrotated, one GEMM, no rotation
+    and no branch (at CogVideoX-2B size `w4a8` then runs at 1.3× bf16 instead of 1.1×). That
+    changes results by quantization noise: on the shipped models' 16 held-out pairs, PSNR against
+    full precision moved +0.4 dB (shapes-cogvideox) and −0.3 dB (shapes-wan) against the unfolded
+    kept path (BENCHMARKS.md ``cpu-speed``). Calls at another precision (PDR's refreshes, DMPQ)
+    still use the stored weight and branch.
+
+    Unfolded, results differ from the model without the copies by rounding only: on AMX the two
+    fp32 scale multiplies come in the other order, and on bf16 models the GEMM's output times the
+    weight scale is rounded once to bf16 before the token scale (a low-rank branch, divided by the
+    token scale, is added to it before that rounding: no (tokens, N) tensor of its own, and the
     scaling writes in place); the fused GELU runs in fp32 before the output's one rounding
-    (unfused: after it). Checkpoints never hold the copies.
+    (unfused: after it).
 
     Example:
         >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP
@@ -251,7 +262,7 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True) -> int:
         if not enabled:
             continue
         if kernels.amx_int8() and next(layer.buffers()).device.type == "cpu":
-            layer.pack_int8()
+            layer.pack_int8(fold)
         else:
             layer.int8_weight()  # builds and keeps the copy (a no-op for INT8-ready weights)
     fuse_activations(model, enabled)

@@ -288,8 +288,8 @@ def test_kept_int8_adds_the_branch_to_the_gemm_output_and_scales_in_place(monkey
     x = (torch.randn(2, 9, 128) * torch.exp(torch.randn(128))).bfloat16()
     plain = layer(x).float()
     without_branch = plain - F.linear(F.linear(x.float(), layer.lowrank_down.float()), layer.lowrank_up.float())
-    sixbit.keep_int8_weights(torch.nn.Sequential(layer))
-    assert layer._packed is not None
+    sixbit.keep_int8_weights(torch.nn.Sequential(layer), fold=False)
+    assert layer._packed is not None and not layer._folded
     flags = []
     epilogue = kernels.scale_epilogue
     monkeypatch.setattr(kernels, "scale_epilogue", lambda *a, **k: flags.append(k.get("inplace")) or epilogue(*a, **k))
@@ -312,3 +312,34 @@ def test_large_rotations_reuse_one_buffer(monkeypatch):
     assert all(map(torch.equal, got, want)) and buffer.numel() == x.numel()
     assert all(map(torch.equal, ql._quantize_rows(x[:20], 128), (want[0][:20], want[1][:20])))
     assert ql._SCRATCH.buf is buffer  # a smaller input reuses it
+
+
+@pytest.mark.skipif(not __import__("sixbit.kernels", fromlist=["amx_int8"]).amx_int8(), reason="no AMX INT8 on this CPU")
+def test_folded_kept_int8_is_the_plain_int8_product_with_the_folded_weight():
+    """``fold=True`` packs the INT8 rounding of ``(W_q + U·D)·H``: an INT8 call quantizes the input
+    unrotated and multiplies once, no branch — exactly the reference product with that weight; the
+    result stays within quantization noise of the unfolded layer, and other modes still use the
+    stored weight and branch."""
+    from sixbit import kernels
+
+    torch.manual_seed(0)
+    layer = QuantLinear.from_linear(torch.nn.Linear(128, 48), "nvfp4", hadamard_block=32, act_mode="int8")
+    layer.lowrank_up, layer.lowrank_down = torch.randn(48, 4), torch.randn(4, 128) * 0.1
+    x = torch.randn(2, 9, 128) * torch.exp(torch.randn(128) * 0.5)
+    plain, fp = layer(x), layer(x, mode=ActMode.FP)
+    sixbit.keep_int8_weights(torch.nn.Sequential(layer))  # fold=True is the default
+    assert layer._folded and "folded" in layer.execution()
+    w = layer.quantized_weight().dequantize() + layer.lowrank_up @ layer.lowrank_down
+    w_codes, w_scale = kernels.quantize_rows_reference(hadamard.rotate(w, 32))
+    x_codes, x_scale = kernels.quantize_rows_reference(x.reshape(-1, 128))
+    acc = kernels.packed_int8_matmul_reference(x_codes, w_codes, w_scale.reshape(-1))
+    want = kernels.scale_epilogue_reference(acc, x_scale, None, None, layer.bias, torch.float32).reshape(2, 9, 48)
+    assert torch.equal(layer(x), want)
+    torch.testing.assert_close(layer(x), plain, rtol=0.05, atol=0.02 * plain.abs().max().item())
+    assert torch.equal(layer(x, mode=ActMode.FP), fp)
+    sixbit.keep_int8_weights(torch.nn.Sequential(layer), enabled=False)
+    assert not layer._folded and torch.equal(layer(x), plain)
+    divided = QuantLinear.from_linear(torch.nn.Linear(128, 48), "nvfp4", act_mode="int8", input_divisor=torch.rand(128) + 0.5)
+    divided.lowrank_up, divided.lowrank_down = torch.randn(48, 4), torch.randn(4, 128) * 0.1
+    sixbit.keep_int8_weights(torch.nn.Sequential(divided))
+    assert divided._packed is not None and not divided._folded  # a divided input is packed as stored

@@ -142,6 +142,7 @@ class QuantLinear(nn.Module):
         self.cache_converted = cache_converted
         self._converted: dict[str, Quantized] = {}
         self._packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see pack_int8()
+        self._folded = False  # the packed operand holds the rotation and the branch: see pack_int8()
         self._loras: dict[str, float] = {}  # adapter name → scale; factors in buffers lora_<name>_down/_up
 
     @classmethod
@@ -240,20 +241,48 @@ class QuantLinear(nn.Module):
         packed = 0 if self._packed is None else self.out_features * (self.in_features + 4)
         return sum(q.nbytes for q in self._converted.values()) + packed
 
-    def pack_int8(self) -> None:
+    def pack_int8(self, fold: bool = False) -> None:
         """Keep the INT8 GEMM operand packed once for oneDNN's AMX INT8 kernel
         (:func:`sixbit.kernels.amx_int8`): N·K bytes and a scale per row, counted by
         :meth:`converted_nbytes`; CPU calls then multiply through it, bit-identical up to the
         order of the two fp32 scale multiplies. It replaces a kept INT8 copy; moving the layer or
-        cutting its rows drops it."""
-        codes, scale = self.int8_weight()
-        self._packed = (kernels.pack_int8_weight(codes), scale.float().clone())
+        cutting its rows drops it.
+
+        ``fold``: for a layer that rotates its input or has a low-rank branch, pack instead the
+        per-channel INT8 rounding of the whole function it computes, ``(W_q + U·D)·H`` (the
+        stored weight plus its branch, rotated back: ``H·H = I``), so that an INT8 call is the
+        plain one — the input quantized per token as it comes, one GEMM, no rotation, no branch.
+        Not bit-identical: the activations are quantized unrotated, and the INT8 rounding is of
+        that sum rather than of the stored weight (a layer with an input divisor is packed unfolded)."""
+        fold = fold and self.input_divisor is None and (self.hadamard_block is not None or self.lowrank_up is not None)
+        codes, scale = self._folded_int8() if fold else self.int8_weight()
+        self._packed, self._folded = (kernels.pack_int8_weight(codes), scale.float().clone()), fold
         self._converted.pop("int8", None)
+
+    def _folded_int8(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel INT8 codes ``(N, K)`` and scales ``(N,)`` of ``(W_q + U·D)·H``, a block of
+        rows at a time (each row's depends only on that row)."""
+        stored, whole = self.quantized_weight(), None
+        step = max(1, _CONVERT_BYTES // (4 * self.in_features))
+        parts = []
+        for r in range(0, self.out_features, step):
+            rows = slice(r, min(r + step, self.out_features))
+            try:
+                w = stored.rows(rows.start, rows.stop).dequantize()
+            except NotImplementedError:  # a container that cannot be sliced: dequantized whole, once
+                whole = stored.dequantize() if whole is None else whole
+                w = whole[rows]
+            if self.lowrank_up is not None:
+                w = w + self.lowrank_up[rows].float() @ self.lowrank_down.float()
+            if self.hadamard_block is not None:
+                w = hadamard.rotate(w, self.hadamard_block)
+            parts.append(kernels.quantize_rows_reference(w))
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).reshape(-1)
 
     def drop_converted(self) -> None:
         """Free every kept conversion and packed copy (the stored weight stays)."""
         self._converted.clear()
-        self._packed = None
+        self._packed, self._folded = None, False
 
     # ---------------------------------------------------------------- LoRA adapters
 
@@ -421,6 +450,10 @@ class QuantLinear(nn.Module):
             w_codes, w_scale = self.int8_weight()
             y = kernels.int8_linear(x2, w_codes, w_scale, self.hadamard_block)
             return self._finish(x, y, lead, activation=activation)
+        if self._folded and mode is ActMode.INT8 and x2.device.type == "cpu":  # see pack_int8(fold=True)
+            bias, fused = (None, None) if self._loras else (self.bias, activation)
+            y = self._forward_int8(x2, None, bias, torch.float32 if self._loras else x.dtype, fused, x)
+            return self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
         late = self._late_rotation(mode, x2)
         if not late and (mode is ActMode.NVFP4 or (mode is ActMode.INT8 and not self._plain_int8())):
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
@@ -546,7 +579,8 @@ class QuantLinear(nn.Module):
             if self.act_quantizer is not None:
                 return f"{self.act_quantizer.describe()} (real, {backend})"
             if self._packed is not None and device.type == "cpu":
-                return "int8 (real, oneDNN AMX INT8 on a packed copy)"
+                folded = " (rotation and branch folded in)" if self._folded else ""
+                return f"int8 (real, oneDNN AMX INT8 on a packed copy{folded})"
             fused = " + Triton fused quantize" if kernels.fused_int8(device) else ""
             return f"int8 (real, {backend}{fused})"
         if mode is ActMode.NVFP4:
