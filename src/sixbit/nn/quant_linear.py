@@ -253,8 +253,10 @@ class QuantLinear(nn.Module):
         stored weight plus its branch, rotated back: ``H·H = I``), so that an INT8 call is the
         plain one — the input quantized per token as it comes, one GEMM, no rotation, no branch.
         Not bit-identical: the activations are quantized unrotated, and the INT8 rounding is of
-        that sum rather than of the stored weight (a layer with an input divisor is packed unfolded)."""
-        fold = fold and self.input_divisor is None and (self.hadamard_block is not None or self.lowrank_up is not None)
+        that sum rather than of the stored weight (a layer with an input divisor or a static
+        quantizer is packed unfolded)."""
+        fold = (fold and self.input_divisor is None and self.act_quantizer is None
+                and (self.hadamard_block is not None or self.lowrank_up is not None))
         codes, scale = self._folded_int8() if fold else self.int8_weight()
         self._packed, self._folded = (kernels.pack_int8_weight(codes), scale.float().clone()), fold
         self._converted.pop("int8", None)
@@ -680,7 +682,7 @@ def _full(branch: _Branch | None) -> torch.Tensor | None:
 
 def _add_branch(acc: torch.Tensor, branch: _Branch, x_scale: torch.Tensor) -> None:
     """``acc += branch / x_scale`` in place (``x_scale`` (tokens, 1): an epilogue multiplies by it
-    next), one GEMM of rank ``K`` accumulating into ``acc``, rounded once to its dtype."""
+    next): one GEMM over the branch's rank accumulating into ``acc``, rounded once to its dtype."""
     acc.addmm_((branch.down.float() / x_scale).to(acc.dtype), branch.up.to(acc.dtype).t())
 
 
