@@ -225,8 +225,11 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     CPUs with AMX INT8 (:func:`sixbit.kernels.amx_int8`) every layer's INT8 weight packed for
     oneDNN's AMX kernel; and each feed-forward's GELU applied inside its first linear's INT8
     epilogue (:func:`sixbit.runtime.fusion.fuse_activations`: no pass of its own over the
-    (tokens, 4·hidden) output). ``enabled=False`` drops them. Returns the bytes they hold (0 after
-    dropping them); :func:`summary` counts them.
+    (tokens, 4·hidden) output). On CPUs, weight-only NVFP4 layers (the 4-bit presets' modulation),
+    which dequantize their weight on every call, keep its values unpacked, one int8 per weight
+    (:meth:`~sixbit.nn.QuantLinear.unpack_nvfp4`: a multiply instead of a table lookup, bit-identical).
+    ``enabled=False`` drops them. Returns the bytes they hold (0 after dropping them);
+    :func:`summary` counts them.
 
     Speed against memory, on CPUs: without it each INT8 call of a 4-bit layer re-rounds its weight
     to per-channel INT8, which at CogVideoX-2B size costs more than the GEMM, and INT8 GEMMs take
@@ -256,6 +259,11 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     # weight-only layers never multiply in INT8; static W8A8 layers use their quantizer's weights
     layers = [m for m in model.modules()
               if isinstance(m, QuantLinear) and not m.weight_only and m.act_quantizer is None]
+    weight_only = [m for m in model.modules() if isinstance(m, QuantLinear) and m.weight_only]
+    for layer in weight_only:
+        layer.drop_converted()
+        if enabled and next(layer.buffers()).device.type == "cpu":
+            layer.unpack_nvfp4()
     for layer in layers:
         layer.cache_converted = bool(enabled)
         layer.drop_converted()
@@ -266,7 +274,7 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
         else:
             layer.int8_weight()  # builds and keeps the copy (a no-op for INT8-ready weights)
     fuse_activations(model, enabled)
-    return sum(m.converted_nbytes() for m in layers)
+    return sum(m.converted_nbytes() for m in layers + weight_only)
 
 
 def summary(model: nn.Module) -> Summary:

@@ -170,3 +170,17 @@ def test_in_place_epilogue_writes_into_the_accumulator(compiled):
             torch.testing.assert_close(out, want, rtol=0 if activation is None else 2**-8, atol=0 if activation is None else 1e-5)
     with pytest.raises(ValueError, match="it must be torch.bfloat16, not torch.float32"):
         compiled.scale_epilogue_reference(acc.float(), xs, None, None, bias, torch.bfloat16, None, True)
+
+
+def test_unpacked_nvfp4_dequantization_is_bit_identical(compiled):
+    from sixbit.formats import nvfp4
+
+    torch.manual_seed(0)
+    q = nvfp4.quantize(torch.randn(24, 96) * torch.logspace(-2, 2, 24).reshape(-1, 1))
+    values = (q.element_values() * 2).to(torch.int8)
+    assert torch.equal(values.float() / 2, q.element_values())  # twice an E2M1 value is an integer in −12…12
+    for dtype in (torch.float32, torch.bfloat16):
+        want = q.dequantize(dtype)
+        assert torch.equal(compiled.nvfp4_unpacked_dequantize_reference(values, q.scales, q.global_scale, dtype), want)
+        assert torch.equal(compiled.nvfp4_unpacked_dequantize(values, q.scales, q.global_scale, dtype), want)
+    assert "nvfp4_unpacked_dequantize_reference" in compiled._COMPILED

@@ -343,3 +343,21 @@ def test_folded_kept_int8_is_the_plain_int8_product_with_the_folded_weight():
     divided.lowrank_up, divided.lowrank_down = torch.randn(48, 4), torch.randn(4, 128) * 0.1
     sixbit.keep_int8_weights(torch.nn.Sequential(divided))
     assert divided._packed is not None and not divided._folded  # a divided input is packed as stored
+
+
+def test_kept_weight_only_nvfp4_layers_dequantize_from_unpacked_values(monkeypatch):
+    from sixbit import kernels
+
+    torch.manual_seed(0)
+    layer = QuantLinear.from_linear(torch.nn.Linear(64, 96), "nvfp4")
+    int8_layer = QuantLinear.from_linear(torch.nn.Linear(64, 96), "int8")
+    layer.weight_only = int8_layer.weight_only = True  # as a modulation layer is built
+    x = torch.randn(3, 64)
+    before = layer(x)
+    extra = sixbit.keep_int8_weights(torch.nn.Sequential(layer, int8_layer))
+    assert extra == 96 * 64 and layer._unpacked is not None and int8_layer._unpacked is None
+    calls = []
+    unpacked = kernels.nvfp4_unpacked_dequantize
+    monkeypatch.setattr(kernels, "nvfp4_unpacked_dequantize", lambda *a: calls.append(1) or unpacked(*a))
+    assert torch.equal(layer(x), before) and calls == [1]
+    assert sixbit.keep_int8_weights(torch.nn.Sequential(layer), enabled=False) == 0 and layer._unpacked is None

@@ -143,6 +143,7 @@ class QuantLinear(nn.Module):
         self._converted: dict[str, Quantized] = {}
         self._packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see pack_int8()
         self._folded = False  # the packed operand holds the rotation and the branch: see pack_int8()
+        self._unpacked: torch.Tensor | None = None  # a weight-only NVFP4 weight's values: see unpack_nvfp4()
         self._loras: dict[str, float] = {}  # adapter name → scale; factors in buffers lora_<name>_down/_up
 
     @classmethod
@@ -239,7 +240,8 @@ class QuantLinear(nn.Module):
         """Bytes of weight copies converted for another activation mode and kept
         (``cache_converted=True``) or packed for the AMX INT8 kernel (:meth:`pack_int8`); 0 otherwise."""
         packed = 0 if self._packed is None else self.out_features * (self.in_features + 4)
-        return sum(q.nbytes for q in self._converted.values()) + packed
+        unpacked = 0 if self._unpacked is None else self._unpacked.numel()
+        return sum(q.nbytes for q in self._converted.values()) + packed + unpacked
 
     def pack_int8(self, fold: bool = False) -> None:
         """Keep the INT8 GEMM operand packed once for oneDNN's AMX INT8 kernel
@@ -281,10 +283,23 @@ class QuantLinear(nn.Module):
             parts.append(kernels.quantize_rows_reference(w))
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).reshape(-1)
 
+    def unpack_nvfp4(self) -> bool:
+        """Keep an NVFP4 weight's E2M1 values unpacked, one int8 per weight (twice each value: the
+        integers −12…12, exact), for a layer that dequantizes its weight on every call (weight-only
+        layers: modulation): the dequantization is then a multiply instead of a table lookup per
+        nibble, bit-identical (:func:`sixbit.kernels.nvfp4_unpacked_dequantize`). N·K bytes,
+        counted by :meth:`converted_nbytes`; moving the layer or cutting its rows drops them.
+        Returns whether the weight is NVFP4 (else nothing is kept)."""
+        stored = self.quantized_weight()
+        if not isinstance(stored, nvfp4.NVFP4Quantized) or stored.codes.dim() != 2:
+            return False
+        self._unpacked = (stored.element_values() * 2).to(torch.int8)
+        return True
+
     def drop_converted(self) -> None:
         """Free every kept conversion and packed copy (the stored weight stays)."""
         self._converted.clear()
-        self._packed, self._folded = None, False
+        self._packed, self._folded, self._unpacked = None, False, None
 
     # ---------------------------------------------------------------- LoRA adapters
 
@@ -525,6 +540,8 @@ class QuantLinear(nn.Module):
         stored = self.quantized_weight()
         if kernels.weight4_fused(x.device) and kernels.weight4_supported(stored):
             y = kernels.weight4_linear(x, stored)  # the 4-bit weight decoded inside the GEMM
+        elif self._unpacked is not None:
+            y = F.linear(x, kernels.nvfp4_unpacked_dequantize(self._unpacked, stored.scales, stored.global_scale, x.dtype))
         else:
             y = F.linear(x, _dequantize(stored, x.dtype))
         return _add(y, branch, bias)
