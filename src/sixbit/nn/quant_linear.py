@@ -264,24 +264,16 @@ class QuantLinear(nn.Module):
         self._converted.pop("int8", None)
 
     def _folded_int8(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-channel INT8 codes ``(N, K)`` and scales ``(N,)`` of ``(W_q + U·D)·H``, a block of
-        rows at a time (each row's depends only on that row)."""
-        stored, whole = self.quantized_weight(), None
-        step = max(1, _CONVERT_BYTES // (4 * self.in_features))
-        parts = []
-        for r in range(0, self.out_features, step):
-            rows = slice(r, min(r + step, self.out_features))
-            try:
-                w = stored.rows(rows.start, rows.stop).dequantize()
-            except NotImplementedError:  # a container that cannot be sliced: dequantized whole, once
-                whole = stored.dequantize() if whole is None else whole
-                w = whole[rows]
+        """Per-channel INT8 codes ``(N, K)`` and scales ``(N,)`` of ``(W_q + U·D)·H``."""
+        def fold(part: Quantized, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+            w = part.dequantize()
             if self.lowrank_up is not None:
                 w = w + self.lowrank_up[rows].float() @ self.lowrank_down.float()
             if self.hadamard_block is not None:
                 w = hadamard.rotate(w, self.hadamard_block)
-            parts.append(kernels.quantize_rows_reference(w))
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).reshape(-1)
+            return kernels.quantize_rows_reference(w)
+
+        return _by_row_blocks(self.quantized_weight(), self.out_features, self.in_features, fold)
 
     def unpack_nvfp4(self) -> bool:
         """Keep an NVFP4 weight's E2M1 values unpacked, one int8 per weight (twice each value: the
@@ -430,14 +422,9 @@ class QuantLinear(nn.Module):
             return stored.values(), stored.scale.reshape(-1)
         cached = self._converted.get("int8")
         if cached is None:
-            step = max(1, _CONVERT_BYTES // (4 * self.in_features))
-            try:
-                numel = self.out_features * self.in_features
-                parts = [_to_int8(stored.rows(r, min(r + step, self.out_features)), numel)
-                         for r in range(0, self.out_features, step)]
-                codes, scale = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-            except NotImplementedError:  # a container that cannot be sliced: convert it whole
-                codes, scale = _to_int8(stored)
+            numel = self.out_features * self.in_features
+            codes, scale = _by_row_blocks(stored, self.out_features, self.in_features,
+                                          lambda part, rows: _to_int8(part, numel))
             if not self.cache_converted:
                 return codes, scale
             cached = integer.IntQuantized(codes.reshape(-1).view(torch.uint8), scale.reshape(-1, 1),
@@ -723,6 +710,20 @@ def _dequantize(q: Quantized, dtype: torch.dtype) -> torch.Tensor:
 def _fits_int8_gemm(q: Quantized) -> bool:
     """Symmetric per-channel integer codes of ≤ 8 bits: ``values()`` is int8, ``scale`` is (N, 1)."""
     return isinstance(q, integer.IntQuantized) and q.symmetric and q.granularity == "channel"
+
+
+def _by_row_blocks(stored: Quantized, n: int, k: int,
+                   convert: Callable[[Quantized, slice], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel codes ``(n, k)`` and scales ``(n,)`` from ``convert(part, rows)`` run on blocks of
+    rows of ``stored`` (``part``: those rows, ``rows``: their slice), so no fp32 temporary is larger
+    than ~1 MiB; identical to converting it whole when each row's result depends only on that row.
+    A container that cannot be sliced is converted whole (``rows``: every row)."""
+    step = max(1, _CONVERT_BYTES // (4 * k))
+    try:
+        parts = [convert(stored.rows(r, min(r + step, n)), slice(r, min(r + step, n))) for r in range(0, n, step)]
+    except NotImplementedError:
+        parts = [convert(stored, slice(None))]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).reshape(-1)
 
 
 def _to_int8(q: Quantized, numel: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
