@@ -59,7 +59,7 @@ def test_compiled_ops_are_bit_identical_to_the_eager_ones(compiled):
     for shape in ((50, 96), (37, 48)):  # other rows: the same kernel; another width: its own
         x = torch.randn(*shape)
         assert all(map(torch.equal, compiled.quantize_rows(x), compiled.quantize_rows_reference(x)))
-    assert set(compiled._COMPILED) == {"quantize_rows_reference[96]", "quantize_rows_reference[48]",
+    assert set(compiled._COMPILED) == {"_codes_and_amax[96]", "_codes_and_amax[48]",
                                        "scale_epilogue_reference"}
 
 
@@ -105,7 +105,7 @@ def test_compiled_nvfp4_to_int8_equals_dequantize_then_round(compiled):
     ref = integer.quantize(q.dequantize(), bits=8, granularity="channel", check=False)
     codes, scale = compiled.nvfp4_to_int8(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table())
     assert torch.equal(codes, ref.values()) and torch.equal(scale, ref.scale.reshape(-1))
-    assert "nvfp4_to_int8_reference" in compiled._COMPILED
+    assert "_nvfp4_codes_and_amax" in compiled._COMPILED
 
 
 @pytest.mark.skipif(not __import__("sixbit.kernels", fromlist=["amx_int8"]).amx_int8(), reason="no AMX INT8 on this CPU")
@@ -170,6 +170,24 @@ def test_in_place_epilogue_writes_into_the_accumulator(compiled):
             torch.testing.assert_close(out, want, rtol=0 if activation is None else 2**-8, atol=0 if activation is None else 1e-5)
     with pytest.raises(ValueError, match="it must be torch.bfloat16, not torch.float32"):
         compiled.scale_epilogue_reference(acc.float(), xs, None, None, bias, torch.bfloat16, None, True)
+
+
+def test_epilogue_that_quantizes_its_output_gives_the_codes_of_the_rounded_output(compiled):
+    torch.manual_seed(0)
+    acc = (torch.randn(37, 40) * 30).bfloat16()
+    acc[3] = 0  # with no bias and GELU, an all-zero output row: scale 1
+    xs, bias = torch.rand(37, 1) * 0.1, torch.randn(40)
+    for activation, b in ((None, bias), ("gelu-tanh", bias), ("gelu", None)):
+        for dtype in (torch.bfloat16, torch.float32):
+            want = compiled.scale_epilogue_reference(acc.to(dtype), xs, None, None, b, dtype, activation)
+            for fn in (compiled.scale_epilogue_quantize_reference, compiled.scale_epilogue_quantize):
+                a = acc.to(dtype, copy=True)
+                codes, scale = fn(a, xs, b, activation)
+                torch.testing.assert_close(a, want, rtol=0 if activation is None else 2**-8,
+                                           atol=0 if activation is None else 1e-5)
+                # the codes of the output as written (inductor would otherwise quantize its fp32 value)
+                assert all(map(torch.equal, (codes, scale), compiled.quantize_rows_reference(a)))
+    assert "_epilogue_codes_and_amax[40]" in compiled._COMPILED
 
 
 def test_unpacked_nvfp4_dequantization_is_bit_identical(compiled):

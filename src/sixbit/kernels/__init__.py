@@ -30,6 +30,8 @@ from .cpu import (
     quantize_rows,
     quantize_rows_reference,
     scale_epilogue,
+    scale_epilogue_quantize,
+    scale_epilogue_quantize_reference,
     scale_epilogue_reference,
 )
 from .cuda import (
@@ -82,6 +84,8 @@ __all__ = [
     "quantize_rows",
     "quantize_rows_reference",
     "scale_epilogue",
+    "scale_epilogue_quantize",
+    "scale_epilogue_quantize_reference",
     "scale_epilogue_reference",
     "weight4_fused",
     "weight4_linear",
