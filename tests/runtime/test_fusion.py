@@ -26,7 +26,8 @@ def test_fused_feed_forward_gives_the_unfused_output(activation_fn, act_mode):
     ff.net[0].proj.register_forward_hook(lambda m, args, kwargs, out: calls.append(kwargs), with_kwargs=True)
     assert fuse_activations(ff) == 1 and fuse_activations(ff) == 1  # idempotent
     fused = ff(x)
-    assert calls[-1] == {"activation": "gelu-tanh" if activation_fn == "gelu-approximate" else "gelu"}
+    assert calls[-1] == {"activation": "gelu-tanh" if activation_fn == "gelu-approximate" else "gelu",
+                         "quantize_output": act_mode == "int8"}  # the second linear reads per-token codes
     torch.testing.assert_close(fused.float(), before.float(), rtol=2**-6, atol=2**-6)
     assert fuse_activations(ff, enabled=False) == 0
     assert torch.equal(ff(x), before) and calls[-1] == {}
@@ -45,3 +46,30 @@ def test_keep_int8_weights_fuses_and_unfuses():
 def test_a_plain_linear_is_left_alone():
     ff = FeedForward(32, activation_fn="gelu-approximate")
     assert fuse_activations(ff) == 0 and not hasattr(ff.net[0], "_diffusers_hook")
+
+
+@pytest.mark.skipif(not __import__("sixbit.kernels", fromlist=["amx_int8"]).amx_int8(), reason="no AMX INT8 on this CPU")
+@pytest.mark.parametrize("weights", ["int8", "nvfp4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_first_linear_quantizes_the_second_ones_input(weights, dtype, monkeypatch):
+    from sixbit.nn import quant_linear
+
+    torch.manual_seed(0)
+    ff = FeedForward(64, activation_fn="gelu-approximate").eval()
+    block = 32 if weights == "nvfp4" else None  # a rotating 4-bit layer: its folded copy takes codes as they come
+    for i in (0, 2):
+        parent, name = (ff.net[0], "proj") if i == 0 else (ff.net, "2")
+        setattr(parent, name, QuantLinear.from_linear(getattr(parent, name), weights, hadamard_block=block, act_mode="int8"))
+    ff.to(dtype)
+    sixbit.keep_int8_weights(ff)
+    assert ff.net[2].reads_token_codes()
+    x = torch.randn(2, 7, 64, dtype=dtype)
+    quantized = []
+    real = quant_linear.kernels.quantize_rows
+    monkeypatch.setattr(quant_linear.kernels, "quantize_rows", lambda t: quantized.append(t.shape) or real(t))
+    fused = ff(x)
+    assert quantized == [(14, 64)]  # the first linear's input only: the second's codes came from the first's epilogue
+    monkeypatch.setattr(QuantLinear, "reads_token_codes", lambda self: False)
+    assert torch.equal(ff(x), fused) and quantized[1:] == [(14, 64), (14, 256)]
+    with torch.inference_mode():  # no version counter to tell a changed input: nothing remembered
+        assert torch.equal(ff(x), fused)

@@ -434,11 +434,15 @@ class QuantLinear(nn.Module):
 
     # ---------------------------------------------------------------- compute
 
-    def forward(self, x: torch.Tensor, mode: ActMode | None = None, activation: str | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mode: ActMode | None = None, activation: str | None = None,
+                quantize_output: bool = False) -> torch.Tensor:
         """``x @ Wᵀ + b`` at ``mode`` (default: decided once for this call, see
         :mod:`sixbit.nn.precision`), then ``activation`` if given (one of
         :data:`sixbit.kernels.ACTIVATIONS`: applied inside the INT8 epilogue, no pass of its own;
-        :func:`sixbit.runtime.fusion.fuse_activations` asks for it)."""
+        :func:`sixbit.runtime.fusion.fuse_activations` asks for it). ``quantize_output``: on the
+        CPU's packed INT8 path, the epilogue also quantizes the output per token for the next
+        layer, which finds those codes when its input is this output, unchanged (a feed-forward's
+        second linear; same results as quantizing it there)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}")
         if activation is not None and activation not in kernels.ACTIVATIONS:
@@ -456,8 +460,10 @@ class QuantLinear(nn.Module):
             return self._finish(x, y, lead, activation=activation)
         if self._folded and mode is ActMode.INT8 and x2.device.type == "cpu":  # see pack_int8(fold=True)
             bias, fused = (None, None) if self._loras else (self.bias, activation)
-            y = self._forward_int8(x2, None, bias, torch.float32 if self._loras else x.dtype, fused, x)
-            return self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
+            codes = [] if quantize_output and not self._loras else None
+            y = self._forward_int8(x2, None, bias, torch.float32 if self._loras else x.dtype, fused, x, out_codes=codes)
+            return _remembered(self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation),
+                               codes)
         late = self._late_rotation(mode, x2)
         if not late and (mode is ActMode.NVFP4 or (mode is ActMode.INT8 and not self._plain_int8())):
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
@@ -476,14 +482,16 @@ class QuantLinear(nn.Module):
         # LoRAs come before the bias: with them, the bias waits for _finish
         bias = None if self._loras else self.bias
         dtype = torch.float32 if self._loras else x.dtype
-        fused = None  # the activation applied by the INT8 epilogue (not after LoRAs: they come first)
+        fused, codes = None, None  # the activation applied by the INT8 epilogue (not after LoRAs: they come first)
         if mode is ActMode.INT8 and self.act_quantizer is None:
             fused = None if self._loras else activation
+            codes = [] if quantize_output and not self._loras else None
             y = self._forward_int8(x2, branch, bias, dtype, fused, x if self._plain_int8() or late else None,
-                                   self.hadamard_block if late else None)
+                                   self.hadamard_block if late else None, codes)
         else:
             y = _PATHS[mode](self, x2, branch, bias, dtype)
-        return self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
+        return _remembered(self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation),
+                           codes)
 
     def _finish(self, x: torch.Tensor, y: torch.Tensor, lead, bias_added: bool = False,
                 activation: str | None = None) -> torch.Tensor:
@@ -499,6 +507,13 @@ class QuantLinear(nn.Module):
         if activation is not None:
             y = F.gelu(y, approximate="tanh" if activation == "gelu-tanh" else "none")
         return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def reads_token_codes(self) -> bool:
+        """Whether this layer's INT8 calls quantize their input per token as it comes (no rotation,
+        divisor or static quantizer first; a folded packed operand holds those): then a previous
+        layer's ``quantize_output`` codes serve as its own."""
+        return (self._act_mode is ActMode.INT8 and self.act_quantizer is None
+                and (self._folded or self._plain_int8()))
 
     def _plain_int8(self) -> bool:
         """Dynamic INT8 straight from the input: nothing to compute in fp32 first (the quantizer
@@ -533,11 +548,12 @@ class QuantLinear(nn.Module):
             y = F.linear(x, _dequantize(stored, x.dtype))
         return _add(y, branch, bias)
 
-    def _forward_int8(self, x, branch, bias, dtype, activation=None, source=None, block=None):
+    def _forward_int8(self, x, branch, bias, dtype, activation=None, source=None, block=None, out_codes=None):
         """``activation`` is applied by the dynamic path's epilogue (the static one takes None);
         ``block``: the Hadamard block ``x`` is still to be rotated by (see :meth:`_late_rotation`);
         ``source``: the layer's input before reshaping when ``x`` is it unchanged, so that layers
-        given the same input (attention's q, k, v) quantize it once."""
+        given the same input (attention's q, k, v) quantize it once; ``out_codes``: a list the packed
+        path appends the output's per-token codes and scales to (``forward``'s ``quantize_output``)."""
         if self.act_quantizer is not None:
             # Static: the quantizer's codes and scales; each part is one real int8 GEMM.
             w_codes, w_scale = self.act_quantizer.int8_weight(self)
@@ -560,6 +576,9 @@ class QuantLinear(nn.Module):
             # divided by the token scale (one more rounding to ``dtype``), the epilogue writes in place.
             if branch is not None:
                 _add_branch(acc, branch, scale)
+            if out_codes is not None:
+                out_codes.append(kernels.scale_epilogue_quantize(acc, scale, bias, activation))
+                return acc
             return kernels.scale_epilogue(acc, scale, None, None, bias, dtype, activation, inplace=True)
         w_codes, w_scale = self.int8_weight()
         return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, _full(branch), bias, dtype,
@@ -620,7 +639,8 @@ def _quantized_input(x: torch.Tensor, source: torch.Tensor | None,
     """Per-token INT8 codes and scales of ``x`` (2-D), rotated first by the Hadamard ``block`` if
     given; when ``source`` (the tensor ``x`` was reshaped from) is the input the previous call
     quantized with the same ``block``, unchanged since, its codes — a diffusers attention passes
-    one tensor to ``to_q``, ``to_k`` and ``to_v``. The codes live as long as
+    one tensor to ``to_q``, ``to_k`` and ``to_v`` — or the output of a call that quantized it
+    (``quantize_output``; unrotated: ``block`` None). The codes live as long as
     ``source`` does. Not remembered: inference-mode tensors (no version counter tells an in-place
     change) and anything inside a ``torch.compile`` graph (the graph fuses it)."""
     if source is None or torch.compiler.is_compiling() or source.is_inference():  # inference tensors: no version
@@ -629,8 +649,20 @@ def _quantized_input(x: torch.Tensor, source: torch.Tensor | None,
     if last is not None and last[0]() is source and last[1] == source._version and last[2] == block:
         return last[3], last[4]
     codes, scale = _quantize_rows(x, block)
-    _SHARED.entry = (weakref.ref(source, _forget), source._version, block, codes, scale)
+    _remember(source, block, codes, scale)
     return codes, scale
+
+
+def _remember(source: torch.Tensor, block: int | None, codes: torch.Tensor, scale: torch.Tensor) -> None:
+    _SHARED.entry = (weakref.ref(source, _forget), source._version, block, codes, scale)
+
+
+def _remembered(out: torch.Tensor, codes: list | None) -> torch.Tensor:
+    """``out``, its per-token codes (if the call made them: ``codes`` holds one pair) remembered
+    for the next layer that takes it as input (:func:`_quantized_input`, unrotated)."""
+    if codes and not out.is_inference() and not torch.compiler.is_compiling():
+        _remember(out, None, *codes[0])
+    return out
 
 
 def _quantize_rows(x: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,13 @@ calls ``proj(x, activation=…)`` instead: in INT8 mode the epilogue that scales
 accumulator applies the GELU in the same pass (fp32, before the one rounding to the output
 dtype); in any other mode the layer applies ``F.gelu`` after itself, as the module would.
 
+When the module sits in a diffusers ``FeedForward`` whose second linear is a :class:`QuantLinear`
+that quantizes its input per token as it comes (:meth:`~sixbit.nn.QuantLinear.reads_token_codes`:
+``w8a8``, and the folded 4-bit layers of :func:`sixbit.keep_int8_weights`), the first linear's
+epilogue also makes those codes (``quantize_output``: each output row is quantized while it is
+still in cache), and the second linear takes them instead of reading its whole input again.
+Same results: the codes are of the output as rounded.
+
 One caveat: a forward hook on such a ``proj`` sees the activated output.
 
 Example:
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models.activations import GELU
+from diffusers.models.attention import FeedForward
 from torch import nn
 
 from ..nn import QuantLinear
@@ -29,8 +37,13 @@ _ACTIVATION = {"none": "gelu", "tanh": "gelu-tanh"}  # diffusers GELU.approximat
 
 
 class _FusedActivation(ModelHook):
+    def __init__(self, consumer: QuantLinear | None):
+        super().__init__()
+        self.consumer = consumer  # the linear that takes this module's output next, if quantized
+
     def new_forward(self, module: GELU, hidden_states):
-        return module.proj(hidden_states, activation=_ACTIVATION[module.approximate])
+        return module.proj(hidden_states, activation=_ACTIVATION[module.approximate],
+                           quantize_output=self.consumer is not None and self.consumer.reads_token_codes())
 
 
 def _fusable(module: nn.Module) -> bool:
@@ -38,16 +51,24 @@ def _fusable(module: nn.Module) -> bool:
             and module.approximate in _ACTIVATION)
 
 
+def _consumers(model: nn.Module) -> dict[int, QuantLinear]:
+    """Each feed-forward's activation module (by id) → its second linear, where that is quantized
+    and nothing but an inference-time identity (dropout) stands between them."""
+    return {id(ff.net[0]): ff.net[2] for ff in model.modules()
+            if isinstance(ff, FeedForward) and len(ff.net) >= 3 and isinstance(ff.net[1], (nn.Dropout, nn.Identity))
+            and isinstance(ff.net[2], QuantLinear)}
+
+
 def fuse_activations(model: nn.Module, enabled: bool = True) -> int:
     """Apply each diffusers ``GELU`` module's activation inside its quantized ``proj``
     (``enabled=False`` restores the two steps). Returns how many modules run fused."""
-    count = 0
+    count, consumers = 0, _consumers(model)
     for module in model.modules():
         if not _fusable(module):
             continue
         registry = HookRegistry.check_if_exists_or_initialize(module)
         if enabled and registry.get_hook(HOOK_NAME) is None:
-            registry.register_hook(_FusedActivation(), HOOK_NAME)
+            registry.register_hook(_FusedActivation(consumers.get(id(module))), HOOK_NAME)
         elif not enabled and registry.get_hook(HOOK_NAME) is not None:
             registry.remove_hook(HOOK_NAME)
         count += enabled
