@@ -34,7 +34,7 @@ from torch import nn
 from ._io import read_safetensors
 from .checkpoint import module_of
 from .nn import QuantLinear
-from .nn.quant_linear import branch_factors, low_rank
+from .nn.lowrank import branch_factors, low_rank
 
 _KEY = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.lora_(?P<part>A|B)(?:\.[\w-]+)?\.weight")
 _ALPHA = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.alpha")

@@ -148,12 +148,12 @@ def test_low_bit_channel_weights_feed_the_int8_gemm_without_rerounding(fmt):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4-g64", "mxfp6_e2m3", "mxfp4"])
 def test_int8_operand_built_in_row_chunks_equals_whole_conversion(fmt, monkeypatch):
-    import sixbit.nn.quant_linear as ql
+    from sixbit.nn import weight_views
 
     lin = torch.nn.Linear(128, 40)
     layer = QuantLinear.from_linear(lin, fmt, act_mode="int8")
     whole = formats.get("int8").quantize(layer.quantized_weight().dequantize())
-    monkeypatch.setattr(ql, "_CONVERT_BYTES", 7 * 4 * 128)  # 7 rows per chunk: uneven last chunk
+    monkeypatch.setattr(weight_views, "CONVERT_BYTES", 7 * 4 * 128)  # 7 rows per chunk: uneven last chunk
     codes, scale = layer.int8_weight()
     assert torch.equal(codes, whole.values()) and torch.equal(scale, whole.scale.reshape(-1))
     assert layer.converted_nbytes() == 0
@@ -301,17 +301,17 @@ def test_kept_int8_adds_the_branch_to_the_gemm_output_and_scales_in_place(monkey
 
 
 def test_large_rotations_reuse_one_buffer(monkeypatch):
-    from sixbit.nn import quant_linear as ql
+    from sixbit.nn import int8_inputs
 
     x = torch.randn(40, 256).bfloat16()
-    want = ql._quantize_rows(x, 128)
-    monkeypatch.setattr(ql.kernels, "fused_cpu", lambda t, numel=None: True)  # x counts as large
-    monkeypatch.setattr(ql, "_SCRATCH", __import__("threading").local())
-    got = ql._quantize_rows(x, 128)
-    buffer = ql._SCRATCH.buf
+    want = int8_inputs._quantize_rows(x, 128)
+    monkeypatch.setattr(int8_inputs.kernels, "fused_cpu", lambda t, numel=None: True)  # x counts as large
+    monkeypatch.setattr(int8_inputs, "_SCRATCH", __import__("threading").local())
+    got = int8_inputs._quantize_rows(x, 128)
+    buffer = int8_inputs._SCRATCH.buf
     assert all(map(torch.equal, got, want)) and buffer.numel() == x.numel()
-    assert all(map(torch.equal, ql._quantize_rows(x[:20], 128), (want[0][:20], want[1][:20])))
-    assert ql._SCRATCH.buf is buffer  # a smaller input reuses it
+    assert all(map(torch.equal, int8_inputs._quantize_rows(x[:20], 128), (want[0][:20], want[1][:20])))
+    assert int8_inputs._SCRATCH.buf is buffer  # a smaller input reuses it
 
 
 @pytest.mark.skipif(not __import__("sixbit.kernels", fromlist=["amx_int8"]).amx_int8(), reason="no AMX INT8 on this CPU")

@@ -52,7 +52,7 @@ def test_a_plain_linear_is_left_alone():
 @pytest.mark.parametrize("weights", ["int8", "nvfp4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_first_linear_quantizes_the_second_ones_input(weights, dtype, monkeypatch):
-    from sixbit.nn import quant_linear
+    from sixbit import kernels
 
     torch.manual_seed(0)
     ff = FeedForward(64, activation_fn="gelu-approximate").eval()
@@ -65,8 +65,8 @@ def test_first_linear_quantizes_the_second_ones_input(weights, dtype, monkeypatc
     assert ff.net[2].reads_token_codes()
     x = torch.randn(2, 7, 64, dtype=dtype)
     quantized = []
-    real = quant_linear.kernels.quantize_rows
-    monkeypatch.setattr(quant_linear.kernels, "quantize_rows", lambda t: quantized.append(t.shape) or real(t))
+    real = kernels.quantize_rows
+    monkeypatch.setattr(kernels, "quantize_rows", lambda t: quantized.append(t.shape) or real(t))
     fused = ff(x)
     assert quantized == [(14, 64)]  # the first linear's input only: the second's codes came from the first's epilogue
     monkeypatch.setattr(QuantLinear, "reads_token_codes", lambda self: False)

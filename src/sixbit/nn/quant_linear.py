@@ -49,9 +49,8 @@ int8, scale (N,))`` and ``describe() -> str``. Every part is multiplied with the
 
 from __future__ import annotations
 
-import threading
-import weakref
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,14 +61,10 @@ from .._distributed import token_max, tokens_split
 from ..formats import Quantized, check_finite, integer, nvfp4
 from ..kernels import int8_matmul, int8_matmul_backend
 from ..transforms import hadamard
-from . import precision
+from . import int8_inputs, lowrank, precision, weight_views
 from .precision import EMULATED, ActMode
 
 _CHECKS = {"finite": False}
-
-# Rows of a non-INT8 weight re-rounded to INT8 at a time: ≤ 1 MiB of fp32 temporaries per chunk.
-_CONVERT_BYTES = 1 << 20
-
 
 def debug_checks(enabled: bool = True) -> None:
     """Check every quantized linear's input for NaN/Inf (a clear ``ValueError`` naming the count).
@@ -273,7 +268,7 @@ class QuantLinear(nn.Module):
                 w = hadamard.rotate(w, self.hadamard_block)
             return kernels.quantize_rows_reference(w)
 
-        return _by_row_blocks(self.quantized_weight(), self.out_features, self.in_features, fold)
+        return weight_views.by_row_blocks(self.quantized_weight(), self.out_features, self.in_features, fold)
 
     def unpack_nvfp4(self) -> bool:
         """Keep an NVFP4 weight's E2M1 values unpacked, one int8 per weight (twice each value: the
@@ -306,7 +301,7 @@ class QuantLinear(nn.Module):
         if down.dim() != 2 or up.dim() != 2 or down.shape[1] != self.in_features or up.shape != (self.out_features, r):
             raise ValueError(f"a LoRA for this {self.in_features}→{self.out_features} layer needs down (r, {self.in_features}) "
                              f"and up ({self.out_features}, r), got {tuple(down.shape)} and {tuple(up.shape)}")
-        down, up = branch_factors(down, up)
+        down, up = lowrank.branch_factors(down, up)
         self.register_buffer(f"lora_{name}_down", down, persistent=False)
         self.register_buffer(f"lora_{name}_up", up, persistent=False)
         self._loras[name] = float(scale)
@@ -418,13 +413,13 @@ class QuantLinear(nn.Module):
         weight at once (each row's scale depends only on that row).
         """
         stored = self.quantized_weight()
-        if _fits_int8_gemm(stored):
+        if weight_views.fits_int8_gemm(stored):
             return stored.values(), stored.scale.reshape(-1)
         cached = self._converted.get("int8")
         if cached is None:
             numel = self.out_features * self.in_features
-            codes, scale = _by_row_blocks(stored, self.out_features, self.in_features,
-                                          lambda part, rows: _to_int8(part, numel))
+            codes, scale = weight_views.by_row_blocks(stored, self.out_features, self.in_features,
+                                                      lambda part, rows: weight_views.to_int8(part, numel))
             if not self.cache_converted:
                 return codes, scale
             cached = integer.IntQuantized(codes.reshape(-1).view(torch.uint8), scale.reshape(-1, 1),
@@ -462,8 +457,8 @@ class QuantLinear(nn.Module):
             bias, fused = (None, None) if self._loras else (self.bias, activation)
             codes = [] if quantize_output and not self._loras else None
             y = self._forward_int8(x2, None, bias, torch.float32 if self._loras else x.dtype, fused, x, out_codes=codes)
-            return _remembered(self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation),
-                               codes)
+            y = self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
+            return int8_inputs.remembered(y, codes)
         late = self._late_rotation(mode, x2)
         if not late and (mode is ActMode.NVFP4 or (mode is ActMode.INT8 and not self._plain_int8())):
             x2 = x2.float()  # quantize activations from fp32, after an fp32 rotation
@@ -475,10 +470,10 @@ class QuantLinear(nn.Module):
             x2 = x2 / self.input_divisor.to(x2.dtype)
         branch = None  # the low-rank branch as (x·Dᵀ, U): each path adds x·Dᵀ·Uᵀ as suits it
         if self.lowrank_up is not None and late:  # x·H·Dᵀ = x·(D·H)ᵀ: the unrotated input, D rotated
-            branch = _branch(x2, hadamard.rotate(self.lowrank_down, self.hadamard_block), self.lowrank_up)
+            branch = lowrank.branch(x2, hadamard.rotate(self.lowrank_down, self.hadamard_block), self.lowrank_up)
         elif self.lowrank_up is not None:  # the branch sees the unquantized (rotated / divided) input
             xb = x2 if divided or self.input_divisor is None else x2 / self.input_divisor.to(x2.dtype)
-            branch = _branch(xb, self.lowrank_down, self.lowrank_up)
+            branch = lowrank.branch(xb, self.lowrank_down, self.lowrank_up)
         # LoRAs come before the bias: with them, the bias waits for _finish
         bias = None if self._loras else self.bias
         dtype = torch.float32 if self._loras else x.dtype
@@ -490,8 +485,8 @@ class QuantLinear(nn.Module):
                                    self.hadamard_block if late else None, codes)
         else:
             y = _PATHS[mode](self, x2, branch, bias, dtype)
-        return _remembered(self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation),
-                           codes)
+        y = self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
+        return int8_inputs.remembered(y, codes)
 
     def _finish(self, x: torch.Tensor, y: torch.Tensor, lead, bias_added: bool = False,
                 activation: str | None = None) -> torch.Tensor:
@@ -501,7 +496,8 @@ class QuantLinear(nn.Module):
             xo = x.reshape(-1, self.in_features).to(y.dtype)
             for name, scale in self._loras.items():
                 if scale:  # a LoRA at scale 0 adds nothing, not even rounding
-                    y = y + scale * low_rank(xo, getattr(self, f"lora_{name}_down"), getattr(self, f"lora_{name}_up"))
+                    y = y + scale * lowrank.low_rank(xo, getattr(self, f"lora_{name}_down"),
+                                                     getattr(self, f"lora_{name}_up"))
         if self.bias is not None and not bias_added:
             y = y + self.bias.to(y.dtype)
         if activation is not None:
@@ -523,7 +519,7 @@ class QuantLinear(nn.Module):
 
     def _late_rotation(self, mode: ActMode, x: torch.Tensor) -> bool:
         """Whether a bf16 input of a rotating layer in dynamic INT8 is rotated by the quantization
-        (:func:`_quantized_input`: one bf16 GEMM by the ±1 matrix, the 1/√b in the token scales;
+        (:func:`~sixbit.nn.int8_inputs.quantized_input`: one bf16 GEMM by the ±1 matrix, the 1/√b in the token scales;
         no fp32 copy) rather than in fp32 first."""
         return (mode is ActMode.INT8 and self.hadamard_block is not None and self.act_quantizer is None
                 and x.dtype == torch.bfloat16)
@@ -545,8 +541,8 @@ class QuantLinear(nn.Module):
         elif self._unpacked is not None:
             y = F.linear(x, kernels.nvfp4_unpacked_dequantize(self._unpacked, stored.scales, stored.global_scale, x.dtype))
         else:
-            y = F.linear(x, _dequantize(stored, x.dtype))
-        return _add(y, branch, bias)
+            y = F.linear(x, weight_views.dequantize(stored, x.dtype))
+        return lowrank.add(y, branch, bias)
 
     def _forward_int8(self, x, branch, bias, dtype, activation=None, source=None, block=None, out_codes=None):
         """``activation`` is applied by the dynamic path's epilogue (the static one takes None);
@@ -561,27 +557,27 @@ class QuantLinear(nn.Module):
             for codes, scale in self.act_quantizer.quantize_input(x):
                 part = int8_matmul(codes, w_codes).float().mul_(scale)
                 y = part if y is None else y.add_(part)
-            return _add(y.mul_(w_scale.reshape(1, -1)), branch, bias)
+            return lowrank.add(y.mul_(w_scale.reshape(1, -1)), branch, bias)
         # per-token codes, the integer GEMM, one epilogue (scales, branch, bias, output dtype);
         # compiled into single passes on large CPU inputs, bit-identical to the eager ops (an
         # activation's exponential: to the last fp32 bit)
-        codes, scale = _quantized_input(x, source, block)
+        codes, scale = int8_inputs.quantized_input(x, source, block)
         if self._packed is not None and x.device.type == "cpu":  # AMX: the weight scale applied inside
             acc = kernels.packed_int8_matmul(codes, *self._packed,
                                              dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
             if acc.dtype != dtype:
-                return kernels.scale_epilogue(acc, scale, None, _full(branch), bias, dtype, activation)
+                return kernels.scale_epilogue(acc, scale, None, lowrank.full(branch), bias, dtype, activation)
             # no new (tokens, N) tensor after the GEMM's own: at real sizes each is fresh pages from
             # the OS, which cost more than the pass itself. The branch goes into the GEMM's output
             # divided by the token scale (one more rounding to ``dtype``), the epilogue writes in place.
             if branch is not None:
-                _add_branch(acc, branch, scale)
+                lowrank.add_branch(acc, branch, scale)
             if out_codes is not None:
                 out_codes.append(kernels.scale_epilogue_quantize(acc, scale, bias, activation))
                 return acc
             return kernels.scale_epilogue(acc, scale, None, None, bias, dtype, activation, inplace=True)
         w_codes, w_scale = self.int8_weight()
-        return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, _full(branch), bias, dtype,
+        return kernels.scale_epilogue(int8_matmul(codes, w_codes), scale, w_scale, lowrank.full(branch), bias, dtype,
                                       activation)
 
     def _forward_nvfp4(self, x, branch, bias, dtype):
@@ -591,7 +587,7 @@ class QuantLinear(nn.Module):
             y = kernels.nvfp4_linear(x, self._weight_as("nvfp4"), torch.float32, scale)
         else:  # Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32.
             y = F.linear(nvfp4.quantize(x, scale, check=False).dequantize(), self._weight_as("nvfp4").dequantize())
-        return _add(y, branch, bias)
+        return lowrank.add(y, branch, bias)
 
     def execution(self, mode: ActMode | str | None = None) -> str:
         """How a call at ``mode`` (default: the layer's own) runs, e.g. ``"int8 (real, torch._int_mm)"``."""
@@ -624,147 +620,6 @@ class QuantLinear(nn.Module):
             f"bias={self.bias is not None}, weight={self.weight_format}{branch} ({bits:.2f} bits), "
             f"hadamard_block={self.hadamard_block}, act={self.execution()}"
         )
-
-
-def branch_factors(down: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A LoRA's factors as the layers keep them: fp16 copies."""
-    return down.detach().to(torch.float16).clone(), up.detach().to(torch.float16).clone()
-
-
-_SHARED = threading.local()  # the last input quantized per token, and its codes (one per thread)
-
-
-def _quantized_input(x: torch.Tensor, source: torch.Tensor | None,
-                     block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token INT8 codes and scales of ``x`` (2-D), rotated first by the Hadamard ``block`` if
-    given; when ``source`` (the tensor ``x`` was reshaped from) is the input the previous call
-    quantized with the same ``block``, unchanged since, its codes — a diffusers attention passes
-    one tensor to ``to_q``, ``to_k`` and ``to_v`` — or the output of a call that quantized it
-    (``quantize_output``; unrotated: ``block`` None). The codes live as long as
-    ``source`` does. Not remembered: inference-mode tensors (no version counter tells an in-place
-    change) and anything inside a ``torch.compile`` graph (the graph fuses it)."""
-    if source is None or torch.compiler.is_compiling() or source.is_inference():  # inference tensors: no version
-        return _quantize_rows(x, block)
-    last = getattr(_SHARED, "entry", None)
-    if last is not None and last[0]() is source and last[1] == source._version and last[2] == block:
-        return last[3], last[4]
-    codes, scale = _quantize_rows(x, block)
-    _remember(source, block, codes, scale)
-    return codes, scale
-
-
-def _remember(source: torch.Tensor, block: int | None, codes: torch.Tensor, scale: torch.Tensor) -> None:
-    _SHARED.entry = (weakref.ref(source, _forget), source._version, block, codes, scale)
-
-
-def _remembered(out: torch.Tensor, codes: list | None) -> torch.Tensor:
-    """``out``, its per-token codes (if the call made them: ``codes`` holds one pair) remembered
-    for the next layer that takes it as input (:func:`_quantized_input`, unrotated)."""
-    if codes and not out.is_inference() and not torch.compiler.is_compiling():
-        _remember(out, None, *codes[0])
-    return out
-
-
-def _quantize_rows(x: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    if block is None:
-        return kernels.quantize_rows(x)
-    codes, scale = kernels.quantize_rows(hadamard.rotate_unnormalized(x, block, _scratch(x)))
-    return codes, scale * block ** -0.5
-
-
-_SCRATCH = threading.local()  # one reused buffer per thread for the rotated input of a large layer
-
-
-def _scratch(x: torch.Tensor) -> torch.Tensor | None:
-    """A reused contiguous buffer of ``x``'s shape and dtype for a temporary that dies within the
-    call (None for small, non-CPU or compiled inputs): a fresh (tokens, 7680) bf16 tensor at
-    CogVideoX-2B size is 38 MB of new pages from the OS on every call (glibc maps allocations
-    above 32 MiB on its own), and faulting them in took longer than the rotation written into them.
-    The buffer grows to the largest such input seen (38 MB there) and stays."""
-    if not kernels.fused_cpu(x) or torch.compiler.is_compiling():
-        return None
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.dtype != x.dtype or buf.numel() < x.numel():
-        buf = _SCRATCH.buf = torch.empty(x.numel(), dtype=x.dtype)
-    return buf[:x.numel()].view(x.shape)
-
-
-def _forget(ref: weakref.ref) -> None:
-    """The remembered input is gone: drop its codes with it."""
-    if getattr(_SHARED, "entry", (None,))[0] is ref:
-        _SHARED.entry = None
-
-
-def low_rank(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``up · (down · x)`` in ``x``'s dtype: the low-rank branch and every LoRA."""
-    return F.linear(F.linear(x, down.to(x.dtype)), up.to(x.dtype))
-
-
-class _Branch(NamedTuple):
-    """A layer's low-rank branch on one input: ``down`` = ``x·Dᵀ`` (tokens, rank) and the up factor
-    ``U`` (N, rank); :func:`_full` makes its output ``x·Dᵀ·Uᵀ`` as :func:`low_rank` does."""
-
-    down: torch.Tensor
-    up: torch.Tensor
-
-
-def _branch(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> _Branch:
-    return _Branch(F.linear(x, down.to(x.dtype)), up)
-
-
-def _full(branch: _Branch | None) -> torch.Tensor | None:
-    return None if branch is None else F.linear(branch.down, branch.up.to(branch.down.dtype))
-
-
-def _add_branch(acc: torch.Tensor, branch: _Branch, x_scale: torch.Tensor) -> None:
-    """``acc += branch / x_scale`` in place (``x_scale`` (tokens, 1): an epilogue multiplies by it
-    next): one GEMM over the branch's rank accumulating into ``acc``, rounded once to its dtype."""
-    acc.addmm_((branch.down.float() / x_scale).to(acc.dtype), branch.up.to(acc.dtype).t())
-
-
-def _add(y: torch.Tensor, branch: _Branch | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """``y + branch + bias`` in ``y``'s dtype, in that order."""
-    if branch is not None:
-        y = y + _full(branch)
-    return y if bias is None else y + bias.to(y.dtype)
-
-
-def _dequantize(q: Quantized, dtype: torch.dtype) -> torch.Tensor:
-    """``q.dequantize(dtype)``; NVFP4 and per-channel INT8 weights through the compiled kernels
-    when large (one pass, bit-identical)."""
-    if isinstance(q, nvfp4.NVFP4Quantized) and q.codes.dim() == 2:
-        return kernels.nvfp4_dequantize(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(q.codes.device), dtype)
-    if _fits_int8_gemm(q) and q.bits == 8:
-        return kernels.int8_dequantize(q.values(), q.scale, dtype)
-    return q.dequantize(dtype)
-
-
-def _fits_int8_gemm(q: Quantized) -> bool:
-    """Symmetric per-channel integer codes of ≤ 8 bits: ``values()`` is int8, ``scale`` is (N, 1)."""
-    return isinstance(q, integer.IntQuantized) and q.symmetric and q.granularity == "channel"
-
-
-def _by_row_blocks(stored: Quantized, n: int, k: int,
-                   convert: Callable[[Quantized, slice], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel codes ``(n, k)`` and scales ``(n,)`` from ``convert(part, rows)`` run on blocks of
-    rows of ``stored`` (``part``: those rows, ``rows``: their slice), so no fp32 temporary is larger
-    than ~1 MiB; identical to converting it whole when each row's result depends only on that row.
-    A container that cannot be sliced is converted whole (``rows``: every row)."""
-    step = max(1, _CONVERT_BYTES // (4 * k))
-    try:
-        parts = [convert(stored.rows(r, min(r + step, n)), slice(r, min(r + step, n))) for r in range(0, n, step)]
-    except NotImplementedError:
-        parts = [convert(stored, slice(None))]
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).reshape(-1)
-
-
-def _to_int8(q: Quantized, numel: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel INT8 codes ``(n, K)`` and scales ``(n,)`` of a dequantized weight slice (of a
-    weight of ``numel`` elements: large NVFP4 ones take the compiled kernel, bit-identical)."""
-    if isinstance(q, nvfp4.NVFP4Quantized) and q.codes.dim() == 2:
-        return kernels.nvfp4_to_int8(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(q.codes.device), numel)
-    w = integer.quantize(q.dequantize(), bits=8, granularity="channel", check=False)
-    return w.values(), w.scale.reshape(-1)
 
 
 _PATHS: dict[ActMode, Callable[..., torch.Tensor]] = {

@@ -1,0 +1,53 @@
+"""What :class:`~sixbit.nn.QuantLinear` makes of its stored weight for a call: the dequantized
+weight of the full-precision path and the per-channel INT8 operand of the integer GEMM, converted
+a block of rows at a time (no fp32 copy of the whole weight)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .. import kernels
+from ..formats import Quantized, integer, nvfp4
+
+# Rows of a non-INT8 weight re-rounded to INT8 at a time: ≤ 1 MiB of fp32 temporaries per chunk.
+CONVERT_BYTES = 1 << 20
+
+
+def dequantize(q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+    """``q.dequantize(dtype)``; NVFP4 and per-channel INT8 weights through the compiled kernels
+    when large (one pass, bit-identical)."""
+    if isinstance(q, nvfp4.NVFP4Quantized) and q.codes.dim() == 2:
+        return kernels.nvfp4_dequantize(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(q.codes.device), dtype)
+    if fits_int8_gemm(q) and q.bits == 8:
+        return kernels.int8_dequantize(q.values(), q.scale, dtype)
+    return q.dequantize(dtype)
+
+
+def fits_int8_gemm(q: Quantized) -> bool:
+    """Symmetric per-channel integer codes of ≤ 8 bits: ``values()`` is int8, ``scale`` is (N, 1)."""
+    return isinstance(q, integer.IntQuantized) and q.symmetric and q.granularity == "channel"
+
+
+def by_row_blocks(stored: Quantized, n: int, k: int,
+                   convert: Callable[[Quantized, slice], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel codes ``(n, k)`` and scales ``(n,)`` from ``convert(part, rows)`` run on blocks of
+    rows of ``stored`` (``part``: those rows, ``rows``: their slice), so no fp32 temporary is larger
+    than ~1 MiB; identical to converting it whole when each row's result depends only on that row.
+    A container that cannot be sliced is converted whole (``rows``: every row)."""
+    step = max(1, CONVERT_BYTES // (4 * k))
+    try:
+        parts = [convert(stored.rows(r, min(r + step, n)), slice(r, min(r + step, n))) for r in range(0, n, step)]
+    except NotImplementedError:
+        parts = [convert(stored, slice(None))]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).reshape(-1)
+
+
+def to_int8(q: Quantized, numel: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel INT8 codes ``(n, K)`` and scales ``(n,)`` of a dequantized weight slice (of a
+    weight of ``numel`` elements: large NVFP4 ones take the compiled kernel, bit-identical)."""
+    if isinstance(q, nvfp4.NVFP4Quantized) and q.codes.dim() == 2:
+        return kernels.nvfp4_to_int8(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(q.codes.device), numel)
+    w = integer.quantize(q.dequantize(), bits=8, granularity="channel", check=False)
+    return w.values(), w.scale.reshape(-1)
