@@ -135,15 +135,22 @@ class _Profile:
         import sixbit.nn.quant_linear as ql
         from sixbit.transforms import hadamard
 
+        try:
+            from sixbit.nn import lowrank
+        except ImportError:  # an older sixbit (--before): the branch's functions lived in quant_linear
+            lowrank = ql
+
         targets = [(F, "linear", "16-bit GEMM"), (ql, "int8_matmul", "integer GEMM"),
                    (sixbit.kernels, "packed_int8_matmul", "integer GEMM"),
                    (sixbit.kernels, "int8_linear_reference", "integer GEMM"),  # --before: quantize + GEMM + epilogue
                    (sixbit.kernels, "quantize_rows", "activation quantization"),
                    (sixbit.kernels, "scale_epilogue", "dequantization epilogue"),
+                   # a feed-forward's first epilogue, which also quantizes the second linear's input
+                   (sixbit.kernels, "scale_epilogue_quantize", "dequantization epilogue"),
                    (ql.QuantLinear, "int8_weight", "weight unpack (4 → 8 bit)"), (hadamard, "rotate", "Hadamard"),
                    (hadamard, "rotate_unnormalized", "Hadamard"), (F, "gelu", "GELU"),
-                   (ql, "low_rank", "low-rank branch"), (ql, "_branch", "low-rank branch"),
-                   (ql, "_full", "low-rank branch"), (ql, "_add_branch", "low-rank branch"),
+                   (lowrank, "low_rank", "low-rank branch"), (lowrank, "branch", "low-rank branch"),
+                   (lowrank, "full", "low-rank branch"), (lowrank, "add_branch", "low-rank branch"),
                    (F, "scaled_dot_product_attention", "attention"),
                    (F, "layer_norm", "norms"), (F, "group_norm", "norms")]
         targets = [t for t in targets if hasattr(t[0], t[1])]  # an older sixbit (--before) lacks some
@@ -318,7 +325,8 @@ def section(r: dict) -> str:
                      f"({next(c['base_s'] for c in calls.values() if c.get('run') == run):.2f} s): its ratio is against that.")
     lines += ["", "Profile of one call (s; wall time inside each kind of op, the rest is *other*: modulation "
               "arithmetic, residual adds, reshapes, embeddings; *GELU*: the feed-forward's own pass, which the kept-INT8 "
-              "rows run inside the dequantization epilogue; *n/a*: not profiled in that row's run):", "",
+              "rows run inside the dequantization epilogue, with the quantization of the second feed-forward linear's input; "
+              "*n/a*: not profiled in that row's run):", "",
               "| setting | " + " | ".join(KINDS) + " | other | total |", "|---|" + "---:|" * (len(KINDS) + 2)]
     for name, c in calls.items():
         if "error" in c:
