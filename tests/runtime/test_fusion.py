@@ -71,5 +71,9 @@ def test_first_linear_quantizes_the_second_ones_input(weights, dtype, monkeypatc
     assert quantized == [(14, 64)]  # the first linear's input only: the second's codes came from the first's epilogue
     monkeypatch.setattr(QuantLinear, "reads_token_codes", lambda self: False)
     assert torch.equal(ff(x), fused) and quantized[1:] == [(14, 64), (14, 256)]
-    with torch.inference_mode():  # no version counter to tell a changed input: nothing remembered
-        assert torch.equal(ff(x), fused)
+    monkeypatch.undo()
+    quantize_output = kernels.scale_epilogue_quantize
+    monkeypatch.setattr(kernels, "scale_epilogue_quantize", lambda *a: quantized.append("epilogue") or quantize_output(*a))
+    with torch.inference_mode():  # no version counter to tell a changed input: nothing remembered, so not made
+        assert torch.equal(ff(x), fused) and "epilogue" not in quantized
+    assert torch.equal(ff(x), fused) and quantized[-1] == "epilogue"

@@ -40,6 +40,12 @@ def _remember(source: torch.Tensor, block: int | None, codes: torch.Tensor, scal
     _SHARED.entry = (weakref.ref(source, _forget), source._version, block, codes, scale)
 
 
+def can_remember() -> bool:
+    """Whether outputs made now can carry codes to the next layer: not in inference mode (its
+    tensors have no version counter) nor inside a ``torch.compile`` graph."""
+    return not torch.is_inference_mode_enabled() and not torch.compiler.is_compiling()
+
+
 def remembered(out: torch.Tensor, codes: list | None) -> torch.Tensor:
     """``out``, its per-token codes (if the call made them: ``codes`` holds one pair) remembered
     for the next layer that takes it as input (:func:`quantized_input`, unrotated)."""

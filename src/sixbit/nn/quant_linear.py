@@ -455,7 +455,7 @@ class QuantLinear(nn.Module):
             return self._finish(x, y, lead, activation=activation)
         if self._folded and mode is ActMode.INT8 and x2.device.type == "cpu":  # see pack_int8(fold=True)
             bias, fused = (None, None) if self._loras else (self.bias, activation)
-            codes = [] if quantize_output and not self._loras else None
+            codes = [] if quantize_output and not self._loras and int8_inputs.can_remember() else None
             y = self._forward_int8(x2, None, bias, torch.float32 if self._loras else x.dtype, fused, x, out_codes=codes)
             y = self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
             return int8_inputs.remembered(y, codes)
@@ -480,7 +480,7 @@ class QuantLinear(nn.Module):
         fused, codes = None, None  # the activation applied by the INT8 epilogue (not after LoRAs: they come first)
         if mode is ActMode.INT8 and self.act_quantizer is None:
             fused = None if self._loras else activation
-            codes = [] if quantize_output and not self._loras else None
+            codes = [] if quantize_output and not self._loras and int8_inputs.can_remember() else None
             y = self._forward_int8(x2, branch, bias, dtype, fused, x if self._plain_int8() or late else None,
                                    self.hadamard_block if late else None, codes)
         else:
