@@ -225,8 +225,10 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     CPUs with AMX INT8 (:func:`sixbit.kernels.amx_int8`) every layer's INT8 weight packed for
     oneDNN's AMX kernel; and each feed-forward's GELU applied inside its first linear's INT8
     epilogue (:func:`sixbit.runtime.fusion.fuse_activations`: no pass of its own over the
-    (tokens, 4·hidden) output). On CPUs, weight-only NVFP4 layers (the 4-bit presets' modulation),
-    which dequantize their weight on every call, keep its values unpacked, one int8 per weight
+    (tokens, 4·hidden) output; that epilogue also makes the second linear's per-token INT8
+    codes where it takes them as they come). On CPUs, weight-only NVFP4 layers (the 4-bit
+    presets' modulation), which dequantize their weight on every call, keep its values unpacked,
+    one int8 per weight
     (:meth:`~sixbit.nn.QuantLinear.unpack_nvfp4`: a multiply instead of a table lookup, bit-identical).
     ``enabled=False`` drops them. Returns the bytes they hold (0 after dropping them);
     :func:`summary` counts them.
