@@ -228,8 +228,8 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     (tokens, 4·hidden) output; that epilogue also makes the second linear's per-token INT8
     codes where it takes them as they come). On CPUs, weight-only NVFP4 layers (the 4-bit
     presets' modulation), which dequantize their weight on every call, keep its values unpacked,
-    one int8 per weight
-    (:meth:`~sixbit.nn.QuantLinear.unpack_nvfp4`: a multiply instead of a table lookup, bit-identical).
+    one int8 per weight (:meth:`~sixbit.nn.QuantLinear.unpack_nvfp4`: a multiply instead of a
+    table lookup, bit-identical).
     ``enabled=False`` drops them. Returns the bytes they hold (0 after dropping them);
     :func:`summary` counts them.
 
