@@ -8,7 +8,8 @@
 
 Per model: stage 1 once (``sixbit.tune.Tuner`` on calibration pairs with seeds 20 000+), then
 the greedy assignment and the genetic search at two bit budgets — the bits of uniform NVFP4 (the
-4-bit recipe) and 6 bits — and at ``min_psnr``; each search ends by converting its shortlist and
+4-bit recipe) and of uniform INT6, so that each search has a uniform assignment at its bits to
+beat — and at ``min_psnr``; each search ends by converting its shortlist and
 the greedy assignment for real on the calibration pairs (``confirm``), which makes its pick.
 Every row, uniform ones included, is then **converted for real** (``sixbit.convert_model`` with the config's ``layer_formats``: sequential
 GPTQ, as users run it) on a fresh pipeline and scored on held-out (prompt, seed) pairs never used
@@ -99,7 +100,7 @@ def run_arch(arch: str, args) -> dict:
                   formats=FORMATS, progress=False)
     stage1 = time.perf_counter() - t0
     log(f"[{arch}] stage 1: {stage1:.0f} s, Spearman {tuner.sensitivity.spearman:+.2f}")
-    budgets = [round(tuner.uniform["nvfp4"]["bits"], 4), 6.0]
+    budgets = [round(tuner.uniform[f]["bits"], 4) for f in ("nvfp4", "int6")]
     searches = {f"≤ {b:.2f} bits": dict(max_bits=b) for b in budgets}
     searches[f"≥ {args.min_psnr:g} dB"] = dict(min_psnr=args.min_psnr)
     rows = []
