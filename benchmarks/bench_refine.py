@@ -109,8 +109,8 @@ def section(results: list[dict]) -> str:
     lines += ["", "Default: " + ("**on**" if all(helps.values()) else "**off**") + " — refinement gains "
               + "; ".join(f"shapes-{a}: {', '.join(f'{x:+.2f}' for x in g)} dB" for a, g in gains.items())
               + (" on every row." if all(helps.values()) else
-                 f": it helps on {', '.join(f'shapes-{a}' for a, h in helps.items() if h) or 'no model'}, not on "
-                 f"{', '.join(f'shapes-{a}' for a, h in helps.items() if not h)}, so it is opt-in "
+                 f": it gains more than 0.3 dB on every row of {', '.join(f'shapes-{a}' for a, h in helps.items() if h) or 'no model'}"
+                 f" (not of {', '.join(f'shapes-{a}' for a, h in helps.items() if not h)}), so it is opt-in "
                  "(`QuantConfig(refine_steps=200)`); check it on held-out prompts of your model.")]
     return "\n".join(lines) + "\n"
 
