@@ -87,7 +87,7 @@ def section(results: list[dict]) -> str:
         "## Offline refinement of the low-rank branches (issue 19, stage 3)",
         "",
         f"Written by `python benchmarks/bench_refine.py` (per model `--arch A --pairs {s['pairs']} --calib {s['calib']} "
-        f"--steps {s['steps']} --refine-steps {s['refine_steps']}`, then `--merge`). Machine: {results[0].get('machine', machine_description())}; each model in its own process, side by side. "
+        f"--steps {s['steps']} --refine-steps {s['refine_steps']}`, then `--merge`). Machine: {results[0].get('machine', machine_description())}; each model in its own process (wall times: other jobs may have shared the 2 CPUs). "
         "Refinement fits each block's 16-bit low-rank branches (Adam, cosine schedule, on a sample of ≤ 32 recorded "
         "calibration calls: every step and CFG branch) to the full-precision block's outputs; codes, scales and every "
         f"model weight stay as GPTQ left them. Held-out: {s['pairs']} (prompt, seed) pairs never used in calibration.",

@@ -242,7 +242,7 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     ``fold`` (default True; AMX CPUs): a layer that rotates its input or has a low-rank branch (the
     4-bit presets) packs the INT8 rounding of everything it computes, ``(W_q + U·D)·H``, so its
     INT8 calls are plain W8A8 ones: the input quantized per token unrotated, one GEMM, no rotation
-    and no branch (at CogVideoX-2B size `w4a8` then runs at 1.35× bf16 instead of 1.16×). That
+    and no branch (at CogVideoX-2B size `w4a8` then runs at 1.33× bf16 instead of 1.21×). That
     changes results by quantization noise: on the shipped models' 16 held-out pairs, PSNR against
     full precision moved +0.5 dB (shapes-cogvideox) and −0.3 dB (shapes-wan) against the unfolded
     kept path (BENCHMARKS.md ``cpu-speed``). Calls at another precision (PDR's refreshes, DMPQ)
