@@ -66,6 +66,7 @@ from .precision import EMULATED, ActMode
 
 _CHECKS = {"finite": False}
 
+
 def debug_checks(enabled: bool = True) -> None:
     """Check every quantized linear's input for NaN/Inf (a clear ``ValueError`` naming the count).
 
