@@ -146,6 +146,14 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _machines(results: list[dict]) -> str:
+    """The machine line: one description, or each model's where their runs differ (e.g. threads)."""
+    seen = {res.get("machine", machine_description()) for res in results}
+    if len(seen) == 1:
+        return seen.pop()
+    return "; ".join(f"shapes-{res['arch']}: {res.get('machine', machine_description())}" for res in results)
+
+
 def _plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -174,7 +182,7 @@ def section(results: list[dict]) -> str:
         "",
         f"Written by `python benchmarks/bench_tune.py` (per model: `--arch A --pairs {s['pairs']} --calib {s['calib']} "
         f"--steps {s['steps']} --population {s['population']} --generations {s['generations']}`, then `--merge`). "
-        f"Machine: {results[0].get('machine', machine_description())}; each model in its own process (wall times: other jobs may have shared the 2 CPUs). Candidates: {', '.join('16-bit' if f is None else f for f in FORMATS)} "
+        f"Machine: {_machines(results)}; each model in its own process (wall times: other jobs may have shared the 2 CPUs). Candidates: {', '.join('16-bit' if f is None else f for f in FORMATS)} "
         "(the `w4a8` recipe: Hadamard 128, MSE scales, GPTQ, low-rank branch on the 3/4-bit ones; INT8 activations). "
         "*calib cand.*: PSNR on the tuning's own calibration pairs as the search saw it (candidates built once, GPTQ "
         "on full-precision inputs); *calib conv.*: the same pairs with the config converted for real by "
