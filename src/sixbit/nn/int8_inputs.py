@@ -47,9 +47,10 @@ def can_remember() -> bool:
 
 
 def remembered(out: torch.Tensor, codes: list | None) -> torch.Tensor:
-    """``out``, its per-token codes (if the call made them: ``codes`` holds one pair) remembered
-    for the next layer that takes it as input (:func:`quantized_input`, unrotated)."""
-    if codes and not out.is_inference() and not torch.compiler.is_compiling():
+    """``out``, its per-token codes (if the call made them, which it does only where
+    :func:`can_remember`: ``codes`` holds one pair) remembered for the next layer that takes it as
+    input (:func:`quantized_input`, unrotated)."""
+    if codes:
         _remember(out, None, *codes[0])
     return out
 

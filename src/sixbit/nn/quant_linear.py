@@ -450,13 +450,14 @@ class QuantLinear(nn.Module):
             check_finite(x, "the input of a quantized linear layer")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        # the output's per-token codes, if asked for and the INT8 path makes them (none after LoRAs)
+        codes = [] if quantize_output and not self._loras and int8_inputs.can_remember() else None
         if self._fused_int8(mode, x2):  # CUDA: one Triton kernel rotates and quantizes the input
             w_codes, w_scale = self.int8_weight()
             y = kernels.int8_linear(x2, w_codes, w_scale, self.hadamard_block)
             return self._finish(x, y, lead, activation=activation)
         if self._folded and mode is ActMode.INT8 and x2.device.type == "cpu":  # see pack_int8(fold=True)
             bias, fused = (None, None) if self._loras else (self.bias, activation)
-            codes = [] if quantize_output and not self._loras and int8_inputs.can_remember() else None
             y = self._forward_int8(x2, None, bias, torch.float32 if self._loras else x.dtype, fused, x, out_codes=codes)
             y = self._finish(x, y, lead, bias_added=not self._loras, activation=None if fused else activation)
             return int8_inputs.remembered(y, codes)
@@ -478,10 +479,9 @@ class QuantLinear(nn.Module):
         # LoRAs come before the bias: with them, the bias waits for _finish
         bias = None if self._loras else self.bias
         dtype = torch.float32 if self._loras else x.dtype
-        fused, codes = None, None  # the activation applied by the INT8 epilogue (not after LoRAs: they come first)
+        fused = None  # the activation applied by the INT8 epilogue (not after LoRAs: they come first)
         if mode is ActMode.INT8 and self.act_quantizer is None:
             fused = None if self._loras else activation
-            codes = [] if quantize_output and not self._loras and int8_inputs.can_remember() else None
             y = self._forward_int8(x2, branch, bias, dtype, fused, x if self._plain_int8() or late else None,
                                    self.hadamard_block if late else None, codes)
         else:
