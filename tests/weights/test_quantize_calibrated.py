@@ -58,6 +58,27 @@ def test_gptq_runs_one_calibration_per_block_and_beats_round_to_nearest():
         assert errors["gptq", hadamard] < 0.5 * errors["mse", hadamard]  # on held-out inputs of the same kind
 
 
+def test_full_precision_calibration_inputs_build_each_layer_whatever_the_others_are():
+    """With ``calibration_inputs="full_precision"`` the last block's GPTQ sees the unchanged model's
+    inputs: its weights are the same whether the blocks before it are quantized or not, and the
+    model ends with every planned layer swapped in. Sequentially (the default) they differ."""
+    last = "blocks.2.proj"
+
+    def last_codes(inputs, only_last):
+        model = _toy()
+        cfg = QuantConfig(weight_format="int4-g16", gptq=True, calibration_inputs=inputs,
+                          include=[last] if only_last else [])
+        sixbit.quantize(model, cfg, calibration=_run(model), progress=False)
+        assert all(isinstance(model.get_submodule(f"blocks.{i}.proj"), QuantLinear) != (only_last and i < 2)
+                   for i in range(3))
+        return torch.cat([t.flatten().float() for t in model.get_submodule(last).quantized_weight().tensors().values()])
+
+    assert torch.equal(last_codes("full_precision", True), last_codes("full_precision", False))
+    assert not torch.equal(last_codes("quantized", True), last_codes("quantized", False))
+    with pytest.raises(ValueError, match="calibration_inputs='fp' is not one of"):
+        QuantConfig(calibration_inputs="fp")
+
+
 def test_gptq_needs_calibration_and_a_failed_run_changes_nothing():
     model = _toy()
     with pytest.raises(ValueError, match="needs calibration"):

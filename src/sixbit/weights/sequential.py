@@ -4,7 +4,9 @@ input Hessians recorded from calibration generations (GPTQ, Hessian-weighted sca
 Sequential mode: the first pass records the inputs of the layers outside the blocks and of
 block 0, which are then quantized and swapped in; each later pass records block ``i``'s inputs
 from the model whose blocks before ``i`` are already quantized, so GPTQ corrects the error those
-blocks pass on. Only one block's Hessians are held at a time (``K × K`` fp64 sums per layer).
+blocks pass on. With ``calibration_inputs="full_precision"`` each block's layers are put back to
+full precision once built (and refined), and all are swapped in at the end: every pass sees the
+unchanged model. Only one block's Hessians are held at a time (``K × K`` fp64 sums per layer).
 One calibration run per block: the price of the method, paid once at conversion.
 """
 
@@ -91,6 +93,8 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
     for name in plan:  # layers outside the blocks go with block 0 (the first pass)
         groups.setdefault(block_index_of(name, blocks) or 0, []).append(name)
     originals = {name: model.get_submodule(name) for name in plan}
+    sequential = config.calibration_inputs == "quantized"
+    built: dict[str, nn.Module] = {}
     start, peak = time.perf_counter(), 0
     refined: list[refine.RefineResult] = []
     try:
@@ -119,6 +123,10 @@ def quantize_layers(model: nn.Module, plan: dict[str, tuple[str, int | None, str
                 logger.info("refined the low-rank branches of %s (%d layers): output error %.3g -> %.3g (%s)",
                             block_name, result.layers, result.error_before, result.error_after,
                             "kept" if result.kept else "discarded: no better")
+            built.update(new)
+            if not sequential:  # the next blocks' inputs come from the unchanged model
+                swap_layers(model, {n: originals[n] for n in names})
+        swap_layers(model, built)
     except BaseException:
         swap_layers(model, originals)
         raise
