@@ -22,7 +22,7 @@ from sixbit import ConvertConfig, QuantConfig
 from sixbit.presets import from_json_dict
 from sixbit.tune import Tuner, tune, tune_model
 from sixbit.tune.library import tuned_layers
-from sixbit.tune.search import SHORTLIST_STEP_DB, Constraint, greedy, shortlist
+from sixbit.tune.search import Constraint, greedy
 from sixbit.tune.sensitivity import PSNR_CAP, Sensitivity, psnr_bound, psnr_of
 
 BASE = ConvertConfig(weights=QuantConfig(weight_format="int4-g16"), activations="fp")
@@ -143,7 +143,6 @@ def test_tuning_leaves_the_model_unchanged(tiny):
     (dict(max_bits=5, formats=["int9"]), "unknown format 'int9'"),
     (dict(max_bits=5, formats="int8"), "formats must be a non-empty list"),
     (dict(max_bits=5, time_budget_s=0), "time_budget_s must be"),
-    ({"max_bits": 5, "confirm": 0}, "confirm must be a whole number ≥ 1"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs, message):
     calls = []
@@ -183,54 +182,53 @@ def test_an_unreachable_psnr_is_said_so(tuner, caplog):
     assert "NOT reached" in report.config.description and "no assignment reached 150.00 dB" in caplog.text
 
 
-def test_the_report_carries_the_real_conversions_psnr(tuner):
-    report = tuner.search(max_bits=tuner.library.bits(tuner.library.uniform("int4-g16")) + 2.0,
-                          generations=2, population=4, confirm=2)
-    assert 2 <= len(report.confirmed) <= 3 and report.best in report.confirmed and report.greedy in report.confirmed
-    assert report.confirmed[0]["formats"] == tuner.library.formats(report.search.best)  # the search's best first
-    for c in report.confirmed:  # round to nearest: convert_model builds exactly the candidates, so they agree
-        assert 20 < c["real_psnr"] < PSNR_CAP and c["real_psnr"] == pytest.approx(c["psnr"], abs=1e-6)
-    assert report.best["real_psnr"] == max(c["real_psnr"] for c in report.confirmed)
-    assert f"{report.best['real_psnr']:.2f} dB converted" in report.summary()
-    assert f"{report.best['real_psnr']:.2f} dB on the calibration videos" in report.config.description
-    assert report.seconds["confirm"] > 0
+@pytest.fixture(scope="module")
+def gptq_tuner(tiny):
+    base = ConvertConfig(weights=QuantConfig(weight_format="int4-g16", gptq=True, scale_rule="mse",
+                                             role_formats={"modulation": "int4-g16"}), activations="fp")
+    return Tuner(tiny.model, _run(tiny), base=base, formats=FORMATS, progress=False)
 
 
-def test_real_runs_decide_the_min_psnr_pick(tuner, monkeypatch):
-    """The real conversions fall short of the candidates' PSNR just enough that the search's own
-    pick misses the target: the pick moves up to the fewest bits whose real PSNR reaches it."""
-    target = tuner.uniform["int4-g16"]["psnr"] + 10
-    library = tuner.search(min_psnr=target, generations=3, population=6)
-    short = library.best["psnr"] - target + 0.01
-    genomes = {tuple(tuner.library.formats(g).values()): g for g in tuner.evaluator.results}
-    monkeypatch.setattr(tuner, "converted_error",  # the candidates' error, every video `short` dB worse
-                        lambda formats: tuner.evaluator(genomes[tuple(formats.values())]) * 10 ** (short / 10))
-    report = tuner.search(min_psnr=target, generations=3, population=6)
-    reaching = [c for c in report.confirmed if c["real_psnr"] >= target]
-    assert reaching, "the shortlist climbs above the target so that a shortfall still leaves one"
-    assert report.best["real_psnr"] >= target and report.best["bits"] == min(c["bits"] for c in reaching)
-    assert report.best["bits"] > library.best["bits"]  # the library's pick fell short once converted
-    assert report.best["bits"] < tuner.uniform["int8"]["bits"]
+def test_full_precision_calibration_converts_to_exactly_the_videos_the_search_measured(tiny, gptq_tuner):
+    """With GPTQ in the base, ``convert_model`` with ``calibration_inputs="full_precision"`` builds
+    the very candidates the search ran (and the base's modulation layers, which the search ran
+    quantized too): the converted model generates the measured videos bit for bit."""
+    tuner = gptq_tuner
+    assert tuner.library.fixed and all(".norm" in name for name in tuner.library.fixed)
+    assert float(tuner.sensitivity.base.min()) > 0  # the fixed layers' own error, under every assignment
+    genome = tuner.library.uniform("int4-g16")
+    assert torch.equal(tuner.converted_error(tuner.library.formats(genome), "full_precision"), tuner.evaluator(genome))
+    assert not torch.equal(tuner.converted_error(tuner.library.formats(genome), "quantized"), tuner.evaluator(genome))
 
 
-def test_shortlist_climbs_above_a_psnr_target_and_takes_the_best_under_a_budget():
-    measured = {(0,): (4.0, 34.0), (1,): (4.2, 35.1), (2,): (4.3, 35.6), (3,): (4.5, 36.2), (4,): (5.0, 37.5),
-                (5,): (6.0, 40.0), (6,): (4.4, 33.0), (7,): (4.6, 36.1)}
-    assert shortlist(Constraint(min_psnr=35), measured, 3) == [(1,), (3,), (4,)]  # (7,): more bits, lower PSNR
-    assert SHORTLIST_STEP_DB == 1.0
-    assert shortlist(Constraint(min_psnr=50), measured, 2) == [(5,), (4,)]  # none reaches: the closest
-    assert shortlist(Constraint(max_bits=6), measured, 2) == [(5,), (4,)]
+@pytest.mark.parametrize("sequential_db", [+1.0, -1.0])
+def test_the_pick_takes_the_better_calibration_inputs_and_reports_the_converted_psnr(tiny, gptq_tuner, monkeypatch,
+                                                                                    sequential_db):
+    """The search's pick and the greedy one are converted with GPTQ on the quantized blocks'
+    outputs too; the tuned config takes the better of the two, and its PSNR is what the config
+    converts to."""
+    tuner = gptq_tuner
+    monkeypatch.setattr(tuner, "converted_error", lambda formats, inputs: tuner.evaluator(
+        tuple(next(i for i, v in enumerate(layer.variants) if v.format == formats[layer.name])
+              for layer in tuner.library.layers)) * 10 ** (-sequential_db / 10))
+    report = tuner.search(max_bits=6.0, generations=2, population=4)
+    measured = tuner.evaluator.psnr(report.search.best)
+    expected = "quantized" if sequential_db > 0 else "full_precision"
+    for found in (report.best, report.greedy):
+        assert found["calibration_inputs"] == expected
+    assert report.config.weights.calibration_inputs == expected
+    assert report.best["psnr"] == pytest.approx(measured + max(sequential_db, 0))
+    assert f"{report.best['psnr']:.2f} dB on the calibration videos" in report.config.description
+    assert f"calibrated on {expected.replace('_', '-')} inputs" in report.config.description
 
 
-def test_confirmation_converts_with_sequential_gptq_on_the_calibration_run(tiny):
-    before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
-    gptq = ConvertConfig(weights=QuantConfig(weight_format="int4-g16", gptq=True), activations="fp")
-    report = tune_model(tiny.model, _run(tiny), max_bits=6.0, base=gptq, formats=FORMATS, population=4,
-                        generations=1, confirm=1, progress=False)
-    assert report.config.weights.gptq and report.best["bits"] <= 6.0
-    assert all(20 < c["real_psnr"] < PSNR_CAP for c in report.confirmed)  # GPTQ's runs reached the converted copy
-    assert all(torch.equal(v, tiny.model.state_dict()[k]) for k, v in before.items())
-    assert sixbit.conversion_of(tiny.model) is None and "forward" not in vars(tiny.model)
+def test_the_tuned_config_converts_to_the_reported_psnr(tiny, gptq_tuner):
+    report = gptq_tuner.search(max_bits=6.0, generations=2, population=4)
+    fresh = build_tiny("cogvideox")
+    fresh.model.load_state_dict(tiny.model.state_dict())
+    sixbit.convert_model(fresh.model, _run(fresh), from_json_dict(report.config.to_dict()))
+    assert psnr_of(gptq_tuner.evaluator.error(_run(fresh)())) == report.best["psnr"]
+    assert 20 < report.best["psnr"] < PSNR_CAP
 
 
 def _videos(*psnrs: float) -> torch.Tensor:
@@ -258,10 +256,9 @@ def test_min_psnr_is_checked_against_the_mean_minus_one_standard_error(tuner, mo
         sens = Sensitivity(mse, [[0.0] * len(row) for row in mse], float("nan"), 0.0)
         assert greedy(library, sens, target)[0] == reached  # upgraded only when the bound misses
 
-    # the confirmation's pick and the warning: every real conversion at 30 and 40 dB
-    monkeypatch.setattr(tuner, "converted_error", lambda formats: spread)
-    report = tuner.search(min_psnr=34, generations=1, population=4, confirm=1)
-    assert all(c["real_psnr"] == pytest.approx(35) and c["real_psnr_bound"] == pytest.approx(30)
-               for c in report.confirmed)
+    # the search's pick and the warning: every assignment's videos at 30 and 40 dB
+    monkeypatch.setattr(type(tuner.evaluator), "__call__", lambda self, genome: spread)
+    report = tuner.search(min_psnr=34, generations=1, population=4)
+    assert report.best["psnr"] == pytest.approx(35) and report.best["psnr_bound"] == pytest.approx(30)
     assert "NOT reached" in report.config.description
     assert "mean − 1 SE 30.00 dB" in report.summary()

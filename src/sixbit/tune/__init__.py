@@ -9,23 +9,27 @@ per weight". :func:`tune` finds a per-layer format map for one of those and retu
    to each candidate format, the calibration videos generated and compared with full precision;
    plus a cheap proxy (output error energy on the calibration inputs) and its rank correlation;
 2. **search** (:mod:`.search`): a greedy assignment from that ranking seeds a genetic search
-   whose fitness is the measured calibration PSNR. The candidates are built once, with GPTQ on
-   full-precision inputs, while ``convert_model`` runs GPTQ block by block on the quantized
-   blocks' outputs, so the search's PSNR is an estimate: a few of its best assignments and the
-   greedy one are then **converted for real** (a copy of the model, ``convert_model``) and
-   measured again, and that real PSNR makes the final pick. A ``min_psnr`` target is checked
+   whose fitness is the measured calibration PSNR. The candidates are built once, GPTQ on the
+   full-precision model's inputs, and the base config's other quantized layers (modulation) are
+   swapped in with them, so ``convert_model`` with ``calibration_inputs="full_precision"``
+   builds exactly the model the search ran. Its pick (and the greedy one) is then also
+   converted for real with ``convert_model``'s default, GPTQ on the quantized blocks' outputs,
+   and the tuned config takes whichever of the two calibrates better (on the shipped models
+   they differ by up to ±1.5 dB, one way on one model, the other way on the other): the PSNR
+   reported is the converted model's either way. A ``min_psnr`` target is checked
    against the calibration videos' mean PSNR minus one standard error
    (:func:`~.sensitivity.psnr_bound`), a margin for prompts the tuning has not seen;
 3. **refinement** happens at conversion, not here: the base recipe's ``refine_steps``
    (:mod:`sixbit.weights.refine`: the low-rank branches fitted block by block to the
-   full-precision outputs) is kept in the tuned config and runs in ``convert_model``.
+   full-precision outputs) is kept in the tuned config and runs in ``convert_model`` (off in
+   the presets; with it the converted model is no longer exactly the measured one).
 
 The weight recipe (Hadamard rotation, scale search, GPTQ, low-rank branch) and the activations
 come from a base config (default the ``w4a8`` preset: per-token INT8 activations, a real integer
 GEMM on CPUs and GPUs). The model is left as it was given: candidates are swapped in and out.
 Cost: one calibration run per block (input statistics), one per layer and format (sensitivity),
-one per assignment the search measures, and a conversion plus a run per confirmed assignment —
-minutes on the shipped models.
+one per assignment the search measures, and a conversion plus a run for the pick and for the
+greedy assignment — minutes on the shipped models.
 
 Example:
     >>> import sixbit
@@ -50,8 +54,15 @@ import torch
 from .. import formats as formats_
 from ..convert import _calibration_runner, _check, _transformer_of, convert_model
 from ..presets import ConvertConfig, resolve
-from .library import DEFAULT_FORMATS, Library, build_library, input_stats, tuned_layers
-from .search import Constraint, SearchResult, _key, genetic, greedy, shortlist
+from .library import (
+    DEFAULT_FORMATS,
+    Library,
+    build_library,
+    fixed_layers,
+    input_stats,
+    tuned_layers,
+)
+from .search import Constraint, SearchResult, genetic, greedy
 from .sensitivity import Evaluator, Sensitivity, measure, psnr_bound, psnr_of
 
 logger = logging.getLogger(__name__)
@@ -67,13 +78,12 @@ class TuneReport:
         layers: the tuned layers' names; ``variants[i]`` their candidate formats (``None``:
             full precision), fewest bits first, and ``variant_bits[i]`` their stored bits.
         sensitivity: stage 1's measured errors and proxy (:class:`~.sensitivity.Sensitivity`).
-        greedy / best: ``{"bits", "psnr", "psnr_bound", "real_psnr", "real_psnr_bound", "bytes",
-            "formats"}`` of the greedy assignment and of the pick: calibration PSNR (dB, the mean
-            over the videos) with the search's candidates (``psnr``) and converted for real by
-            ``convert_model`` (``real_psnr``); ``*_bound``: that mean minus one standard error,
-            what ``min_psnr`` is checked against (:func:`~.sensitivity.psnr_bound`).
-        confirmed: the same for every assignment converted for real (the search's shortlist,
-            then the greedy one); ``best`` is the one of them the real PSNR picked.
+        greedy / best: ``{"bits", "psnr", "psnr_bound", "bytes", "formats",
+            "calibration_inputs"}`` of the greedy assignment and of the search's pick: calibration
+            PSNR (dB, the mean over the videos) of the model ``convert_model`` makes from them
+            with that ``calibration_inputs`` (the better of the two: :meth:`Tuner._calibrated`),
+            and that mean minus one standard error (``psnr_bound``, what ``min_psnr`` is checked
+            against: :func:`~.sensitivity.psnr_bound`).
         uniform: ``{format label: {"bits", "psnr", "psnr_bound", "bytes", "formats"}}`` of every uniform
             assignment, measured with the candidates.
         search: the genetic search's :class:`~.search.SearchResult`.
@@ -88,7 +98,6 @@ class TuneReport:
     sensitivity: Sensitivity
     greedy: dict
     best: dict
-    confirmed: list[dict]
     uniform: dict[str, dict]
     search: SearchResult
     seconds: dict[str, float]
@@ -100,19 +109,14 @@ class TuneReport:
         lines = [
             f"tuned {len(self.layers)} layers to {self.constraint.describe()} "
             f"(calibration: {' '.join(str(v) for v in (self.calibration.get('count'), self.calibration['source']) if v)})",
-            (f"  search:  {self.best['bits']:.2f} bits, {self.best['real_psnr']:.2f} dB converted "
-             f"(mean − 1 SE {self.best['real_psnr_bound']:.2f} dB; {self.best['psnr']:.2f} dB with the candidates), "
-             f"{self.best['bytes'] / 2**20:.2f} MiB  "
-             f"({self.search.stopped}: {len(self.search.history)} generations, {len(self.search.measured)} assignments "
-             f"scored, {len(self.confirmed)} converted for real)"),
-            (f"  greedy:  {self.greedy['bits']:.2f} bits, {self.greedy['real_psnr']:.2f} dB converted "
-             f"(mean − 1 SE {self.greedy['real_psnr_bound']:.2f} dB; {self.greedy['psnr']:.2f} dB with the candidates)"),
-            "  converted (candidates → converted, mean − 1 SE): " + ", ".join(
-                f"{c['bits']:.2f} bits {c['psnr']:.2f} → {c['real_psnr']:.2f} dB ({c['real_psnr_bound']:.2f})"
-                for c in self.confirmed),
+            (f"  search:  {self.best['bits']:.2f} bits, {self.best['psnr']:.2f} dB (mean − 1 SE "
+             f"{self.best['psnr_bound']:.2f} dB; {self.best['calibration_inputs']} calibration inputs), "
+             f"{self.best['bytes'] / 2**20:.2f} MiB  ({self.search.stopped}: {len(self.search.history)} generations, "
+             f"{len(self.search.measured)} assignments scored)"),
+            (f"  greedy:  {self.greedy['bits']:.2f} bits, {self.greedy['psnr']:.2f} dB (mean − 1 SE "
+             f"{self.greedy['psnr_bound']:.2f} dB; {self.greedy['calibration_inputs']} calibration inputs)"),
         ]
-        lines += [f"  uniform {label}: {u['bits']:.2f} bits, {u['psnr']:.2f} dB with the candidates"
-                  for label, u in self.uniform.items()]
+        lines += [f"  uniform {label}: {u['bits']:.2f} bits, {u['psnr']:.2f} dB" for label, u in self.uniform.items()]
         lines.append("  formats: " + ", ".join(f"{label} × {n}" for label, n in counts.most_common()))
         lines.append(f"  sensitivity proxy vs measured error: Spearman {self.sensitivity.spearman:+.2f}")
         lines.append("  time: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()))
@@ -133,9 +137,7 @@ def _base(base) -> ConvertConfig:
     return config
 
 
-def _target(max_bits, min_psnr, max_bytes, time_budget_s, confirm: int = 1) -> Constraint:
-    if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 1:
-        raise ValueError(f"confirm must be a whole number ≥ 1, got {confirm!r}")
+def _target(max_bits, min_psnr, max_bytes, time_budget_s) -> Constraint:
     if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
                                       or not time_budget_s > 0):
         raise ValueError(f"time_budget_s must be a number of seconds > 0, got {time_budget_s!r}")
@@ -151,8 +153,11 @@ def _candidates(formats) -> tuple[str | None, ...]:
     return tuple(dict.fromkeys([*formats, None]))  # full precision is always the reference
 
 
-def _with_formats(config: ConvertConfig, layer_formats: dict, description: str | None = None) -> ConvertConfig:
-    weights = dataclasses.replace(config.weights, layer_formats=dict(layer_formats))
+def _with_formats(config: ConvertConfig, layer_formats: dict, calibration_inputs: str,
+                  description: str | None = None) -> ConvertConfig:
+    """``config`` with ``layer_formats``, calibrated on ``calibration_inputs`` (``"full_precision"``:
+    as the candidates were, :mod:`.library`, so ``convert_model`` builds exactly the measured layers)."""
+    weights = dataclasses.replace(config.weights, layer_formats=dict(layer_formats), calibration_inputs=calibration_inputs)
     return dataclasses.replace(config, weights=weights, description=description or config.description)
 
 
@@ -177,7 +182,7 @@ class Tuner:
     Building it records the input statistics, builds every candidate and measures the
     sensitivity (the expensive part); :meth:`search` runs stage 2 for one target. The model is
     unchanged between calls (candidates are swapped in only while a run is measured, and a
-    converted copy stands in for it only while a confirmation runs). Arguments as :func:`tune`."""
+    converted copy stands in for it only while it runs). Arguments as :func:`tune`."""
 
     def __init__(self, model, calibration_data, *, base="w4a8", formats=DEFAULT_FORMATS, pipeline=None,
                  calibration_kwargs: dict | None = None, progress: bool = True):
@@ -196,7 +201,7 @@ class Tuner:
         self.library: Library | None = None
         try:
             with torch.no_grad():
-                stats = input_stats(transformer, run, list(tuned_layers(transformer, self.config)))
+                stats = input_stats(transformer, run, [*tuned_layers(transformer, self.config), *fixed_layers(transformer, self.config)])
                 self.library = build_library(transformer, self.config, candidates, stats, progress)
                 self.seconds = {"candidates": time.perf_counter() - start}
                 self.evaluator = Evaluator(self.library, run)
@@ -218,84 +223,86 @@ class Tuner:
         return {"bits": library.bits(genome), "psnr": psnr_of(error), "psnr_bound": psnr_bound(error),
                 "bytes": library.bytes(genome), "formats": library.formats(genome)}
 
-    def converted_error(self, layer_formats: dict) -> torch.Tensor:
+    def converted_error(self, layer_formats: dict, calibration_inputs: str) -> torch.Tensor:
         """Per-video MSE of the calibration videos with the base config and ``layer_formats``
-        converted for real (``convert_model`` on a copy of the model; the model itself is left as
-        it is), against full precision."""
+        converted for real with ``calibration_inputs`` (``convert_model`` on a copy of the model;
+        the model itself is left as it is), against full precision."""
         self.library.restore()  # the copy starts from the original layers
         converted = copy.deepcopy(self.transformer)
         with torch.no_grad(), _stand_in(self.transformer, converted):
-            convert_model(converted, self.run, _with_formats(self.config, layer_formats))
+            convert_model(converted, self.run, _with_formats(self.config, layer_formats, calibration_inputs))
             return self.evaluator.error(self.run())
 
-    def converted_psnr(self, layer_formats: dict) -> float:
-        """Mean calibration PSNR of :meth:`converted_error`."""
-        return psnr_of(self.converted_error(layer_formats))
+    def _calibrated(self, genome, constraint: Constraint) -> dict:
+        """:meth:`_described` for the better of the two ``calibration_inputs`` by
+        :meth:`Constraint.psnr`: ``"full_precision"``, measured exactly by the candidates, or
+        ``"quantized"`` (GPTQ on the quantized blocks' outputs), converted for real to be measured.
+        Neither wins on every model (BENCHMARKS.md ``tune``); the PSNR is the converted model's
+        either way. Without calibration in the recipe the two are the same."""
+        described = self._described(genome) | {"calibration_inputs": "full_precision"}
+        if not self.config.weights.needs_calibration:
+            return described
+        fp, error = self.evaluator(genome), self.converted_error(described["formats"], "quantized")
+        if constraint.psnr(error) > constraint.psnr(fp):
+            described.update(psnr=psnr_of(error), psnr_bound=psnr_bound(error), calibration_inputs="quantized")
+        return described
 
     def search(self, *, max_bits: float | None = None, min_psnr: float | None = None, max_bytes: int | None = None,
                seed: int = 0, time_budget_s: float | None = None, population: int = 12,
-               generations: int = 8, confirm: int = 3) -> TuneReport:
+               generations: int = 8) -> TuneReport:
         """Stage 2 for one target: the :class:`TuneReport` (``.config`` is the tuned config).
 
         ``max_bits`` / ``max_bytes``: the best mean calibration PSNR within that budget.
         ``min_psnr``: the fewest average bits whose calibration videos' mean PSNR minus one
         standard error reaches this — a margin for prompts the tuning has not seen; more
-        calibration prompts shrink it (:func:`~.sensitivity.psnr_bound`). ``confirm``: how many
-        of the search's best assignments (:func:`~.search.shortlist`) are converted for real,
-        besides the greedy one; the real calibration PSNR (under ``min_psnr``, its lower bound)
-        picks among them. Other arguments as :func:`tune`."""
-        constraint = _target(max_bits, min_psnr, max_bytes, time_budget_s, confirm)
+        calibration prompts shrink it (:func:`~.sensitivity.psnr_bound`). Other arguments as
+        :func:`tune`."""
+        constraint = _target(max_bits, min_psnr, max_bytes, time_budget_s)
         library, config = self.library, self.config
-        greedy_genome = greedy(library, self.sensitivity, constraint)
         with torch.no_grad():
             result = genetic(self.evaluator, self.sensitivity, constraint, seed=seed, population=population,
                              generations=generations, time_budget_s=time_budget_s, progress=self.progress)
         start = time.perf_counter()
-        genomes = list(dict.fromkeys([*shortlist(constraint, result.measured, confirm), greedy_genome]))
-        confirmed = [self._described(g) for g in genomes]
-        judged = "real_psnr" if constraint.budget else "real_psnr_bound"  # Constraint.psnr of the real conversion
-        for described in confirmed:
-            error = self.converted_error(described["formats"])
-            described["real_psnr"], described["real_psnr_bound"] = psnr_of(error), psnr_bound(error)
-        best = max(confirmed, key=lambda d: _key(constraint, d["bits"], d[judged]))  # ties: the search's order
-        missed = constraint.min_psnr is not None and best["real_psnr_bound"] < constraint.min_psnr
+        greedy_found = self._calibrated(greedy(library, self.sensitivity, constraint), constraint)
+        best = self._calibrated(result.best, constraint)
+        missed = constraint.min_psnr is not None and best["psnr_bound"] < constraint.min_psnr
         if missed:
-            logger.warning("no assignment reached %.2f dB on the calibration videos once converted (their mean PSNR "
-                           "minus one standard error); the best reached %.2f dB (mean %.2f dB). Add calibration "
-                           "prompts (a smaller margin), 16-bit or 8-bit candidates, or lower min_psnr",
-                           constraint.min_psnr, best["real_psnr_bound"], best["real_psnr"])
+            logger.warning("no assignment reached %.2f dB on the calibration videos (their mean PSNR minus one "
+                           "standard error); the best reached %.2f dB (mean %.2f dB). Add calibration prompts (a "
+                           "smaller margin), 16-bit or 8-bit candidates, or lower min_psnr",
+                           constraint.min_psnr, best["psnr_bound"], best["psnr"])
+        calibrated = (f"; calibrated on {best['calibration_inputs'].replace('_', '-')} inputs"
+                      if config.weights.needs_calibration else "")
         tuned = _with_formats(
-            config, best["formats"],
+            config, best["formats"], best["calibration_inputs"],
             f"tuned to {constraint.describe()}{' (NOT reached)' if missed else ''}: {best['bits']:.2f} bits per tuned "
-            f"weight, {best['real_psnr']:.2f} dB on the calibration videos (mean − 1 SE {best['real_psnr_bound']:.2f} "
-            f"dB; base: {config.description})")
+            f"weight, {best['psnr']:.2f} dB on the calibration videos (mean − 1 SE {best['psnr_bound']:.2f} "
+            f"dB{calibrated}; base: {config.description})")
         return TuneReport(tuned, constraint, [layer.name for layer in library.layers],
                           [[v.format for v in layer.variants] for layer in library.layers],
                           [[v.bits for v in layer.variants] for layer in library.layers],
-                          self.sensitivity, confirmed[genomes.index(greedy_genome)], best, confirmed, self.uniform,
-                          result, {**self.seconds, "search": result.seconds, "confirm": time.perf_counter() - start},
+                          self.sensitivity, greedy_found, best, self.uniform, result,
+                          {**self.seconds, "search": result.seconds, "convert": time.perf_counter() - start},
                           self.calibration)
 
 
 def tune_model(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
                max_bytes: int | None = None, seed: int = 0, time_budget_s: float | None = None,
                base="w4a8", formats=DEFAULT_FORMATS, population: int = 12, generations: int = 8,
-               confirm: int = 3, pipeline=None, calibration_kwargs: dict | None = None,
+               pipeline=None, calibration_kwargs: dict | None = None,
                progress: bool = True) -> TuneReport:
     """Tune per-layer weight formats; the :class:`TuneReport` (its ``.config`` is what
     :func:`tune` returns). Arguments as :func:`tune`, plus ``population`` and ``generations``
-    (the search's size: about ``population × generations`` assignments run) and ``confirm``
-    (:meth:`Tuner.search`).
+    (the search's size: about ``population × generations`` assignments run).
 
     ``min_psnr``: the fewest average bits whose calibration videos' mean PSNR minus one standard
     error reaches this — a margin for prompts the tuning has not seen; more calibration prompts
     shrink it."""
-    _target(max_bits, min_psnr, max_bytes, time_budget_s, confirm)  # a bad target fails before the expensive part
+    _target(max_bits, min_psnr, max_bytes, time_budget_s)  # a bad target fails before the expensive part
     tuner = Tuner(model, calibration_data, base=base, formats=formats, pipeline=pipeline,
                   calibration_kwargs=calibration_kwargs, progress=progress)
     return tuner.search(max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
-                        time_budget_s=time_budget_s, population=population, generations=generations,
-                        confirm=confirm)
+                        time_budget_s=time_budget_s, population=population, generations=generations)
 
 
 def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,

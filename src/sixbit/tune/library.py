@@ -2,16 +2,17 @@
 
 A :class:`Library` holds, per tuned layer, one module per candidate format (the original
 ``nn.Linear`` for full precision), built once with the base config's weight recipe (Hadamard
-rotation, scale search, GPTQ, low-rank branch). An assignment (one format index per layer, a
-*genome*) is applied by swapping modules into the model — no re-quantization — and
-:meth:`Library.restore` puts every original back. That makes one evaluation cost one set of
-generations.
+rotation, scale search, GPTQ, low-rank branch), and the base config's other quantized layers
+(the 4-bit presets' modulation linears: *fixed*), built once in their formats. An assignment
+(one format index per tuned layer, a *genome*) is applied by swapping its modules and the fixed
+ones into the model — no re-quantization — and :meth:`Library.restore` puts every original
+back. That makes one evaluation cost one set of generations.
 
-Two approximations: GPTQ here sees the inputs of the full-precision model (``convert_model``
-corrects, block by block, the error of the blocks before: measured on the shipped models, a
-uniform assignment's calibration PSNR moves by up to 1.5 dB between the two, BENCHMARKS.md
-``tune``), and full precision is counted at 16 bits per weight (what it costs in the bf16 model
-users run, whatever dtype the model is tuned in).
+Every layer is built from the full-precision model's inputs (GPTQ's Hessians, the scale
+search's weights), as ``convert_model`` builds them with ``calibration_inputs=
+"full_precision"`` — what a tuned config asks for — so an assignment converts to exactly the
+layers measured here. Full precision is counted at 16 bits per weight (what it costs in the
+bf16 model users run, whatever dtype the model is tuned in).
 """
 
 from __future__ import annotations
@@ -66,14 +67,15 @@ class Layer:
 class Library:
     """Every tuned layer of ``model`` in every candidate format (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, layers: list[Layer], other_bytes: int):
-        self.model, self.layers, self.other_bytes = model, layers, other_bytes
-        self.originals = {layer.name: model.get_submodule(layer.name) for layer in layers}
+    def __init__(self, model: nn.Module, layers: list[Layer], other_bytes: int, fixed: dict[str, nn.Module] | None = None):
+        self.model, self.layers, self.other_bytes, self.fixed = model, layers, other_bytes, dict(fixed or {})
+        self.originals = {name: model.get_submodule(name) for name in [*(layer.name for layer in layers), *self.fixed]}
         self.total_numel = sum(layer.numel for layer in layers)
 
     def apply(self, genome: tuple[int, ...]) -> None:
-        """Swap in variant ``genome[i]`` of layer ``i``."""
-        swap_layers(self.model, {layer.name: layer.variants[i].module for layer, i in zip(self.layers, genome)})
+        """Swap in variant ``genome[i]`` of layer ``i``, and the fixed layers."""
+        swap_layers(self.model, {**self.fixed, **{layer.name: layer.variants[i].module
+                                                  for layer, i in zip(self.layers, genome)}})
 
     def restore(self) -> None:
         """Put every original layer back."""
@@ -111,6 +113,12 @@ def tuned_layers(model: nn.Module, config: ConvertConfig) -> dict[str, tuple[int
     return {name: (hb, role) for name, (_, hb, role) in plan.items() if role in TUNED_ROLES}
 
 
+def fixed_layers(model: nn.Module, config: ConvertConfig) -> dict[str, tuple[str, int | None, str]]:
+    """``{name: (format, hadamard block, role)}`` of the layers the base config quantizes that a
+    tuning run leaves in their formats (the 4-bit presets' modulation linears)."""
+    return {name: entry for name, entry in plan_layers(model, config.weights).items() if entry[2] not in TUNED_ROLES}
+
+
 def input_stats(model: nn.Module, run: Callable[[], object], names: list[str]) -> dict[str, hessians.InputStats]:
     """Input Hessians of ``names`` on the full-precision model, one calibration run per block
     (one block's ``K × K`` sums held at a time)."""
@@ -126,9 +134,10 @@ def input_stats(model: nn.Module, run: Callable[[], object], names: list[str]) -
 
 def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str | None, ...],
                   stats: dict[str, hessians.InputStats], progress: bool = True) -> Library:
-    """Build every tuned layer of ``model`` in every format of ``candidates`` with ``config``'s
-    weight recipe (``stats`` feed GPTQ and smoothing when the recipe asks for them). A format a
-    layer cannot take (its block does not divide the layer's input) is left out for that layer."""
+    """Build every tuned layer of ``model`` in every format of ``candidates``, and the fixed
+    layers (:func:`fixed_layers`) in theirs, with ``config``'s weight recipe (``stats`` feed GPTQ
+    and smoothing when the recipe asks for them). A format a layer cannot take (its block does
+    not divide the layer's input) is left out for that layer."""
     from tqdm.auto import tqdm
 
     weights = dataclasses.replace(config.weights, act_mode=config.activations)
@@ -152,10 +161,12 @@ def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str
                 variants.append(Variant(fmt, q, 8 * q.weight_nbytes() / numel))
         variants.sort(key=lambda v: v.bits)
         layers.append(Layer(name, role, block_index_of(name, blocks), numel, variants))
+    fixed = {name: build(model.get_submodule(name), fmt, hb, weights, role, stats.get(name) if use_stats else None)
+             for name, (fmt, hb, role) in fixed_layers(model, config).items()}
     bar.close()
     numel = sum(layer.numel for layer in layers)
     other = _converted_bytes(model, config) - 2 * numel  # the tuned layers counted at 16 bits
-    return Library(model, layers, other)
+    return Library(model, layers, other, fixed)
 
 
 def _converted_bytes(model: nn.Module, config: ConvertConfig) -> int:
@@ -178,4 +189,4 @@ def _converted_bytes(model: nn.Module, config: ConvertConfig) -> int:
     return total
 
 
-__all__ = ["DEFAULT_FORMATS", "Layer", "Library", "Variant", "build_library", "input_stats", "tuned_layers"]
+__all__ = ["DEFAULT_FORMATS", "Layer", "Library", "Variant", "build_library", "fixed_layers", "input_stats", "tuned_layers"]

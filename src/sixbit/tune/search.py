@@ -17,13 +17,11 @@ prompts the tuning has not seen, which more calibration videos shrink (:meth:`Co
   tournament selection, uniform crossover and ±1-format mutations, repairs them into the
   budget (downgrade the cheapest-to-lose layer, then spend what is left greedily), ranks
   twice as many children as it keeps by predicted fitness (the proxy prunes) and **runs**
-  the survivors: fitness is the measured calibration PSNR (true runs decide). Elites survive.
+  the survivors: fitness is the measured calibration PSNR (true runs decide: the tuned
+  config converts to exactly the candidates that were run, :mod:`sixbit.tune.library`). Elites
+  survive.
   Reproducible for a seed: every draw comes from ``random.Random(seed)`` and every run is
   seeded.
-- :func:`shortlist` picks, from what the search measured, the few assignments worth converting
-  for real (the search's PSNR comes from candidates built on full-precision inputs, which
-  ``convert_model``'s sequential GPTQ does not reproduce exactly: the tuner lets those real
-  conversions make the final pick).
 """
 
 from __future__ import annotations
@@ -248,27 +246,4 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
     return SearchResult(ranked[0], measured, history, time.perf_counter() - start, stopped)
 
 
-#: Under ``min_psnr`` the shortlist climbs this far (dB) above the target per assignment: the
-#: candidates' PSNR ran up to 1.5 dB above the real conversion's (BENCHMARKS.md, section tune).
-SHORTLIST_STEP_DB = 1.0
-
-
-def shortlist(constraint: Constraint, measured: dict[tuple[int, ...], tuple[float, float]],
-              count: int) -> list[tuple[int, ...]]:
-    """Up to ``count`` distinct assignments of ``measured`` (genome → (bits, PSNR as
-    :meth:`Constraint.psnr` judges it: under ``min_psnr`` the lower bound)) worth converting for
-    real, best first: under a budget the highest PSNR; under ``min_psnr`` the
-    fewest bits that reach the target, then the fewest that reach ``SHORTLIST_STEP_DB`` above
-    it, twice that, … each above the previous pick's PSNR (so that a real conversion falling
-    short still leaves one that reaches it), topped up in search order."""
-    ranked = sorted(measured, key=lambda g: (*_key(constraint, *measured[g]), g), reverse=True)
-    picks: list[tuple[int, ...]] = []
-    if not constraint.budget:
-        for genome in ranked:  # fewest bits first among those that reach the target
-            psnr, last = measured[genome][1], measured[picks[-1]][1] if picks else -math.inf
-            if len(picks) < count and psnr > last and psnr >= constraint.min_psnr + SHORTLIST_STEP_DB * len(picks):
-                picks.append(genome)
-    return (picks + [g for g in ranked if g not in picks])[:count]
-
-
-__all__ = ["Constraint", "SearchResult", "genetic", "greedy", "shortlist"]
+__all__ = ["Constraint", "SearchResult", "genetic", "greedy"]

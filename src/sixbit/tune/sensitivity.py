@@ -3,8 +3,8 @@
 :class:`Evaluator` runs the calibration generations with an assignment swapped in and returns
 each video's mean squared error against the full-precision videos (pixels in [0, 1]); results
 are remembered per assignment. :func:`measure` quantizes one layer at a time — every other
-layer in full precision — and records that error per layer and format: the measured
-sensitivity. Beside it, a cheap proxy: the layer's output error energy on its calibration
+tuned layer in full precision, the fixed ones in their formats — and records the error it adds
+to the fixed layers' own, per layer and format: the measured sensitivity. Beside it, a cheap proxy: the layer's output error energy on its calibration
 inputs, ``E‖x·(Ŵ − W)ᵀ‖²`` from the input Hessian (GPTQ's objective), whose Spearman rank
 correlation with the measured error is reported.
 
@@ -127,18 +127,21 @@ class Evaluator:
 
 @dataclasses.dataclass
 class Sensitivity:
-    """What one layer in one format costs: ``mse[i][j]`` the per-video MSE when only layer ``i``
-    is in its variant ``j`` (zero for full precision), ``proxy[i][j]`` its output error energy on
-    the calibration inputs, and their Spearman rank correlation over all quantized variants."""
+    """What one layer in one format costs: ``mse[i][j]`` the per-video MSE that layer ``i`` in its
+    variant ``j`` adds when it is the only tuned layer quantized (zero for full precision; at
+    least zero), ``proxy[i][j]`` its output error energy on the calibration inputs, their
+    Spearman rank correlation over all quantized variants, and ``base`` the per-video MSE with
+    every tuned layer in full precision (the fixed layers' own; 0 without them)."""
 
     mse: list[list[torch.Tensor]]
     proxy: list[list[float]]
     spearman: float
     seconds: float
+    base: torch.Tensor | float = 0.0
 
     def predict(self, genome: tuple[int, ...]) -> torch.Tensor:
         """Per-video MSE of ``genome`` if the layers' errors add up."""
-        return sum(self.mse[i][j] for i, j in enumerate(genome))
+        return self.base + sum(self.mse[i][j] for i, j in enumerate(genome))
 
     def cost(self, layer: int, variant: int) -> float:
         """Summed MSE over the videos of one layer in one variant."""
@@ -167,9 +170,12 @@ def measure(evaluator: Evaluator, stats: dict[str, hessians.InputStats], progres
     library = evaluator.library
     full = library.uniform(None)
     start = time.perf_counter()
-    if psnr_of(evaluator(full)) < PSNR_CAP:  # the same model twice: the runs must agree
+    library.restore()
+    again = evaluator.error(evaluator.run()) if library.fixed else evaluator(full)
+    if psnr_of(again) < PSNR_CAP:  # the same model twice: the runs must agree
         raise ValueError("two calibration runs of the unchanged model generated different videos: make the run "
                          "repeatable (a fixed generator or seed per video) so that errors can be measured")
+    base = evaluator(full)  # the fixed layers' error
     mse, proxy = [], []
     total = sum(len(layer.variants) - 1 for layer in library.layers)
     bar = tqdm(total=total, desc="sensitivity", disable=not progress, leave=False)
@@ -178,9 +184,9 @@ def measure(evaluator: Evaluator, stats: dict[str, hessians.InputStats], progres
         row_mse, row_proxy = [], []
         for j, variant in enumerate(layer.variants):
             if variant.module is original:
-                row_mse.append(evaluator(full))  # zero: checked above
+                row_mse.append(torch.zeros_like(base))
             else:
-                row_mse.append(evaluator(full[:i] + (j,) + full[i + 1:]))
+                row_mse.append((evaluator(full[:i] + (j,) + full[i + 1:]) - base).clamp_min(0))
                 bar.update()
             row_proxy.append(proxy_error(variant.module, original, stats.get(layer.name)))
         mse.append(row_mse)
@@ -188,7 +194,8 @@ def measure(evaluator: Evaluator, stats: dict[str, hessians.InputStats], progres
     bar.close()
     pairs = [(p, float(m.sum())) for row_p, row_m in zip(proxy, mse) for p, m in zip(row_p, row_m)
              if p == p and p > 0]
-    return Sensitivity(mse, proxy, spearman([p for p, _ in pairs], [m for _, m in pairs]), time.perf_counter() - start)
+    return Sensitivity(mse, proxy, spearman([p for p, _ in pairs], [m for _, m in pairs]), time.perf_counter() - start,
+                       base)
 
 
 def spearman(a: list[float], b: list[float]) -> float:
