@@ -9,11 +9,11 @@
 Per model: stage 1 once (``sixbit.tune.Tuner`` on calibration pairs with seeds 20 000+), then
 the greedy assignment and the genetic search at two bit budgets — the bits of uniform NVFP4 (the
 4-bit recipe) and of uniform INT6, so that each search has a uniform assignment at its bits to
-beat — and at ``min_psnr``; each search ends by converting its shortlist and
-the greedy assignment for real on the calibration pairs (``confirm``), which makes its pick.
-Every row, uniform ones included, is then **converted for real** (``sixbit.convert_model`` with the config's ``layer_formats``: sequential
-GPTQ, as users run it) on a fresh pipeline and scored on held-out (prompt, seed) pairs never used
-in tuning: PSNR against the full-precision videos of the same pairs (and, with the same
+beat — and at ``min_psnr``. Every row is then **converted for real** (``sixbit.convert_model``
+with the config's ``layer_formats``) on a fresh pipeline: the uniform ones as the ``w4a8`` preset
+converts (GPTQ on the quantized blocks' outputs: what users would otherwise run), the greedy and
+genetic ones as the tuned config says (GPTQ on the full-precision model's inputs, as the search's
+candidates were built) — and scored on held-out (prompt, seed) pairs never used in tuning: PSNR against the full-precision videos of the same pairs (and, with the same
 conversion, on the calibration pairs: *calib converted*), with each video's PSNR kept (the
 held-out standard error, paired differences); each row's ``layer_formats`` is stored, so rows
 can be re-scored without searching again. *bits*: average stored bits
@@ -82,11 +82,16 @@ def _se(values) -> float:
     return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
 
 
-def _config(layer_formats: dict, description: str):
-    """The ``w4a8`` base with ``layer_formats``."""
+def _seconds(row: dict) -> str:
+    """A searched row's search and pick times (``search + pick``), else nothing."""
+    return f"{row['search_s']:.0f} + {row['pick_s']:.0f}" if "search_s" in row else ""
+
+
+def _config(layer_formats: dict, description: str, calibration_inputs: str = "quantized"):
+    """The ``w4a8`` base with ``layer_formats`` (``calibration_inputs``: as the preset, or as a tuned config)."""
     base = resolve("w4a8")
-    return dataclasses.replace(base, weights=dataclasses.replace(base.weights, layer_formats=dict(layer_formats)),
-                               description=description)
+    weights = dataclasses.replace(base.weights, layer_formats=dict(layer_formats), calibration_inputs=calibration_inputs)
+    return dataclasses.replace(base, weights=weights, description=description)
 
 
 def run_arch(arch: str, args) -> dict:
@@ -109,26 +114,25 @@ def run_arch(arch: str, args) -> dict:
         if label == "16-bit":
             continue
         rows.append({"kind": "uniform", "target": label, "calib_bits": u["bits"], "calib_psnr": u["psnr"],
-                     "calib_psnr_bound": u["psnr_bound"], "config": _config(u["formats"], f"uniform {label}")})
+                     "calib_psnr_bound": u["psnr_bound"], "inputs": "quantized",
+                     "config": _config(u["formats"], f"uniform {label}")})
     for label, target in searches.items():
-        report = tuner.search(**target, seed=args.seed, population=args.population, generations=args.generations,
-                              confirm=args.confirm)
+        report = tuner.search(**target, seed=args.seed, population=args.population, generations=args.generations)
         log(f"[{arch}] {label}:\n{report.summary()}")
         rows.append({"kind": "greedy", "target": label, "calib_bits": report.greedy["bits"],
                      "calib_psnr": report.greedy["psnr"], "calib_psnr_bound": report.greedy["psnr_bound"],
-                     "config": _config(report.greedy["formats"], f"greedy {label}")})
+                     "inputs": report.greedy["calibration_inputs"],
+                     "config": _config(report.greedy["formats"], f"greedy {label}", report.greedy["calibration_inputs"])})
         rows.append({"kind": "genetic", "target": label, "calib_bits": report.best["bits"], "calib_psnr": report.best["psnr"],
-                     "calib_psnr_bound": report.best["psnr_bound"], "config": report.config, "search_s": report.search.seconds, "confirm_s": report.seconds["confirm"],
-                     "evaluations": report.search.history[-1]["evaluations"], "history": report.search.history,
-                     "confirmed": [{k: c[k] for k in ("bits", "psnr", "psnr_bound", "real_psnr", "real_psnr_bound")}
-                                   | {"picked": c is report.best}
-                                   for c in report.confirmed]})
+                     "calib_psnr_bound": report.best["psnr_bound"], "inputs": report.best["calibration_inputs"],
+                     "config": report.config, "search_s": report.search.seconds, "pick_s": report.seconds["convert"],
+                     "evaluations": report.search.history[-1]["evaluations"], "history": report.search.history})
     for row in rows:
         config = row.pop("config")
         row["layer_formats"] = dict(config.weights.layer_formats)
         row.update(heldout(arch, config, [layer.name for layer in names], pairs, calib, args.steps, ref,
                            tuner.evaluator))
-        log(f"[{arch}] {row['kind']} {row['target']}: calib {row['calib_psnr']:.2f} dB with the candidates, "
+        log(f"[{arch}] {row['kind']} {row['target']}: calib {row['calib_psnr']:.2f} dB as tuned, "
             f"{row['calib_real_psnr']:.2f} dB converted (mean − 1 SE {row['calib_real_psnr_bound']:.2f}) @ "
             f"{row['calib_bits']:.2f} bits, held-out {row['psnr']:.2f} ± {_se(row['psnr_videos']):.2f} dB @ "
             f"{row['bits']:.2f} bits")
@@ -184,15 +188,17 @@ def section(results: list[dict]) -> str:
         f"--steps {s['steps']} --population {s['population']} --generations {s['generations']}`, then `--merge`). "
         f"Machine: {_machines(results)}; each model in its own process (wall times: other jobs may have shared the 2 CPUs). Candidates: {', '.join('16-bit' if f is None else f for f in FORMATS)} "
         "(the `w4a8` recipe: Hadamard 128, MSE scales, GPTQ, low-rank branch on the 3/4-bit ones; INT8 activations). "
-        "*calib cand.*: PSNR on the tuning's own calibration pairs as the search saw it (candidates built once, GPTQ "
-        "on full-precision inputs); *calib conv.*: the same pairs with the config converted for real by "
-        "`convert_model` (sequential GPTQ); *held-out*: that conversion scored on "
-        f"{s['pairs']} held-out pairs (*held-out SE*: the per-video PSNRs' SD / √n). A PSNR target is checked against "
+        "*calib tuner*: PSNR on the tuning's own calibration pairs as the tuner measured it — uniform rows with the "
+        "candidates (built once, GPTQ on the full-precision model's inputs), greedy and genetic rows as the tuner "
+        "reports them (the better of the two *GPTQ inputs*: `full_precision`, measured exactly by the candidates, or "
+        "`quantized`, `convert_model`'s default, converted for real); *calib conv.*: the same pairs with the row "
+        "converted for real by `convert_model` on a fresh pipeline — uniform rows as the `w4a8` preset converts "
+        "(GPTQ on the quantized blocks' outputs: what users would otherwise run), greedy and genetic rows as the "
+        "tuned config says (*tuner − conv.* 0.00: the tuner measured the converted model); *held-out*: that "
+        f"conversion scored on {s['pairs']} held-out pairs "
+        "(*held-out SE*: the per-video PSNRs' SD / √n). A PSNR target is checked against "
         "the calibration videos' mean PSNR minus one standard error (`sixbit.tune.sensitivity.psnr_bound`: a margin "
-        "for unseen prompts), budgets maximize the mean. Each search ends by converting its "
-        f"{s.get('confirm', 3)} shortlisted assignments "
-        "(the best under a budget; under a PSNR target the fewest bits at it, then ≥ 1 dB and ≥ 2 dB above it) and the "
-        "greedy one for real on the calibration pairs; that real PSNR makes the pick (*confirm s*). Each row's "
+        "for unseen prompts), budgets maximize the mean. Each row's "
         "`layer_formats` and per-video PSNRs are in `benchmarks/results/tune_shapes-*.json`. "
         "![pareto](benchmarks/plots/tune_pareto.png)",
     ]
@@ -201,30 +207,26 @@ def section(results: list[dict]) -> str:
                   f"Stage 1: {len(res['layers'])} layers × {len(FORMATS) - 1} formats in {res['stage1_s']:.0f} s; "
                   f"proxy (output error energy on the calibration inputs) vs measured video error: Spearman "
                   f"**{res['spearman']:+.2f}**.", "",
-                  ("| assignment | target | bits | calib cand. dB | calib conv. dB | held-out dB | held-out SE (SD) "
-                   "| cand. − conv. | conv. − held-out | search s | confirm s | runs |"),
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  ("| assignment | target | GPTQ inputs | bits | calib tuner dB | calib conv. dB | held-out dB "
+                   "| held-out SE (SD) | tuner − conv. | conv. − held-out | search + pick s | runs |"),
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in res["rows"]:
-            lines.append(f"| {r['kind']} | {r['target']} | {r['bits']:.2f} | {r['calib_psnr']:.2f} | "
+            lines.append(f"| {r['kind']} | {r['target']} | {r.get('inputs', 'quantized')} | {r['bits']:.2f} | "
+                         f"{r['calib_psnr']:.2f} | "
                          f"{r['calib_real_psnr']:.2f} | {r['psnr']:.2f} | {_se(r['psnr_videos']):.2f} "
                          f"(SD {np.std(r['psnr_videos'], ddof=1) if len(r['psnr_videos']) > 1 else 0:.2f}) | "
                          f"{r['calib_psnr'] - r['calib_real_psnr']:+.2f} | "
-                         f"{r['calib_real_psnr'] - r['psnr']:+.2f} | {r.get('search_s', 0):.0f} | "
-                         f"{r.get('confirm_s', 0):.0f} | {r.get('evaluations', '')} |")
+                         f"{r['calib_real_psnr'] - r['psnr']:+.2f} | "
+                         f"{_seconds(r)} | "
+                         f"{r.get('evaluations', '')} |")
         lines.append("")
-        for r in res["rows"]:
-            if r.get("confirmed"):
-                psnr_target = r["target"].startswith("≥")
-                lines.append(f"- {r['target']}, converted for real on the calibration pairs (bits: candidates → "
-                             f"converted dB{' (mean − 1 SE)' if psnr_target else ''}): " + ", ".join(
-                                 f"{'**' if c['picked'] else ''}{c['bits']:.2f}: {c['psnr']:.2f} → {c['real_psnr']:.2f}"
-                                 + (f" ({c['real_psnr_bound']:.2f})" if psnr_target else "")
-                                 + f"{'**' if c['picked'] else ''}" for c in r["confirmed"]) + " (bold: the pick).")
-        gaps = [(r["calib_psnr"] - r["calib_real_psnr"], r["calib_real_psnr"] - r["psnr"]) for r in res["rows"]]
-        lines.append(f"- Gaps over the rows: candidates − converted (calibration) {np.mean([g[0] for g in gaps]):+.2f} dB "
-                     f"on average (from {min(g[0] for g in gaps):+.2f} to {max(g[0] for g in gaps):+.2f}); converted "
-                     f"calibration − held-out {np.mean([g[1] for g in gaps]):+.2f} dB (from {min(g[1] for g in gaps):+.2f} "
-                     f"to {max(g[1] for g in gaps):+.2f}).")
+        uniform = [r["calib_psnr"] - r["calib_real_psnr"] for r in res["rows"] if r["kind"] == "uniform"]
+        tuned = [abs(r["calib_psnr"] - r["calib_real_psnr"]) for r in res["rows"] if r["kind"] != "uniform"]
+        held = [r["calib_real_psnr"] - r["psnr"] for r in res["rows"]]
+        lines.append(f"- Tuner − converted (calibration): uniform rows (candidates vs the preset's GPTQ on quantized "
+                     f"inputs) from {min(uniform):+.2f} to {max(uniform):+.2f} dB; greedy and genetic rows at most "
+                     f"{max(tuned):.3f} dB apart. Converted calibration − held-out: {np.mean(held):+.2f} dB on average "
+                     f"(from {min(held):+.2f} to {max(held):+.2f}).")
         lines += checks(res)
     return "\n".join(lines) + "\n"
 
@@ -269,7 +271,6 @@ def main(argv=None) -> int:
     parser.add_argument("--generations", type=int, default=6)
     parser.add_argument("--min-psnr", type=float, default=35.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--confirm", type=int, default=3, help="shortlisted assignments each search converts for real")
     parser.add_argument("--quick", action="store_true", help="2 pairs, 1 calibration pair, 3 steps, tiny search")
     parser.add_argument("--json", help="write this model's results here")
     parser.add_argument("--merge", nargs="+", help="results files to write the BENCHMARKS.md section from")
@@ -288,7 +289,7 @@ def main(argv=None) -> int:
     if args.arch is None or args.json is None:
         parser.error("give --arch and --json (or --merge)")
     if args.quick:
-        args.pairs, args.calib, args.steps, args.population, args.generations, args.confirm = 2, 1, 3, 4, 1, 1
+        args.pairs, args.calib, args.steps, args.population, args.generations = 2, 1, 3, 4, 1
     result = run_arch(args.arch, args)
     Path(args.json).write_text(json.dumps(result, indent=1, default=float))
     print(f"wrote {args.json}")
