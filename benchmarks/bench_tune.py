@@ -125,7 +125,7 @@ def run_arch(arch: str, args) -> dict:
                      "config": _config(report.greedy["formats"], f"greedy {label}", report.greedy["calibration_inputs"])})
         rows.append({"kind": "genetic", "target": label, "calib_bits": report.best["bits"], "calib_psnr": report.best["psnr"],
                      "calib_psnr_bound": report.best["psnr_bound"], "inputs": report.best["calibration_inputs"],
-                     "config": report.config, "search_s": report.search.seconds, "pick_s": report.seconds["convert"],
+                     "config": report.config, "search_s": report.search.seconds, "pick_s": report.seconds["pick"],
                      "evaluations": report.search.history[-1]["evaluations"], "history": report.search.history})
     for row in rows:
         config = row.pop("config")

@@ -208,6 +208,7 @@ def test_the_pick_takes_the_better_calibration_inputs_and_reports_the_converted_
     outputs too; the tuned config takes the better of the two, and its PSNR is what the config
     converts to."""
     tuner = gptq_tuner
+    monkeypatch.setattr(tuner, "_sequential", {})  # nothing remembered from real conversions
     monkeypatch.setattr(tuner, "converted_error", lambda formats, inputs: tuner.evaluator(
         tuple(next(i for i, v in enumerate(layer.variants) if v.format == formats[layer.name])
               for layer in tuner.library.layers)) * 10 ** (-sequential_db / 10))
