@@ -96,9 +96,10 @@ class QuantConfig:
             smoothing, refinement) take each block's inputs from: ``"quantized"`` (default: the
             model whose blocks before it are already quantized) or ``"full_precision"`` (the
             unchanged model: every layer is built from the same inputs whatever the others'
-            formats, so a layer's quantized weights do not depend on them; what
-            :func:`sixbit.tune` measures and writes). Neither wins on every model: the shipped
-            models' calibration PSNR moved by up to ±1.5 dB between the two, either way.
+            formats, so a layer's quantized weights do not depend on them: what
+            :func:`sixbit.tune` measures). Neither wins on every model: the shipped models'
+            calibration PSNR moved by up to ±1.5 dB between the two, either way (``tune`` writes
+            the better one for its pick).
         gptq_damp: GPTQ's diagonal damping, a fraction of the Hessian's mean diagonal (default
             0.01; raised 10× per retry when the factorization fails).
         lowrank_rank: rank ``r`` of a 16-bit low-rank branch (SVDQuant) beside each 4-bit

@@ -17,9 +17,9 @@ prompts the tuning has not seen, which more calibration videos shrink (:meth:`Co
   tournament selection, uniform crossover and ±1-format mutations, repairs them into the
   budget (downgrade the cheapest-to-lose layer, then spend what is left greedily), ranks
   twice as many children as it keeps by predicted fitness (the proxy prunes) and **runs**
-  the survivors: fitness is the measured calibration PSNR (true runs decide: the tuned
-  config converts to exactly the candidates that were run, :mod:`sixbit.tune.library`). Elites
-  survive.
+  the survivors: fitness is the measured calibration PSNR (true runs decide: with
+  ``calibration_inputs="full_precision"`` an assignment converts to exactly the candidates that
+  were run, :mod:`sixbit.tune.library`). Elites survive.
   Reproducible for a seed: every draw comes from ``random.Random(seed)`` and every run is
   seeded.
 """

@@ -4,9 +4,10 @@
 each video's mean squared error against the full-precision videos (pixels in [0, 1]); results
 are remembered per assignment. :func:`measure` quantizes one layer at a time — every other
 tuned layer in full precision, the fixed ones in their formats — and records the error it adds
-to the fixed layers' own, per layer and format: the measured sensitivity. Beside it, a cheap proxy: the layer's output error energy on its calibration
-inputs, ``E‖x·(Ŵ − W)ᵀ‖²`` from the input Hessian (GPTQ's objective), whose Spearman rank
-correlation with the measured error is reported.
+to the fixed layers' own, per layer and format: the measured sensitivity. Beside it, a cheap
+proxy: the layer's output error energy on its calibration inputs, ``E‖x·(Ŵ − W)ᵀ‖²`` from the
+input Hessian (GPTQ's objective), whose Spearman rank correlation with the measured error is
+reported.
 
 Errors of different layers are treated as adding up (:meth:`Sensitivity.predict`): the proxy
 that ranks assignments before they are run.
