@@ -12,8 +12,10 @@ the greedy assignment and the genetic search at two bit budgets — the bits of 
 beat — and at ``min_psnr``. Every row is then **converted for real** (``sixbit.convert_model``
 with the config's ``layer_formats``) on a fresh pipeline: the uniform ones as the ``w4a8`` preset
 converts (GPTQ on the quantized blocks' outputs: what users would otherwise run), the greedy and
-genetic ones as the tuned config says (GPTQ on the full-precision model's inputs, as the search's
-candidates were built) — and scored on held-out (prompt, seed) pairs never used in tuning: PSNR against the full-precision videos of the same pairs (and, with the same
+genetic ones as the tuner picked (its ``calibration_inputs``: the full-precision model's, as the
+search's candidates were built, or the quantized blocks', whichever calibrated better) — and
+scored on held-out (prompt, seed) pairs never used in tuning: PSNR against the full-precision
+videos of the same pairs (and, with the same
 conversion, on the calibration pairs: *calib converted*), with each video's PSNR kept (the
 held-out standard error, paired differences); each row's ``layer_formats`` is stored, so rows
 can be re-scored without searching again. *bits*: average stored bits
