@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import sixbit
 from fixtures.legacy_checkpoints import OUT, STEPS, build, cases
-from tiny_base import sample
+from fixtures.tiny_base import sample
 
 METHODS = {  # what each case must bring back, as Conversion attributes
     "w8a8": (),

@@ -12,7 +12,7 @@ import torch._dynamo as dynamo
 
 import sixbit
 from sixbit.presets import preset as named_preset
-from tiny_models import build_tiny
+from fixtures.tiny_models import build_tiny
 
 TIMESTEPS = [900, 700, 500, 300, 100]
 

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from toy import ToyTransformer
+from fixtures.toy import ToyTransformer
 
 import sixbit
 from sixbit import AttentionQuantConfig, QuantConfig

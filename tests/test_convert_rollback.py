@@ -11,7 +11,7 @@ import torch
 import sixbit
 import sixbit.convert
 from sixbit.presets import resolve
-from tiny_models import build_tiny, sample
+from fixtures.tiny_models import build_tiny, sample
 
 STEPS = 2
 

@@ -19,7 +19,7 @@ from sixbit import checkpoint, pretrained
 from sixbit.presets import resolve
 from sixbit.cli import main
 from sixbit.models import iter_blocks
-from tiny_models import build_tiny, sample
+from fixtures.tiny_models import build_tiny, sample
 
 
 def _folder(tm, tmp_path, shard="8KB", dtype=None):

@@ -5,7 +5,7 @@ from torch import nn
 import sixbit
 from sixbit import QuantConfig
 from sixbit.nn import QuantLinear
-from tiny_models import TINY_BUILDERS, build_tiny
+from fixtures.tiny_models import TINY_BUILDERS, build_tiny
 
 NAMES = sorted(TINY_BUILDERS)
 

@@ -5,7 +5,7 @@ import torch
 import sixbit
 from sixbit.formats import Quantized
 from sixbit.nn import QuantLinear
-from toy import ToyTransformer
+from fixtures.toy import ToyTransformer
 
 TIMESTEPS = [900, 700, 500, 300]
 

@@ -5,8 +5,8 @@ import torch
 
 import sixbit
 from sixbit.calibration import TAIL_QUANTILES, CalibrationData
-from tiny_models import TINY_BUILDERS, build_tiny
-from toy import ToyTransformer
+from fixtures.tiny_models import TINY_BUILDERS, build_tiny
+from fixtures.toy import ToyTransformer
 
 TIMESTEPS = [900, 600, 300]
 

@@ -11,7 +11,7 @@ from sixbit.methods.delta_cache import DeltaCacheConfig, disable_delta_cache, en
 from sixbit.methods.dmpq import DMPQPredictor, apply_dmpq, remove_dmpq
 from sixbit.nn import ActMode, QuantLinear
 from sixbit.nn.precision import Level
-from toy import ToyTransformer
+from fixtures.toy import ToyTransformer
 
 TIMESTEPS = [950, 900, 850, 800, 750, 700, 650, 600]
 

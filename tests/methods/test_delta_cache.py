@@ -6,8 +6,8 @@ import sixbit
 from sixbit.nn import ActMode, quant_linear
 from sixbit.methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache
 from sixbit.methods.dmpq import DMPQPredictor, apply_dmpq
-from tiny_models import build_tiny
-from toy import ToyTransformer
+from fixtures.tiny_models import build_tiny
+from fixtures.toy import ToyTransformer
 
 STEPS = list(range(1000, 0, -100))  # 10 steps
 

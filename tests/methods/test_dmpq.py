@@ -8,8 +8,8 @@ from sixbit.methods.dmpq import fit_dmpq
 from sixbit.methods.dmpq.fit import _line
 from sixbit.methods.dmpq import DMPQConfig, DMPQPredictor, apply_dmpq
 from sixbit.runtime.blocks import relative_l1
-from tiny_models import build_tiny
-from toy import ToyTransformer
+from fixtures.tiny_models import build_tiny
+from fixtures.toy import ToyTransformer
 
 TIMESTEPS = [900, 700, 500, 300]
 

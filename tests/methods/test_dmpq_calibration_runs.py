@@ -10,7 +10,7 @@ import logging
 
 import pytest
 import torch
-from toy import ToyTransformer
+from fixtures.toy import ToyTransformer
 
 import sixbit
 from sixbit.calibration import seeded

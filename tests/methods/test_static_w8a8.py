@@ -17,8 +17,8 @@ from sixbit.nn import QuantLinear
 from sixbit.runtime.context import StepInfo
 from sixbit.methods.static_w8a8 import StaticActQuantizer, StaticW8A8State
 from sixbit.transforms import smoothquant as sq
-from tiny_models import TINY_BUILDERS, build_tiny
-from toy import ToyTransformer
+from fixtures.tiny_models import TINY_BUILDERS, build_tiny
+from fixtures.toy import ToyTransformer
 
 TIMESTEPS = [900, 600, 300, 100]
 NAIVE = dict(smoothing="none", time_ranges=1, sigma=0.0, per_branch=False, outliers="none")
@@ -292,7 +292,7 @@ CHILD = textwrap.dedent(
     import sys, torch, sixbit
     from safetensors.torch import load_file
     sys.path.insert(0, {tests!r})
-    from tiny_models import build_tiny
+    from fixtures.tiny_models import build_tiny
     tiny = build_tiny("cogvideox")
     sixbit.load({ckpt!r}, tiny.model)
     sixbit.track_steps(tiny.model, batched_cfg=True)

@@ -18,7 +18,7 @@ import torch
 import sixbit
 from sixbit.models import iter_blocks, spec_for
 from sixbit.presets import PRESETS, resolve
-from tiny_models import EVERY_BUILDER, build_tiny, sample
+from fixtures.tiny_models import EVERY_BUILDER, build_tiny, sample
 
 CLASSES = sorted(n for n in dir(diffusers) if n.endswith("Transformer3DModel"))
 # One tiny builder per class (EVERY_BUILDER also holds CogVideoX 1.5, a second CogVideoX config).
@@ -72,7 +72,7 @@ def _one_thread():
 def test_every_installed_class_has_a_tiny_model():
     assert CLASSES, "diffusers ships no *Transformer3DModel class"
     missing = sorted(set(CLASSES) - set(BUILDER) - set(SKIPPED))
-    assert not missing, f"no tiny model (or skip reason) for {missing}: add a builder to tests/tiny_models.py"
+    assert not missing, f"no tiny model (or skip reason) for {missing}: add a builder to tests/fixtures/tiny_models.py"
     for cls, name in BUILDER.items():
         assert type(build_tiny(name).model).__name__ == cls
 

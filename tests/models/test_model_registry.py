@@ -7,7 +7,7 @@ from torch import nn
 import sixbit
 from sixbit.config import Role
 from sixbit.models import iter_blocks, register_model, registered, spec_for, ModelSpec
-from tiny_models import EVERY_BUILDER, build_tiny
+from fixtures.tiny_models import EVERY_BUILDER, build_tiny
 
 # A few layers per architecture whose role the metadata must get right.
 EXPECTED = {

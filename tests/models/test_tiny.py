@@ -4,7 +4,7 @@ from torch import nn
 
 from sixbit.config import Role
 from sixbit.models import spec_for
-from tiny_models import EVERY_BUILDER, TinyModel, build_tiny, sample
+from fixtures.tiny_models import EVERY_BUILDER, TinyModel, build_tiny, sample
 
 NAMES = sorted(EVERY_BUILDER)
 NOT_16 = {

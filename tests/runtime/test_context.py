@@ -3,8 +3,8 @@ import torch
 from diffusers.hooks.hooks import CacheContext
 
 from sixbit.runtime import BATCHED, track_steps, tracker_of
-from tiny_models import build_tiny
-from toy import ToyTransformer
+from fixtures.tiny_models import build_tiny
+from fixtures.toy import ToyTransformer
 
 TIMESTEPS = [999, 750, 500, 250]
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 import torch
-from tiny_base import sample
-from tiny_models import build_tiny
+from fixtures.tiny_base import sample
+from fixtures.tiny_models import build_tiny
 from torch import nn
 
 import sixbit

@@ -11,7 +11,7 @@ import sixbit
 from sixbit import QuantConfig
 from sixbit.nn import QuantLinear, precision
 from sixbit.nn.precision import ActMode, Level
-from toy import ToyTransformer
+from fixtures.toy import ToyTransformer
 
 TIMESTEPS = [900, 600, 300]
 

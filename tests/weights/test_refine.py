@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_base import sample
-from tiny_models import build_tiny
+from fixtures.tiny_base import sample
+from fixtures.tiny_models import build_tiny
 
 import sixbit
 from sixbit import QuantConfig
