@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from sixbit.bench.report import machine_description, update_section
+from report import machine_description, update_section
 from sixbit.eval.shapes import SQUARE_FILL, adherence, generate_heldout
 from sixbit.zoo.shapes import HELDOUT_PAIRS, WEIGHTS_DIR, load_pipeline
 from sixbit.zoo.shapes.world import parse_prompt, render, sample_specs

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sixbit.bench.harness import BenchSettings, run_bench
 from sixbit.bench.layer_shapes import model_flops
-from sixbit.bench.report import machine_description, update_section
+from report import machine_description, update_section
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["fp", "int8-attention", "int8-attention-2"]

@@ -377,7 +377,7 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
 
 
 def merge(models, quick: bool, out: Path, command: str) -> int:
-    from sixbit.bench.report import update_section
+    from report import update_section
 
     results = {m: load(m, quick) for m in models}
     missing = [m for m, r in results.items() if r is None]

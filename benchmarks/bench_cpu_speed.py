@@ -423,7 +423,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from sixbit.bench.report import machine_description, update_section
+    from report import machine_description, update_section
     from sixbit.kernels import fastest_float_dtype
 
     if args.section:

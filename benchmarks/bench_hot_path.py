@@ -238,7 +238,7 @@ def measure_shape(k: int, n: int, rows: int, runs: int, budget: float, log) -> l
 
 
 def linear_section(args, log) -> str:
-    from sixbit.bench.report import machine_description
+    from report import machine_description
 
     t_start = time.perf_counter()
     check_memory_method()
@@ -494,7 +494,7 @@ def _row(r: dict) -> str:
 
 
 def compile_section(args, log) -> str:
-    from sixbit.bench.report import machine_description
+    from report import machine_description
 
     t_start = time.perf_counter()
     results = [run_child(arch, s, args, log) for arch in args.arch for s in args.preset]
@@ -592,7 +592,7 @@ def main(argv=None) -> int:
     args.preset = args.preset or COMPILE_SETTINGS
     torch.set_num_threads(args.threads)
 
-    from sixbit.bench.report import update_section
+    from report import update_section
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)

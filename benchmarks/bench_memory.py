@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         print(json.dumps(child(name, weights, depth, args.steps)))
         return 0
 
-    from sixbit.bench.report import machine_description, update_section
+    from report import machine_description, update_section
 
     torch.set_num_threads(2)
     lines = [

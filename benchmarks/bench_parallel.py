@@ -146,7 +146,7 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def section(rows: list[dict], quick: bool) -> str:
-    from sixbit.bench.report import machine_description
+    from report import machine_description
 
     lines = [
         "## Two processes against one (issue 20: `sixbit.parallel`, CPU measurements)", "",
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(*args.worker, args.quick)
         return 0
-    from sixbit.bench.report import update_section
+    from report import update_section
 
     results = ROOT / "benchmarks" / "results" / "parallel.json"
     if args.rows:  # the section again from a full run's saved rows

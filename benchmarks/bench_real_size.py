@@ -294,7 +294,7 @@ def _gib(b: float) -> str:
 
 
 def section(results: dict, args) -> str:
-    from sixbit.bench.report import machine_description
+    from report import machine_description
 
     lines = [
         "## Real sizes: streamed conversion, loading without a full-precision copy, one block per precision",
@@ -403,7 +403,7 @@ def main(argv=None) -> int:
 
             shutil.rmtree(folder, ignore_errors=True)
     if not args.quick:
-        from sixbit.bench.report import update_section
+        from report import update_section
 
         update_section(args.output, "real-size", section({n: results[n] for n in CONFIGS if n in results}, args))
         log(f"wrote section real-size of {args.output}")

@@ -28,7 +28,7 @@ import torch
 
 import sixbit
 from sixbit.bench.harness import calibration_pairs
-from sixbit.bench.report import machine_description, update_section
+from report import machine_description, update_section
 from sixbit.eval.metrics import psnr
 from sixbit.eval.shapes import generate_heldout
 from sixbit.presets import resolve

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import sixbit
-from sixbit.bench.report import machine_description, update_section
+from report import machine_description, update_section
 from sixbit.eval.metrics import psnr
 from sixbit.eval.shapes import adherence, generate_heldout
 from sixbit.methods.stabilize import DEFAULT_DEADZONE

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 import sixbit
-from sixbit.bench.report import machine_description, update_section
+from report import machine_description, update_section
 from sixbit.eval.metrics import psnr, ssim
 from sixbit.eval.shapes import adherence
 from sixbit.zoo.shapes import HELDOUT_PAIRS, WEIGHTS_DIR, all_prompts, load_pipeline

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 import sixbit
-from sixbit.bench.report import machine_description, update_section
+from report import machine_description, update_section
 from sixbit.calibration import hessians
 from sixbit.eval.metrics import psnr, ssim
 from sixbit.eval.shapes import adherence, generate_heldout

@@ -90,7 +90,7 @@ def _layers_part(out: Path, tokens: int, runs: int) -> None:
 
     from sixbit.bench.layer_shapes import time_layers
     from sixbit.bench.outputs import layer_markdown
-    from sixbit.bench.report import machine_description, update_section
+    from report import machine_description, update_section
 
     torch.set_num_threads(1)
     rows = time_layers(rows=(tokens // 4, tokens), runs=runs, progress=False)
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
         t.join()
     total = time.perf_counter() - start
 
-    from sixbit.bench.report import update_section
+    from report import update_section
 
     bodies = {
         "shapes-adherence": _section(parts / "adherence.md", "shapes-adherence"),

@@ -42,11 +42,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmark-script support (report.py)
 
 import sixbit
 from sixbit import formats, kernels
 from sixbit.bench.layer_shapes import REAL_MODELS
-from sixbit.bench.report import machine_description, update_section
+from report import machine_description, update_section
 from sixbit.kernels import triton as tri
 from sixbit.kernels.attention import int8_attention_reference, sageattention_installed
 from sixbit.kernels.cuda import fp8_quantize_rows

@@ -42,6 +42,7 @@ from ..hub import SHAPES_CLASSES, SHIPPED
 from ..zoo.shapes import heldout_pairs
 from . import gpu_model, layer_shapes
 from .counting import WorkCounter
+from .machine import machine_description
 from .methods import BenchContext, resolve
 
 logger = logging.getLogger(__name__)
@@ -373,8 +374,6 @@ def _projections(rows: list[dict], arch: str) -> None:
 def run_bench(settings: BenchSettings, progress: bool = True) -> BenchResult:
     """Run every method of ``settings`` and return the measured rows (see the module docstring)."""
     from tqdm.auto import tqdm
-
-    from .report import machine_description
 
     for name in settings.methods:  # every name is checked before anything runs
         resolve(name)

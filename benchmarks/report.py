@@ -1,4 +1,4 @@
-"""Write measured tables into ``BENCHMARKS.md`` section by section.
+"""Benchmark-script support: write measured tables into ``BENCHMARKS.md`` section by section.
 
 Every benchmark script owns one named section delimited by HTML comments::
 
@@ -13,33 +13,13 @@ independently. The file is replaced atomically.
 from __future__ import annotations
 
 import os
-import platform
 import re
 import tempfile
 from pathlib import Path
 
-import torch
+from sixbit.bench.machine import machine_description  # noqa: F401  (the scripts' one import)
 
 _TITLE = "# sixbit benchmarks\n\nEvery number below is written by a script; rerun the script named in a section to refresh it.\n"
-
-
-def machine_description() -> str:
-    """One line describing the machine the numbers were measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    desc = (
-        f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads, CPU capability {torch.backends.cpu.get_cpu_capability()})"
-    )
-    if torch.cuda.is_available():
-        desc += f", GPU {torch.cuda.get_device_name()}"
-    return desc
 
 
 def update_section(path: str | os.PathLike, name: str, body: str) -> None:
