@@ -6,7 +6,9 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from sixbit import cli, commands, formats
+from sixbit import cli, formats
+from sixbit.cli import args as cli_args
+from sixbit.cli import commands
 from sixbit.bench import harness
 from sixbit.cli import build_parser
 
@@ -100,8 +102,8 @@ def test_zero_is_a_value_not_unset():
     """Guidance 0 (no CFG) reaches the pipeline; a given step count is never dropped for being falsy."""
     args = build_parser().parse_args(GEN + ["--guidance", "0"])
     assert args.guidance == 0.0
-    assert commands._call_kwargs(args) == {"guidance_scale": 0.0}
-    assert commands._call_kwargs(argparse.Namespace(steps=0, guidance=None)) == {"num_inference_steps": 0}
+    assert cli_args.call_kwargs(args) == {"guidance_scale": 0.0}
+    assert cli_args.call_kwargs(argparse.Namespace(steps=0, guidance=None)) == {"num_inference_steps": 0}
     assert build_parser().parse_args(["bench", "--video-prompts", "0"]).video_prompts == 0
     assert build_parser().parse_args(GEN + ["--seed", str(2**63 - 1)]).seed == 2**63 - 1
 

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from sixbit import commands, read_header
+from sixbit import read_header
+from sixbit.cli import commands
 from sixbit.cli import main
 
 

@@ -1,4 +1,5 @@
-"""The ``sixbit convert | generate | eval | info`` commands (the CLI wiring is in :mod:`sixbit.cli`).
+"""The ``sixbit convert | generate | eval | info`` commands (the CLI wiring is in :mod:`sixbit.cli`;
+argument types and checks in :mod:`sixbit.cli.args`).
 
 Each ``cmd_*`` takes the parsed arguments, prints what a person needs, and returns the exit
 code; user mistakes raise ``ValueError`` (one line, exit code 2).
@@ -16,127 +17,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint
-from .api import summary
-from .convert import conversion_of, convert_model
-from .hub import SHIPPED, load_pipeline, shapes_arch
-from .methods.attention import AttentionQuantConfig
-from .methods.delta_cache import DeltaCacheConfig, enable_delta_cache
-from .presets import PRESETS, for_device, resolve
-
-DEFAULT_SEED = 0
-MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; eval adds the prompt index
-MAX_STEPS = 10_000
-MAX_SCALE = 32  # a 32-px video becomes 1024 px
-MAX_GUIDANCE = 1000.0
-
-
-def _shown(text: str) -> str:
-    return repr(text if len(text) <= 24 else text[:21] + "...")
-
-
-def int_in(low: int, high: int, note: str = "", multiple_of: int = 1):
-    """An argparse ``type=``: a whole number in ``low..high`` (argparse names the flag in its error).
-
-    A bad value ends the command at parse time, before anything loads:
-    ``sixbit: error: argument --steps: must be a whole number from 1 to 10000, got '0'; see `sixbit generate --help```.
-    """
-    span = f"a whole number from {low} to {high}" + (f", a multiple of {multiple_of}" if multiple_of > 1 else "")
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {span}{note}, got {_shown(text)}") from None
-        if not low <= value <= high or value % multiple_of:
-            raise argparse.ArgumentTypeError(f"must be {span}{note}, got {_shown(text)}")
-        return value
-
-    parse.__name__ = "int"
-    return parse
-
-
-def float_in(low: float, high: float, note: str = ""):
-    """An argparse ``type=``: a finite number in ``[low, high]`` (no nan, no inf)."""
-    span = f"a number from {low:g} to {high:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {span}{note}, got {_shown(text)}") from None
-        if not (math.isfinite(value) and low <= value <= high):
-            raise argparse.ArgumentTypeError(f"must be {span}{note}, got {_shown(text)}")
-        return value
-
-    parse.__name__ = "float"
-    return parse
-
-
-steps_type = int_in(1, MAX_STEPS)
-seed_type = int_in(0, MAX_SEED)
-guidance_type = float_in(0.0, MAX_GUIDANCE, " (≤ 1: no classifier-free guidance)")
-
-
-def check_output_file(path: str, flag: str = "-o", video: bool = False) -> None:
-    """Refuse, before the pipeline loads, an output file that cannot be written; nothing is created.
-
-    With ``video``, the file :func:`~sixbit.eval.media.write_video` writes for ``path`` (its
-    suffix replaced) is checked too. The error names ``flag``:
-    ``-o 'out.mp4': it is a folder; give a file path such as 'out.mp4/out.mp4'``.
-    """
-    from .eval.media import check_writable, video_path
-
-    try:
-        check_writable(path, create=False)
-        if video:
-            check_writable(video_path(path), create=False)
-    except ValueError as e:
-        cause = str(e).removeprefix(f"cannot write {str(Path(path))!r}: ")  # the path is named once
-        raise ValueError(f"{flag} {path!r}: {cause}") from None
-
-
-def check_output_folder(path: str, flag: str = "-o") -> None:
-    """Refuse, before any work, an output folder that is a file or cannot be made; nothing is created."""
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{flag} {path!r} is a file, not a folder: give a folder path (it is created if missing)")
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))  # made if missing
-    if not existing.is_dir():
-        raise ValueError(f"{flag} {path!r}: {str(existing)!r} is a file, not a folder; choose another path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path!r}: the folder {str(existing)!r} is not writable; choose a folder you can write to")
-
-
-def _read_prompts(path: str) -> list[str]:
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"prompt file {path!r} does not exist")
-    prompts = [line.strip() for line in file.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    if not prompts:
-        raise ValueError(f"prompt file {path!r} holds no prompts (one per line)")
-    return prompts
-
-
-def _calibration(args, pipe):
-    """Prompts from a text file, a folder of videos, or the shipped model's own prompts."""
-    if args.calib is None:
-        if shapes_arch(pipe) is None:
-            raise ValueError("--calib is required for this model: a text file with one prompt per line, or a folder of videos")
-        from .zoo.shapes import all_prompts
-
-        return all_prompts()[::6]  # 8 prompts covering every color, shape and direction
-    return args.calib if Path(args.calib).is_dir() else _read_prompts(args.calib)
-
-
-def _call_kwargs(args) -> dict:
-    kw = {}
-    if getattr(args, "steps", None) is not None:
-        kw["num_inference_steps"] = args.steps
-    if getattr(args, "guidance", None) is not None:
-        kw["guidance_scale"] = args.guidance
-    return kw
-
+from .. import checkpoint
+from ..api import summary
+from ..convert import conversion_of, convert_model
+from ..hub import SHIPPED, load_pipeline, shapes_arch
+from ..methods.attention import AttentionQuantConfig
+from ..methods.delta_cache import DeltaCacheConfig, enable_delta_cache
+from ..presets import PRESETS, for_device, resolve
+from .args import (DEFAULT_SEED, MAX_SCALE, MAX_STEPS, calibration, call_kwargs, check_output_file, float_in,
+                   guidance_type, int_in, read_prompts, seed_type, steps_type)
 
 def _streamable(args, config) -> bool:
     """A local model folder converted with a calibration-free preset streams block by block."""
@@ -151,7 +40,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"-o {args.output!r}: the output must be a .safetensors file")
     check_output_file(args.output)
     if _streamable(args, config):
-        from .pretrained import convert_pretrained
+        from ..pretrained import convert_pretrained
 
         print(f"streaming {args.model} block by block with {args.config!r}: {config.description}")
         result = convert_pretrained(args.model, config, output)
@@ -164,12 +53,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
     runs_as, hardware = for_device(config, pipe.transformer.device)  # what convert_model will do here
     if hardware:
         print(hardware)
-    calib = _calibration(args, pipe) if runs_as.needs_calibration else None
+    calib = calibration(args, pipe) if runs_as.needs_calibration else None
     if runs_as.dmpq is not None and runs_as.dmpq.error_at == "video" and isinstance(calib, list):  # not a video folder
         runs = 3 + runs_as.dmpq.step_groups * runs_as.dmpq.block_groups
         print(f"fitting DMPQ to what NVFP4 costs the videos: the calibration prompts run up to {runs} times")
     t0 = time.perf_counter()
-    convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=_call_kwargs(args))
+    convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=call_kwargs(args))
     seconds = time.perf_counter() - t0
     path = checkpoint.save(pipe.transformer, output)
     s = summary(pipe.transformer)
@@ -188,7 +77,7 @@ def _prepare(args):
     A checkpoint for a local pipeline folder is loaded onto a meta-device transformer
     (:func:`sixbit.load_pretrained`): the folder's full-precision transformer weights are never read."""
     if args.quantized and Path(args.model).is_dir():
-        from .pretrained import load_pretrained
+        from ..pretrained import load_pretrained
 
         pipe = load_pipeline(args.model, progress_bar=True, transformer=load_pretrained(args.quantized, args.model))
     else:
@@ -199,7 +88,7 @@ def _prepare(args):
         t = args.cache_threshold
         enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
     if getattr(args, "use_cpu_offload", False) or getattr(args, "tile_size", None) is not None:
-        from .optimize import enable_memory_optimization
+        from ..optimize import enable_memory_optimization
 
         mode = "cpu_offload" if args.use_cpu_offload else "none"
         print(enable_memory_optimization(pipe, tile_size=256 if args.tile_size is None else args.tile_size, mode=mode))
@@ -221,12 +110,12 @@ def _frames(pipe, prompts, seed: int, kwargs: dict) -> np.ndarray:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .eval.media import write_video
+    from ..eval.media import write_video
 
     check_output_file(args.output, video=True)  # before the pipeline loads
     pipe = _prepare(args)
     t0 = time.perf_counter()
-    video = _frames(pipe, [args.prompt], args.seed, _call_kwargs(args))[0]
+    video = _frames(pipe, [args.prompt], args.seed, call_kwargs(args))[0]
     seconds = time.perf_counter() - t0
     written = write_video(video, args.output, scale=args.scale)
     line = f"generated {video.shape[0]} frames in {seconds:.1f} s{_emulation_note(pipe)} -> {written}"
@@ -235,33 +124,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
         line += f" (blocks skipped: {conv.cache.report().skip_share:.0%})"
     print(line)
     if shapes_arch(pipe):
-        from .eval.shapes import judge_video
+        from ..eval.shapes import judge_video
 
         print(f"judge: {judge_video(video)}")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .eval.metrics import psnr, ssim
+    from ..eval.metrics import psnr, ssim
 
     if (args.quantized is None) == (args.config is None):
         raise ValueError("give exactly one of --quantized FILE (a converted checkpoint) or --config PRESET (convert now)")
-    prompts = _read_prompts(args.prompts_file) if args.prompts_file else None
+    prompts = read_prompts(args.prompts_file) if args.prompts_file else None
     reference = load_pipeline(args.model)
     arch = shapes_arch(reference)
     if prompts is None:
         if arch is None:
             raise ValueError("--prompts-file is required for this model (one prompt per line)")
-        from .zoo.shapes import heldout_pairs
+        from ..zoo.shapes import heldout_pairs
 
         prompts = [p for p, _ in heldout_pairs(args.prompts)]
-    kwargs = _call_kwargs(args)
+    kwargs = call_kwargs(args)
     t0 = time.perf_counter()
     ref = np.concatenate([_frames(reference, [p], args.seed + i, kwargs) for i, p in enumerate(prompts)])
     t_ref = time.perf_counter() - t0
     pipe = _prepare(args)
     if args.config:
-        convert_model(pipe, _calibration(args, pipe) if resolve(args.config).needs_calibration else None,
+        convert_model(pipe, calibration(args, pipe) if resolve(args.config).needs_calibration else None,
                       args.config, calibration_kwargs=kwargs)
     t0 = time.perf_counter()
     out = np.concatenate([_frames(pipe, [p], args.seed + i, kwargs) for i, p in enumerate(prompts)])
@@ -274,7 +163,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "emulated": bool(_emulation_note(pipe)),
     }
     if arch:
-        from .eval.shapes import adherence
+        from ..eval.shapes import adherence
 
         ref_adh, out_adh = adherence(list(ref), prompts), adherence(list(out), prompts)
         result["adherence"] = {"reference": ref_adh.accuracy, "converted": out_adh.accuracy}

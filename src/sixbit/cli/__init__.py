@@ -1,5 +1,8 @@
 """The ``sixbit`` command line.
 
+One package: :mod:`.commands` (convert, generate, eval, info), :mod:`.tune`, :mod:`.bench`, and
+:mod:`.args`, the argument types and checks they share.
+
 Commands print; the library logs. Errors are one line on stderr (``--debug`` shows the
 traceback) with exit code 2 for bad input, 1 for anything unexpected.
 """
@@ -13,9 +16,11 @@ import sys
 
 import torch
 
-from . import __version__, commands, formats
-from .bench import cli as bench_cli
-from .tune import cli as tune_cli
+from .. import __version__, formats
+from . import bench as bench_cli
+from . import commands
+from . import tune as tune_cli
+from .args import MAX_STEPS, check_output_folder, seed_type, steps_type
 
 
 def _sqnr_db(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -77,9 +82,9 @@ def _cmd_formats(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .zoo.shapes.demo import run_demo
+    from ..zoo.shapes.demo import run_demo
 
-    commands.check_output_folder(args.output)  # before the model loads
+    check_output_folder(args.output)  # before the model loads
     result = run_demo(args.arch, prompt=args.prompt, seed=args.seed, steps=args.steps, out_dir=args.output)
     print(result)
     return 0
@@ -109,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--arch", choices=["cogvideox", "wan"], default="cogvideox", help="which shipped model (default cogvideox)")
     p.add_argument("--prompt", help='e.g. "a red circle moving right" (words from the shapes vocabulary)')
-    p.add_argument("--seed", type=commands.seed_type, default=0, help="noise seed, 0 to 2**63-1 (default 0)")
-    p.add_argument("--steps", type=commands.steps_type, help=f"sampling steps, 1-{commands.MAX_STEPS} (default 20)")
+    p.add_argument("--seed", type=seed_type, default=0, help="noise seed, 0 to 2**63-1 (default 0)")
+    p.add_argument("--steps", type=steps_type, help=f"sampling steps, 1-{MAX_STEPS} (default 20)")
     p.add_argument("-o", "--output", default="sixbit-demo", help="output folder (default ./sixbit-demo)")
     p.set_defaults(func=_cmd_demo)
     p = sub.add_parser("formats", help="list every number format with its bits and measured error")
@@ -151,6 +156,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sixbit: unexpected error ({type(e).__name__}): {e}  (rerun with --debug for the traceback)", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -6,15 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from ..commands import check_output_file, float_in, int_in, seed_type, steps_type
+from .args import calibration, call_kwargs, check_output_file, float_in, int_in, seed_type, steps_type
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from .._io import write_text_atomic
-    from ..commands import _calibration, _call_kwargs
     from ..hub import load_pipeline
     from ..reports import plot_tuned_formats
-    from . import tune_model
+    from ..tune import tune_model
 
     if Path(args.output).suffix != ".json":
         raise ValueError(f"-o {args.output!r}: the tuned config is written as a .json file")
@@ -25,14 +24,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                   max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
     formats = None if args.formats is None else [None if f in ("16-bit", "fp") else f for f in args.formats.split(",")]
     pipe = load_pipeline(args.model, progress_bar=False)
-    calib = _calibration(args, pipe)
+    calib = calibration(args, pipe)
     if isinstance(calib, str):
         raise ValueError("--calib for tuning must be a prompt file: tuning compares generated videos with full precision")
     calib = calib[: args.prompts]
     print(f"tuning {args.model} on {len(calib)} calibration prompts: stage 1 runs them once per layer and format")
     report = tune_model(pipe, calib, **target, seed=args.seed, time_budget_s=args.time_budget, base=args.base,
                         **({} if formats is None else {"formats": formats}), population=args.population,
-                        generations=args.generations, calibration_kwargs=_call_kwargs(args))
+                        generations=args.generations, calibration_kwargs=call_kwargs(args))
     write_text_atomic(args.output, json.dumps(report.config.to_dict(), indent=1) + "\n")
     print(report.summary())
     if args.plot:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from ..commands import MAX_STEPS, check_output_folder, guidance_type, int_in
+from .args import MAX_STEPS, check_output_folder, guidance_type, int_in
 
 DEFAULT_METHODS = "fp,w8a8,w8a8-static,w4a8,w4a6-dynamic,tdc,balanced,fbcache-0.2,magcache,torchao-int8dq,quanto-qint8"
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .harness import BenchSettings, run_bench
-    from .methods import PEERS, available_names
-    from .outputs import write_all
+    from ..bench.harness import BenchSettings, run_bench
+    from ..bench.methods import PEERS, available_names
+    from ..bench.outputs import write_all
 
     if args.list_methods:
         for name in available_names():
