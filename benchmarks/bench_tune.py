@@ -6,7 +6,7 @@
     python benchmarks/bench_tune.py --merge /tmp/tune-cogvideox.json /tmp/tune-wan.json  # the section
     python benchmarks/bench_tune.py --arch cogvideox --quick --json /tmp/q.json        # checks the script
 
-Per model: stage 1 once (``sixbit.tune.Tuner`` on calibration pairs with seeds 20 000+), then
+Per model: stage 1 once (``sixbit.tuning.Tuner`` on calibration pairs with seeds 20 000+), then
 the greedy assignment and the genetic search at two bit budgets — the bits of uniform NVFP4 (the
 4-bit recipe) and of uniform INT6, so that each search has a uniform assignment at its bits to
 beat — and at ``min_psnr``. Every row is then **converted for real** (``sixbit.convert_model``
@@ -42,8 +42,8 @@ from sixbit.eval.metrics import psnr
 from sixbit.eval.shapes import generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.presets import resolve
-from sixbit.tune import DEFAULT_FORMATS, Tuner
-from sixbit.tune.sensitivity import psnr_bound, psnr_of
+from sixbit.tuning import DEFAULT_FORMATS, Tuner
+from sixbit.tuning.sensitivity import psnr_bound, psnr_of
 from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def section(results: list[dict]) -> str:
         "tuned config says (*tuner − conv.* 0.00: the tuner measured the converted model); *held-out*: that "
         f"conversion scored on {s['pairs']} held-out pairs "
         "(*held-out SE*: the per-video PSNRs' SD / √n). A PSNR target is checked against "
-        "the calibration videos' mean PSNR minus one standard error (`sixbit.tune.sensitivity.psnr_bound`: a margin "
+        "the calibration videos' mean PSNR minus one standard error (`sixbit.tuning.sensitivity.psnr_bound`: a margin "
         "for unseen prompts), budgets maximize the mean. Each row's "
         "`layer_formats` and per-video PSNRs are in `benchmarks/results/tune_shapes-*.json`. "
         "![pareto](benchmarks/plots/tune_pareto.png)",

@@ -25,7 +25,7 @@ from .nn import ActMode, QuantLinear, debug_checks  # noqa: E402
 from .presets import PRESETS, ConvertConfig  # noqa: E402
 from .pretrained import StreamedConversion, convert_pretrained, load_pretrained  # noqa: E402
 from .runtime import track_steps  # noqa: E402
-from .tune import tune, tune_model  # noqa: E402
+from .tuning import tune, tune_model  # noqa: E402
 
 __all__ = [
     "ActMode",

@@ -75,7 +75,7 @@ def plot_predictor(predictor: DMPQPredictor, path, title: str = "DMPQ predictor"
 
 
 def plot_tuned_formats(report, path, title: str = "tuned weight formats"):
-    """A tuning run's layer × format map (:class:`sixbit.tune.TuneReport`): each cell's shade is
+    """A tuning run's layer × format map (:class:`sixbit.tuning.TuneReport`): each cell's shade is
     the PSNR of the calibration videos with only that layer in that format (darker: costlier),
     a dot marks the format the search chose."""
     import math

@@ -13,7 +13,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from .._io import write_text_atomic
     from ..hub import load_pipeline
     from ..reports import plot_tuned_formats
-    from ..tune import tune_model
+    from ..tuning import tune_model
 
     if Path(args.output).suffix != ".json":
         raise ValueError(f"-o {args.output!r}: the tuned config is written as a .json file")

@@ -20,10 +20,10 @@ from torch import nn
 import sixbit
 from sixbit import ConvertConfig, QuantConfig
 from sixbit.presets import from_json_dict
-from sixbit.tune import Tuner, tune, tune_model
-from sixbit.tune.library import tuned_layers
-from sixbit.tune.search import Constraint, greedy
-from sixbit.tune.sensitivity import PSNR_CAP, Sensitivity, psnr_bound, psnr_of
+from sixbit.tuning import Tuner, tune, tune_model
+from sixbit.tuning.library import tuned_layers
+from sixbit.tuning.search import Constraint, greedy
+from sixbit.tuning.sensitivity import PSNR_CAP, Sensitivity, psnr_bound, psnr_of
 
 BASE = ConvertConfig(weights=QuantConfig(weight_format="int4-g16"), activations="fp")
 FORMATS = ("int4-g16", "int8")

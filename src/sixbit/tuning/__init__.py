@@ -339,7 +339,7 @@ def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: fl
         pipeline, calibration_kwargs: as for :func:`sixbit.convert_model`.
         progress: show progress bars.
 
-    See :mod:`sixbit.tune` for the method and an example; :func:`tune_model` returns the full
+    See :mod:`sixbit.tuning` for the method and an example; :func:`tune_model` returns the full
     report (baselines, sensitivity, history).
     """
     return tune_model(model, calibration_data, max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,

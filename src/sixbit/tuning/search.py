@@ -4,14 +4,14 @@ ranking, and a genetic search seeded with it (seed 000 §2.1, step 2).
 An assignment (*genome*) gives each tuned layer one of its variants. The constraint is one of:
 average weight bits ≤ ``max_bits``, transformer bytes ≤ ``max_bytes`` (both *budgets*), or
 calibration PSNR ≥ ``min_psnr`` at the fewest bits. Budgets maximize the mean per-video PSNR
-(:func:`~sixbit.tune.sensitivity.psnr_of`); ``min_psnr`` is checked against its lower bound,
-the mean minus one standard error (:func:`~sixbit.tune.sensitivity.psnr_bound`): a margin for
+(:func:`~sixbit.tuning.sensitivity.psnr_of`); ``min_psnr`` is checked against its lower bound,
+the mean minus one standard error (:func:`~sixbit.tuning.sensitivity.psnr_bound`): a margin for
 prompts the tuning has not seen, which more calibration videos shrink (:meth:`Constraint.psnr`).
 
 - :func:`greedy` starts every layer at its fewest bits and repeatedly upgrades the layer whose
   upgrade removes the most predicted error per added bit, until the budget is spent (or the
   predicted PSNR reaches ``min_psnr``). Predictions add the layers' measured errors
-  (:meth:`~sixbit.tune.sensitivity.Sensitivity.predict`).
+  (:meth:`~sixbit.tuning.sensitivity.Sensitivity.predict`).
 - :func:`genetic` keeps a population seeded from the sensitivity ranking (greedy assignments
   at nearby targets, uniform ones, mutations of them); each generation breeds children by
   tournament selection, uniform crossover and ±1-format mutations, repairs them into the
@@ -19,7 +19,7 @@ prompts the tuning has not seen, which more calibration videos shrink (:meth:`Co
   twice as many children as it keeps by predicted fitness (the proxy prunes) and **runs**
   the survivors: fitness is the measured calibration PSNR (true runs decide: with
   ``calibration_inputs="full_precision"`` an assignment converts to exactly the candidates that
-  were run, :mod:`sixbit.tune.library`). Elites survive.
+  were run, :mod:`sixbit.tuning.library`). Elites survive.
   Reproducible for a seed: every draw comes from ``random.Random(seed)`` and every run is
   seeded.
 """
