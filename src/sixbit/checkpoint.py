@@ -174,7 +174,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         >>> p.suffix
         '.safetensors'
     """
-    from .optimize import resident_weights  # optimize imports this module
+    from .memory import resident_weights  # memory imports this module
     from .parallel import wrapper_of
 
     model = module_of(model)

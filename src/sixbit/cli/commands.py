@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import time
 from pathlib import Path
 
@@ -88,7 +86,7 @@ def _prepare(args):
         t = args.cache_threshold
         enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
     if getattr(args, "use_cpu_offload", False) or getattr(args, "tile_size", None) is not None:
-        from ..optimize import enable_memory_optimization
+        from ..memory import enable_memory_optimization
 
         mode = "cpu_offload" if args.use_cpu_offload else "none"
         print(enable_memory_optimization(pipe, tile_size=256 if args.tile_size is None else args.tile_size, mode=mode))

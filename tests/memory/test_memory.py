@@ -104,7 +104,7 @@ def test_diffusers_group_offloading_alone_breaks_under_block_skips(tmp_path):
     """Why sixbit schedules the groups itself: diffusers onloads a group when its first block
     runs. With the delta cache outside that hook, a skipped first block leaves the group on
     placeholder weights while its second block computes. If this starts passing, diffusers
-    fixed it: update the module docstring of sixbit.optimize."""
+    fixed it: update the module docstring of sixbit.memory."""
     from diffusers.hooks import apply_group_offloading
 
     reference, _, _ = _reference("wan")

@@ -1,5 +1,8 @@
 """Memory optimization for inference: VAE tiling and block offloading with prefetch.
 
+Its public path is :mod:`sixbit.optimize`, as the seed writes it (``from sixbit.optimize import
+enable_memory_optimization``); the package is named for its job.
+
 :func:`enable_memory_optimization` does two independent things to a diffusers pipeline or a bare
 video transformer:
 
@@ -39,7 +42,7 @@ video transformer:
        What counts as a folder: a ``pathlib.Path``, or a string with a path separator, a
        leading ``~`` or ``.``, or naming an existing directory; a string torch reads as a
        device is a device, and anything else (``"cpu0"``) or an existing *file* is refused
-       (:mod:`sixbit.optimize.devices`).
+       (:mod:`sixbit.memory.devices`).
 
        **The folder is the only copy of the offloaded weights** until ``disable()``: the
        offloaded blocks hold zero placeholders in memory. Deleting or emptying it breaks the
@@ -286,11 +289,7 @@ def enable_memory_optimization(
         >>> memory.disable()
     """
     mode = _mode(mode)
-    _positive_int("tile_size", tile_size, 8, "VAE tile edge in pixels")
-    if tile_size % 8:
-        raise ValueError(f"tile_size must be a multiple of 8 (VAEs compress 8× spatially), got {tile_size}; try {tile_size // 8 * 8 or 8}")
-    _positive_int("prefetch_depth", prefetch_depth, 1, "block groups loaded ahead")
-    _positive_int("blocks_per_group", blocks_per_group, 1, "blocks moved together")
+    _check_sizes(tile_size, prefetch_depth, blocks_per_group)
     pipe, model, vae = _split(model_or_pipe)
     onload, offload, folder = _devices(onload_device, offload_device)
     _check_mode(mode, pipe, model, onload, offload, folder)
@@ -300,14 +299,7 @@ def enable_memory_optimization(
     handle = MemoryOptimization(mode, tiling, "no weight offloading", _model=model, _pipe=pipe, _vae=vae,
                                 _saved_tiling=saved)
     try:
-        if mode is MemoryMode.GROUP:
-            _install_groups(handle, model, onload, offload, folder, blocks_per_group, prefetch_depth)
-        elif mode is MemoryMode.CPU_OFFLOAD:
-            pipe.enable_model_cpu_offload(device=onload)
-            handle.offload = f"diffusers model CPU offload (components onloaded to {onload} when used)"
-        elif mode is MemoryMode.SEQUENTIAL_CPU_OFFLOAD:
-            pipe.enable_sequential_cpu_offload(device=onload)
-            handle.offload = f"diffusers sequential CPU offload (each leaf onloaded to {onload} when used)"
+        _offload(handle, onload, offload, folder, blocks_per_group, prefetch_depth)
     except BaseException:
         handle.disable()
         raise
@@ -315,6 +307,26 @@ def enable_memory_optimization(
         _HANDLES[model] = handle
     logger.info("%s", handle)
     return handle
+
+
+def _check_sizes(tile_size, prefetch_depth, blocks_per_group) -> None:
+    _positive_int("tile_size", tile_size, 8, "VAE tile edge in pixels")
+    if tile_size % 8:
+        raise ValueError(f"tile_size must be a multiple of 8 (VAEs compress 8× spatially), got {tile_size}; try {tile_size // 8 * 8 or 8}")
+    _positive_int("prefetch_depth", prefetch_depth, 1, "block groups loaded ahead")
+    _positive_int("blocks_per_group", blocks_per_group, 1, "blocks moved together")
+
+
+def _offload(handle: MemoryOptimization, onload, offload, folder, blocks_per_group: int, prefetch_depth: int) -> None:
+    """Move the weights off the compute device as ``handle.mode`` says (already checked)."""
+    if handle.mode is MemoryMode.GROUP:
+        _install_groups(handle, handle._model, onload, offload, folder, blocks_per_group, prefetch_depth)
+    elif handle.mode is MemoryMode.CPU_OFFLOAD:
+        handle._pipe.enable_model_cpu_offload(device=onload)
+        handle.offload = f"diffusers model CPU offload (components onloaded to {onload} when used)"
+    elif handle.mode is MemoryMode.SEQUENTIAL_CPU_OFFLOAD:
+        handle._pipe.enable_sequential_cpu_offload(device=onload)
+        handle.offload = f"diffusers sequential CPU offload (each leaf onloaded to {onload} when used)"
 
 
 def _mode(mode) -> MemoryMode:

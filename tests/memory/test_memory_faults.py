@@ -225,7 +225,7 @@ def test_a_transient_load_failure_is_raised_as_is_and_the_next_call_reloads(tmp_
     """Not every failed load is a lost folder (out of memory on the onload device, …): it is raised
     unchanged, the model is not marked broken, and the next call loads the group again instead of
     computing on its placeholders."""
-    from sixbit.optimize import offload
+    from sixbit.memory import offload
 
     pipe, memory = _offloaded(tmp_path)
     _generate(pipe)

@@ -1,4 +1,4 @@
-"""Block offloading for :mod:`sixbit.optimize`: a scheduler that keeps a window of block groups resident.
+"""Block offloading for :mod:`sixbit.memory`: a scheduler that keeps a window of block groups resident.
 
 Moving tensors is diffusers' ``ModuleGroup`` (parameters and buffers); the schedule — which
 groups are resident, which are prefetched on a background thread — is ours (see the package

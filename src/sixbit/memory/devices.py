@@ -1,4 +1,4 @@
-"""What was passed to :mod:`sixbit.optimize`: the model or pipeline, where blocks compute and where weights wait.
+"""What was passed to :mod:`sixbit.memory`: the model or pipeline, where blocks compute and where weights wait.
 
 Every check here runs before anything changes, and a bad value raises a ``ValueError`` naming the
 argument, what it accepts and the fix.
