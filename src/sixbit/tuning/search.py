@@ -158,6 +158,69 @@ def _key(constraint: Constraint, bits: float, psnr: float) -> tuple:
     return (0, psnr, -bits)
 
 
+class _Population:
+    """The genetic search's operators over one library: measured and predicted scores, repair
+    into the budget, mutation and crossover. One ``random.Random(seed)`` drives every draw."""
+
+    def __init__(self, evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, seed: int):
+        self.evaluator, self.library, self.sens, self.constraint = evaluator, evaluator.library, sens, constraint
+        self.rng = random.Random(seed)
+        self.n = len(self.library.layers)
+        self.measured: dict[tuple[int, ...], tuple[float, float]] = {}
+
+    def score(self, genome: tuple[int, ...]) -> tuple:
+        if genome not in self.measured:  # run, or remembered from an earlier search: the same either way
+            self.measured[genome] = (self.library.bits(genome), self.constraint.psnr(self.evaluator(genome)))
+        return _key(self.constraint, *self.measured[genome])
+
+    def predicted(self, genome: tuple[int, ...]) -> tuple:
+        return _key(self.constraint, self.library.bits(genome), self.constraint.psnr(self.sens.predict(genome)))
+
+    def legal(self, genome: list[int]) -> tuple[int, ...]:
+        if self.constraint.budget:
+            genome = _fill(self.library, self.sens, self.constraint,
+                           _repair(self.library, self.sens, self.constraint, genome))
+        return tuple(genome)
+
+    def mutate(self, genome: tuple[int, ...], rate: float) -> tuple[int, ...]:
+        out = list(genome)
+        for i in range(self.n):
+            if self.rng.random() < rate:
+                out[i] = min(max(out[i] + self.rng.choice((-1, 1)), 0), len(self.library.layers[i].variants) - 1)
+        return self.legal(out)
+
+    def initial(self, population: int) -> list[tuple[int, ...]]:
+        """Greedy at the target (and, under min_psnr, around it), the uniform assignments
+        (repaired into a budget), then mutations of the best three; greedy always runs."""
+        library, constraint = self.library, self.constraint
+        seeds = [greedy(library, self.sens, constraint)]
+        if not constraint.budget:
+            seeds += [greedy(library, self.sens, constraint, constraint.min_psnr + d) for d in (-1.0, 1.0, 2.0)]
+        for fmt in dict.fromkeys(v.format for layer in library.layers for v in layer.variants):
+            uniform = library.uniform(fmt)
+            if uniform is not None:
+                seeds.append(self.legal(list(uniform)))
+        pool = list(dict.fromkeys(seeds))
+        tries = 0
+        while len(pool) < population and tries < 20 * population:
+            pool = list(dict.fromkeys(pool + [self.mutate(self.rng.choice(pool[:3]), 2.0 / self.n)]))
+            tries += 1
+        return pool[:1] + sorted(pool[1:], key=self.predicted, reverse=True)[:population - 1]
+
+    def children(self, ranked: list[tuple[int, ...]], count: int, tries: int) -> list[tuple[int, ...]]:
+        """Up to ``count`` new genomes by tournament crossover and mutation (at most ``tries``
+        draws), best predicted first."""
+        children: list[tuple[int, ...]] = []
+        for _ in range(tries):
+            if len(children) >= 2 * count:
+                break
+            a, b = (max(self.rng.sample(ranked, min(3, len(ranked))), key=self.score) for _ in range(2))
+            child = self.mutate(self.legal([x if self.rng.random() < 0.5 else y for x, y in zip(a, b)]), 1.0 / self.n)
+            if child not in children and child not in ranked:
+                children.append(child)
+        return sorted(children, key=self.predicted, reverse=True)[:count]
+
+
 def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, seed: int = 0,
             population: int = 12, generations: int = 8, time_budget_s: float | None = None,
             progress: bool = True) -> SearchResult:
@@ -166,84 +229,35 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
 
     if population < 4 or generations < 1:
         raise ValueError(f"population must be ≥ 4 and generations ≥ 1, got {population} and {generations}")
-    library, rng, start = evaluator.library, random.Random(seed), time.perf_counter()
-    before = set(evaluator.results)
-    n = len(library.layers)
-    measured: dict[tuple[int, ...], tuple[float, float]] = {}
-
-    def score(genome: tuple[int, ...]) -> tuple:
-        if genome not in measured:  # run, or remembered from an earlier search: the same either way
-            measured[genome] = (library.bits(genome), constraint.psnr(evaluator(genome)))
-        return _key(constraint, *measured[genome])
-
-    def predicted(genome: tuple[int, ...]) -> tuple:
-        return _key(constraint, library.bits(genome), constraint.psnr(sens.predict(genome)))
-
-    def legal(genome: list[int]) -> tuple[int, ...]:
-        if constraint.budget:
-            genome = _fill(library, sens, constraint, _repair(library, sens, constraint, genome))
-        return tuple(genome)
-
-    def mutate(genome: tuple[int, ...], rate: float) -> tuple[int, ...]:
-        out = list(genome)
-        for i in range(n):
-            if rng.random() < rate:
-                out[i] = min(max(out[i] + rng.choice((-1, 1)), 0), len(library.layers[i].variants) - 1)
-        return legal(out)
-
-    # seeds: greedy at the target (and, under min_psnr, around it), the uniform assignments
-    # (repaired into a budget), then mutations of the best three
-    seeds = [greedy(library, sens, constraint)]
-    if not constraint.budget:
-        seeds += [greedy(library, sens, constraint, constraint.min_psnr + d) for d in (-1.0, 1.0, 2.0)]
-    for fmt in dict.fromkeys(v.format for layer in library.layers for v in layer.variants):
-        uniform = library.uniform(fmt)
-        if uniform is not None:
-            seeds.append(legal(list(uniform)))
-    pool = list(dict.fromkeys(seeds))
-    tries = 0
-    while len(pool) < population and tries < 20 * population:
-        pool = list(dict.fromkeys(pool + [mutate(rng.choice(pool[:3]), 2.0 / n)]))
-        tries += 1
-    pool = pool[:1] + sorted(pool[1:], key=predicted, reverse=True)[:population - 1]  # greedy always runs
-
+    start, before = time.perf_counter(), set(evaluator.results)
+    search = _Population(evaluator, sens, constraint, seed)
     bar = tqdm(total=generations, desc="genetic search", disable=not progress, leave=False)
     history, stopped = [], "generations"
 
     def over_time() -> bool:
         return time_budget_s is not None and time.perf_counter() - start > time_budget_s
 
-    ranked = sorted(pool, key=score, reverse=True)
+    ranked = sorted(search.initial(population), key=search.score, reverse=True)
     for generation in range(generations):
         if generation:
-            elite = ranked[:2]
-            children: list[tuple[int, ...]] = []
-            for _ in range(8 * population):
-                if len(children) >= 2 * (population - len(elite)):
-                    break
-                a, b = (max(rng.sample(ranked, min(3, len(ranked))), key=score) for _ in range(2))
-                child = mutate(legal([x if rng.random() < 0.5 else y for x, y in zip(a, b)]), 1.0 / n)
-                if child not in children and child not in ranked:
-                    children.append(child)
-            children = sorted(children, key=predicted, reverse=True)[: population - len(elite)]
-            kept = []
-            for child in children:
+            elite, kept = ranked[:2], []
+            for child in search.children(ranked, population - len(elite), 8 * population):
                 if over_time():
                     break
-                score(child)
+                search.score(child)
                 kept.append(child)
-            ranked = sorted(dict.fromkeys(elite + kept + ranked), key=score, reverse=True)[:population]
+            ranked = sorted(dict.fromkeys(elite + kept + ranked), key=search.score, reverse=True)[:population]
         best = ranked[0]
-        history.append({"generation": generation, "evaluations": evaluator.count - len(before), "bits": library.bits(best),
-                        "psnr": evaluator.psnr(best), "psnr_bound": evaluator.psnr_bound(best),
-                        "seconds": time.perf_counter() - start})
+        history.append({"generation": generation, "evaluations": evaluator.count - len(before),
+                        "bits": evaluator.library.bits(best), "psnr": evaluator.psnr(best),
+                        "psnr_bound": evaluator.psnr_bound(best), "seconds": time.perf_counter() - start})
         bar.set_postfix_str(f"best {history[-1]['psnr']:.2f} dB at {history[-1]['bits']:.2f} bits")
         bar.update()
         if over_time():
             stopped = "time budget"
             break
     bar.close()
-    return SearchResult(ranked[0], measured, history, time.perf_counter() - start, stopped)
+    return SearchResult(ranked[0], search.measured, history, time.perf_counter() - start, stopped)
 
 
 __all__ = ["Constraint", "SearchResult", "genetic", "greedy"]
