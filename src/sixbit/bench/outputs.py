@@ -95,9 +95,19 @@ def markdown(result, plot_prefix: str = "", heading: str = "###") -> str:
             f"{100 * r['skip_share']:.0f}% | {_fmt(r['psnr'], '.2f')} | {r['ssim']:.4f} | {r['flicker']:.4f} | "
             f"{100 * r['adherence']:.0f}% | {note} |"
         )
+    lines += _projection_lines(result, ok, fp)
+    lines += ["", f"![speedup vs PSNR]({plot_prefix}speedup_vs_psnr.png)"]
+    maps = [f"![{kind} {m}]({plot_prefix}{kind}_{_safe(m)}.png)" for m, kind in _map_plots(result)]
+    if maps:
+        lines += ["", " ".join(maps)]
+    return "\n".join(lines)
+
+
+def _projection_lines(result, ok: list[dict], fp: dict) -> list[str]:
+    """The PROJECTION table: each run's work at each GPU's peak throughput per precision."""
     scale = _scale_name(result)
     gpus = list(gpu_model.GPUS)
-    lines += [
+    lines = [
         "",
         f"**{gpu_model.LABEL}.** Projected speedup over the full-precision model run in BF16 on the GPU, from the "
         "work each run counted: GEMM FLOPs per activation "
@@ -122,11 +132,7 @@ def markdown(result, plot_prefix: str = "", heading: str = "###") -> str:
         if scale:
             cells += [f"{r['projection'][scale][g]:.2f}×" for g in gpus]
         lines.append(f"| {r['method']} | {mix or '—'} | {100 * attn:.0f}% | " + " | ".join(cells) + " |")
-    lines += ["", f"![speedup vs PSNR]({plot_prefix}speedup_vs_psnr.png)"]
-    maps = [f"![{kind} {m}]({plot_prefix}{kind}_{_safe(m)}.png)" for m, kind in _map_plots(result)]
-    if maps:
-        lines += ["", " ".join(maps)]
-    return "\n".join(lines)
+    return lines
 
 
 def _attention_share(scale: str) -> float:
