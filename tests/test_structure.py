@@ -1,0 +1,162 @@
+"""The package's shape (issue 43, DESIGN.md "Layout"): imports flow one way, no private name
+crosses a package, and every file and function stays small enough to read on a screen or two.
+
+Read from the source with ``ast``, so nothing is imported: every ``import`` counts, at module
+level or inside a function (a function-level import that hides a cycle is still a cycle), except
+those under ``if TYPE_CHECKING:``, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "sixbit"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 80
+LIMITS = {"convert.py": 250, "presets.py": 150, "nn/quant_linear.py": 400}  # the issue's own targets
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    modules = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _package(module: str) -> str:
+    """The package a module belongs to: itself for a package's ``__init__``, else its parent."""
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skipped
+
+
+def _imports(module: str):
+    """(imported sixbit module, imported name or None) for every import statement of ``module``."""
+    tree = ast.parse(MODULES[module].read_text())
+    skipped = _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "sixbit":
+                    yield alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _package(module).split(".")[: len(_package(module).split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "sixbit":
+                continue
+            for alias in node.names:
+                full = f"{source}.{alias.name}"
+                yield (full, None) if full in MODULES else (source, alias.name)
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for module in MODULES:
+        targets = set()
+        for target, _ in _imports(module):
+            while target not in MODULES:  # `import sixbit.x.y` of a name: its module
+                target = target.rpartition(".")[0]
+            if target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_walk_sees_the_package():
+    graph = _graph()
+    assert len(MODULES) > 100 and "sixbit.convert" in graph["sixbit"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the checker itself
+
+
+def test_no_import_cycle():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles (each a set of modules that import each other):\n" + "\n".join(map(str, cycles))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_crosses_a_package():
+    crossings = []
+    for module in MODULES:
+        for target, name in _imports(module):
+            while target not in MODULES:
+                target = target.rpartition(".")[0]
+            if _package(target) == _package(module) or target == _package(module):
+                continue
+            private_module = any(_private(part) for part in target.split("."))
+            if private_module or (name is not None and _private(name)):
+                crossings.append(f"{module} imports {target}{'' if name is None else '.' + name}")
+    assert not crossings, "private names used across packages:\n" + "\n".join(sorted(set(crossings)))
+
+
+def test_files_and_functions_fit_on_a_screen_or_two():
+    too_long = []
+    for module, path in MODULES.items():
+        text = path.read_text()
+        relative = path.relative_to(SRC).as_posix()
+        limit = LIMITS.get(relative, MAX_FILE_LINES)
+        if text.count("\n") > limit:
+            too_long.append(f"{relative}: {text.count(chr(10))} lines > {limit}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{relative}:{node.lineno} {node.name}() is {lines} lines > {MAX_FUNCTION_LINES}")
+    assert not too_long, "\n".join(too_long)
+
+
+@pytest.mark.parametrize("path", ["convert.py", "presets.py", "nn/quant_linear.py"])
+def test_the_named_modules_exist(path):
+    assert (SRC / path).is_file()
