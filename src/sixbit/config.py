@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from . import formats
-from ._validate import report, type_problems, unknown_keys
+from .validate import report, type_problems, unknown_keys
 from .nn.quant_linear import ActMode
 from .transforms.hadamard import BLOCK_SIZES
 from .weights import SCALE_RULES

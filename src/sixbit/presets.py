@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ._validate import report, show, type_problems, unknown_keys
+from .validate import report, show, type_problems, unknown_keys
 from .config import QuantConfig
 from .kernels import fp4_supported
 from .methods.attention import AttentionQuantConfig

@@ -57,7 +57,7 @@ from torch import nn
 
 from ... import formats, kernels
 from ..._distributed import token_max, token_mean_of_sum
-from ..._validate import report, type_problems
+from ...validate import report, type_problems
 from ...models import iter_blocks
 from ...nn.precision import ActMode, Level, gemm_flops
 from ...runtime import blocks

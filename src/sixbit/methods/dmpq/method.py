@@ -35,7 +35,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from ..._validate import report, type_problems
+from ...validate import report, type_problems
 from ...models import iter_blocks
 from ...nn.precision import ACT_BITS, ActMode, Level, average_bits, gemm_flops
 from ...runtime import blocks

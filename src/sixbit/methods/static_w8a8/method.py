@@ -43,7 +43,7 @@ from typing import Any
 
 from torch import nn
 
-from ..._validate import report, type_problems
+from ...validate import report, type_problems
 from ...calibration import time_ranges as tr
 from ...calibration.data import CalibrationData
 from ...config import Role, pattern_problems
