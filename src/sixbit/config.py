@@ -7,26 +7,15 @@ JSON is a plain serialization of these dataclasses (``to_dict`` / ``from_dict``)
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 from typing import Any
 
 from . import formats
+from .models.roles import Role
 from .validate import report, type_problems, unknown_keys
 from .nn.quant_linear import ActMode
 from .transforms.hadamard import BLOCK_SIZES
 from .weights import SCALE_RULES
-
-
-class Role(str, enum.Enum):
-    """What a linear layer does in a video DiT; quantization formats are chosen per role."""
-
-    ATTENTION = "attention"  # q/k/v/out projections, including joint-attention context ones
-    FEEDFORWARD = "feedforward"  # MLP up/down projections
-    MODULATION = "modulation"  # adaLN / norm projections from the timestep embedding
-    EMBEDDING = "embedding"  # patch / timestep / text / caption embedders, token refiners
-    OUTPUT = "output"  # final norm modulation and projection to the latent space
-    OTHER = "other"  # anything the model metadata does not classify
 
 
 #: Where calibration takes each block's inputs from (``QuantConfig.calibration_inputs``).
