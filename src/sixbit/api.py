@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from . import formats, kernels
-from ._validate import report, show
+from .validate import report, show
 from .config import QuantConfig
 from .models import block_index_of, iter_blocks, spec_for
 from .nn import QuantLinear

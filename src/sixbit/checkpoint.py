@@ -51,7 +51,7 @@ from ._io import (
     read_safetensors,
     read_safetensors_header,
 )
-from ._validate import field_problems
+from .validate import field_problems
 from .nn import QuantLinear
 
 FORMAT_VERSION = 2  # 2: the checksum covers the header

@@ -9,8 +9,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..config import Role
-from ..models import block_index_of, iter_blocks, spec_for
+from ..models import Role, block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
 from ..runtime import blocks
 from ..runtime.blocks import relative_l1

@@ -12,11 +12,13 @@ from .registry import (
     spec_for,
     swap_layers,
 )
+from .roles import Role
 
 __all__ = [
     "DEFAULT_ROLES",
     "BlockIO",
     "ModelSpec",
+    "Role",
     "block_index_of",
     "iter_blocks",
     "register_model",

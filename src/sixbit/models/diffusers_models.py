@@ -6,8 +6,8 @@ Block I/O comes from each block class's ``forward`` in diffusers; role patterns 
 
 from __future__ import annotations
 
-from ..config import Role
 from .registry import BlockIO, ModelSpec, register_model
+from .roles import Role
 
 # Blocks that update both the video and the text stream and return them in this order.
 _JOINT = BlockIO(hidden="hidden_states", encoder="encoder_hidden_states", returns=("hidden", "encoder"))

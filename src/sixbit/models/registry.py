@@ -15,8 +15,8 @@ from typing import Callable, Iterator
 
 from torch import nn
 
-from ..config import Role
-from ..nn import QuantLinear  # sixbit.config imports sixbit.nn already: no new import cycle
+from ..nn import QuantLinear
+from .roles import Role
 
 
 @dataclasses.dataclass(frozen=True)

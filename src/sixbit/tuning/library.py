@@ -25,8 +25,7 @@ from torch import nn
 from .. import formats
 from ..api import _fits, plan_layers
 from ..calibration import hessians
-from ..config import Role
-from ..models import block_index_of, iter_blocks, swap_layers
+from ..models import Role, block_index_of, iter_blocks, swap_layers
 from ..presets import ConvertConfig
 from ..weights.sequential import build
 

@@ -1,7 +1,7 @@
 """Quantized attention (INT8 Q·Kᵀ with smoothed K, FP16 P·V) per block and step."""
 
+from ...config.attention import AttentionQuantConfig
 from .method import (
-    AttentionQuantConfig,
     AttentionQuantState,
     apply_attention_quant,
     attention_modules,

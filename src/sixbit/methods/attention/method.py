@@ -27,55 +27,12 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ...config.attention import AttentionQuantConfig
 from ...kernels.attention import int8_attention, int8_attention_path
 from ...models import iter_blocks, spec_for
 from ...runtime.context import track_steps
 
 HOOK_NAME = "sixbit_attention_quant"
-
-
-@dataclasses.dataclass
-class AttentionQuantConfig:
-    """Where attention is quantized.
-
-    Args:
-        blocks: ``(start, stop)`` block indices (``stop`` excluded; ``None`` = open end), or
-            ``None`` for every block.
-        steps: ``(start, stop)`` denoising step indices likewise, or ``None`` for every step.
-    """
-
-    blocks: tuple[int | None, int | None] | None = None
-    steps: tuple[int | None, int | None] | None = None
-
-    def __post_init__(self):
-        for name in ("blocks", "steps"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if (not isinstance(value, (tuple, list)) or len(value) != 2
-                    or not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in value)):
-                raise ValueError(f"{name} must be None or (start, stop) with integers ≥ 0 or None, got {value!r}")
-            if None not in value and value[0] >= value[1]:
-                raise ValueError(f"{name}=({value[0]}, {value[1]}) selects nothing (stop is excluded): "
-                                 f"use ({value[0]}, {value[0] + 1}) or more, or (start, None) for every one from start")
-            setattr(self, name, tuple(value))
-
-    def selects(self, block: int, step: int) -> bool:
-        return _within(self.blocks, block) and _within(self.steps, step)
-
-    def describe(self) -> str:
-        """Where attention is quantized, in words: ``"blocks all, steps 2–end"``."""
-        return f"blocks {_span(self.blocks)}, steps {_span(self.steps)}"
-
-
-def _span(span) -> str:
-    if span is None:
-        return "all"
-    return f"{0 if span[0] is None else span[0]}–{'end' if span[1] is None else span[1] - 1}"
-
-
-def _within(span, i: int) -> bool:
-    return span is None or ((span[0] is None or i >= span[0]) and (span[1] is None or i < span[1]))
 
 
 @dataclasses.dataclass

@@ -1,9 +1,9 @@
 """DMPQ: NVFP4 or INT8 activations per block and step, predicted from the block's last Γ."""
 
+from ...config.dmpq import DMPQConfig
 from .fit import fit_dmpq
 from .method import (
     DMPQ,
-    DMPQConfig,
     DMPQPredictor,
     DMPQReport,
     FixedAssignment,

@@ -46,13 +46,13 @@ import torch
 from torch import nn
 
 from ...calibration.seeding import seeded
+from ...config.dmpq import DMPQConfig
 from ...models import iter_blocks
 from ...nn.precision import ACT_BITS, ActMode, Level, gemm_flops
 from ...runtime import blocks
 from ...runtime.blocks import relative_l1
 from ...runtime.context import track_steps
 from .method import (
-    DMPQConfig,
     DMPQPredictor,
     FixedAssignment,
     apply_dmpq,

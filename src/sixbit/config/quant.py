@@ -1,32 +1,17 @@
-"""Public configuration dataclasses, validated on construction.
-
-Every problem in a config is reported at once, in one ``ValueError``, before anything changes.
-JSON is a plain serialization of these dataclasses (``to_dict`` / ``from_dict``).
-"""
+"""How :func:`sixbit.quantize` replaces a model's linear layers: :class:`QuantConfig`."""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
-from typing import Any
 
-from . import formats
-from ._validate import report, type_problems, unknown_keys
-from .nn.quant_linear import ActMode
-from .transforms.hadamard import BLOCK_SIZES
-from .weights import SCALE_RULES
-
-
-class Role(str, enum.Enum):
-    """What a linear layer does in a video DiT; quantization formats are chosen per role."""
-
-    ATTENTION = "attention"  # q/k/v/out projections, including joint-attention context ones
-    FEEDFORWARD = "feedforward"  # MLP up/down projections
-    MODULATION = "modulation"  # adaLN / norm projections from the timestep embedding
-    EMBEDDING = "embedding"  # patch / timestep / text / caption embedders, token refiners
-    OUTPUT = "output"  # final norm modulation and projection to the latent space
-    OTHER = "other"  # anything the model metadata does not classify
+from .. import formats
+from ..models.roles import Role
+from ..nn.precision import ActMode
+from ..transforms.hadamard import BLOCK_SIZES
+from ..validate import report, type_problems
+from ..weights.grid import SCALE_RULES
+from .serialize import Serializable
 
 
 #: Where calibration takes each block's inputs from (``QuantConfig.calibration_inputs``).
@@ -49,7 +34,7 @@ def pattern_problems(field: str, patterns) -> list[str]:
 
 
 @dataclasses.dataclass
-class QuantConfig:
+class QuantConfig(Serializable):
     """How :func:`sixbit.quantize` replaces a model's linear layers.
 
     Args:
@@ -232,21 +217,3 @@ class QuantConfig:
         if role.value in self.role_formats:
             return self.role_formats[role.value]
         return self.weight_format if role in DEFAULT_QUANTIZED_ROLES else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "QuantConfig":
-        """Build from a JSON-like dict; unknown keys are reported with the other problems."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - fields
-        try:
-            cfg = cls(**{k: v for k, v in data.items() if k in fields})
-        except ValueError as e:
-            if unknown:
-                raise ValueError(f"{e}\n  - {unknown_keys(unknown, fields)}") from None
-            raise
-        if unknown:
-            raise ValueError(f"invalid QuantConfig:\n  - {unknown_keys(unknown, fields)}")
-        return cfg

@@ -1,5 +1,6 @@
-"""Checks shared by the configuration dataclasses: every field's value against its annotation,
-and unknown keys with a "did you mean".
+"""Checks shared by the configuration dataclasses and the readers of user files (checkpoint
+headers, JSON configs): every field's value against its annotation, unknown keys with a "did you
+mean", and problem reports that name each wrong value once.
 
 A config's ``__post_init__`` calls :func:`type_problems` first and goes on with its own range
 checks, so one ``ValueError`` names every wrong field at once (a string where a number belongs,

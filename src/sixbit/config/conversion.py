@@ -1,0 +1,143 @@
+"""What :func:`sixbit.convert_model` does to a model: :class:`ConvertConfig` and its :class:`Activations`."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterator
+
+from ..validate import report, show, type_problems
+from .attention import AttentionQuantConfig
+from .delta_cache import DeltaCacheConfig
+from .dmpq import DMPQConfig
+from .quant import QuantConfig
+from .serialize import Serializable
+from .static_w8a8 import StaticW8A8Config
+
+
+class Activations(enum.StrEnum):
+    """How a conversion quantizes activations.
+
+    Three fixed precisions for every call (``fp``, ``int8``, ``nvfp4``: the
+    :class:`~sixbit.nn.ActMode` of the same name) and two calibrated methods (``dynamic``: DMPQ,
+    ``static``: static W8A8). A string enum: ``Activations.INT8 == "int8"``, JSON writes
+    ``"int8"``, and its ``repr`` is the value's, so messages read ``activations='int8'``.
+    """
+
+    FP = "fp"
+    INT8 = "int8"
+    NVFP4 = "nvfp4"
+    DYNAMIC = "dynamic"
+    STATIC = "static"
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether these activations are fitted on calibration generations (DMPQ, static W8A8)."""
+        return self in (Activations.DYNAMIC, Activations.STATIC)
+
+
+@dataclasses.dataclass
+class ConvertConfig(Serializable):
+    """A whole conversion: weights, activations, cache, attention.
+
+    Args:
+        weights: how linears are quantized (:class:`~sixbit.QuantConfig`); ``None`` keeps the
+            model in full precision (cache-only configs). Must be ``None`` with
+            ``activations="static"``, whose ``static`` config quantizes the weights itself.
+        activations: an :class:`Activations` or its value: ``"fp"`` (weight-only), ``"int8"``
+            (per-token INT8, real integer GEMM), ``"nvfp4"`` (NVFP4 × NVFP4, emulated on this
+            hardware), ``"dynamic"`` (DMPQ: NVFP4 or INT8 per block and step, needs calibration)
+            or ``"static"`` (static W8A8: every scale fixed offline per time range, needs
+            calibration). A string is normalized to the enum.
+        dmpq: DMPQ settings (``activations="dynamic"``; default ``DMPQConfig()``).
+        static: static W8A8 settings (``activations="static"``; default its ``"w8a8-static"`` preset).
+        cache: delta-cache settings, or ``None`` for no cache.
+        attention: where attention runs quantized (:class:`~sixbit.AttentionQuantConfig`: INT8
+            Q·Kᵀ after smoothing K, FP16 P·V, per block and step), or ``None`` (default) for
+            full-precision attention. Measured on the shipped models (BENCHMARKS.md,
+            ``attention``): 50.7 dB (CogVideoX) / 44.2 dB (Wan) against full precision,
+            adherence unchanged. Real speed on CUDA only (``sageattention``, else sixbit's
+            Triton kernel); elsewhere it is emulated and *slower* than full precision
+            (:func:`sixbit.kernels.available` says which), so no preset turns it on.
+        description: one line shown by ``sixbit info`` and the preset table.
+
+    Example:
+        >>> from sixbit import AttentionQuantConfig
+        >>> config = ConvertConfig(weights=QuantConfig(weight_format="int8"), activations="int8",
+        ...                        attention=AttentionQuantConfig(steps=(2, None)))
+        >>> ConvertConfig.from_dict(config.to_dict()) == config
+        True
+    """
+
+    weights: QuantConfig | None = dataclasses.field(
+        default_factory=lambda: QuantConfig(weight_format="nvfp4", hadamard_block=128)
+    )
+    activations: Activations = Activations.DYNAMIC
+    dmpq: DMPQConfig | None = None
+    static: StaticW8A8Config | None = None
+    cache: DeltaCacheConfig | None = None
+    attention: AttentionQuantConfig | None = None
+    description: str = ""
+
+    def __post_init__(self):
+        given = self.activations
+        try:
+            self.activations = Activations(given)
+        except (ValueError, TypeError):
+            self.activations = Activations.FP  # a placeholder: the config is refused below
+            problems = type_problems(self) + [f"activations={show(given)} is not one of {[a.value for a in Activations]}"]
+            raise ValueError(report("invalid ConvertConfig", problems)) from None
+        problems = type_problems(self) + self._method_problems()
+        if self.weights is not None and self.weights.act_mode not in ("fp", self.activations):
+            problems.append(f"weights.act_mode={self.weights.act_mode!r} contradicts activations={self.activations!r}: "
+                            "set the precision in activations (weights.act_mode is for sixbit.quantize alone)")
+        if problems:
+            raise ValueError(report("invalid ConvertConfig", problems))
+
+    def _method_problems(self) -> list[str]:
+        """Which method configs ``activations`` asks for, filling in the defaults it implies."""
+        problems = []
+        if self.activations == Activations.STATIC:
+            if self.weights is not None:
+                problems.append('activations="static" quantizes the weights itself: set weights=None')
+            if self.static is None:
+                self.static = StaticW8A8Config.preset("w8a8-static")
+        elif self.static is not None:
+            problems.append(f'static is set but activations={self.activations!r} (use activations="static")')
+        elif self.activations != Activations.FP and self.weights is None:
+            problems.append(f"activations={self.activations!r} needs quantized weights: set weights=QuantConfig(...)")
+        if self.activations == Activations.DYNAMIC:
+            self.dmpq = self.dmpq or DMPQConfig()
+        elif self.dmpq is not None:
+            problems.append(f'dmpq is set but activations={self.activations!r} (use activations="dynamic")')
+        return problems
+
+    def method_configs(self) -> Iterator[DMPQConfig | StaticW8A8Config | DeltaCacheConfig | AttentionQuantConfig]:
+        """The runtime methods' configs this conversion sets (``dmpq``, ``static``, ``cache``,
+        ``attention``; ``None`` ones left out), in field order: a method is chosen by its config's type.
+
+        Example:
+            >>> [type(c).__name__ for c in ConvertConfig(activations="int8", cache=DeltaCacheConfig()).method_configs()]
+            ['DeltaCacheConfig']
+        """
+        for config in (self.dmpq, self.static, self.cache, self.attention):
+            if config is not None:
+                yield config
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether converting with this config runs calibration generations (DMPQ, static W8A8, GPTQ)."""
+        return self.activations.calibrated or (self.weights is not None and self.weights.needs_calibration)
+
+    def calibration_reason(self) -> str | None:
+        """What needs calibration, in words (``None`` when nothing does)."""
+        if self.activations.calibrated:
+            return f"activations={self.activations!r}"
+        if self.weights is not None and self.weights.needs_calibration:
+            w = self.weights
+            return ("GPTQ weights (gptq=True)" if w.gptq else "smoothed weights (smooth_alpha)" if w.smooth_alpha is not None
+                    else "refined low-rank branches (refine_steps)")
+        return None
