@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import sixbit
-from sixbit import checkpoint, pretrained
+from sixbit import checkpoint, streaming
 from sixbit.presets import resolve
 from sixbit.cli import main
 from sixbit.models import iter_blocks
@@ -111,8 +111,8 @@ def test_a_failure_mid_stream_leaves_no_file(tmp_path, monkeypatch):
             raise RuntimeError("disk full")
         return real(*args, **kwargs)
 
-    real = pretrained.build
-    monkeypatch.setattr(pretrained, "build", failing)
+    real = streaming.quantized_linear
+    monkeypatch.setattr(streaming, "quantized_linear", failing)
     with pytest.raises(RuntimeError, match="disk full"):
         sixbit.convert_pretrained(folder, "w8a8", out, progress=False)
     assert out.read_bytes() == b"previous"

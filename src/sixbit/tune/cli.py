@@ -10,9 +10,9 @@ from ..commands import check_output_file, float_in, int_in, seed_type, steps_typ
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from .._io import write_text_atomic
+    from ..io import write_text_atomic
     from ..commands import _calibration, _call_kwargs
-    from ..hub import load_pipeline
+    from ..pipelines import load_pipeline
     from ..reports import plot_tuned_formats
     from . import tune_model
 

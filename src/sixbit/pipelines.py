@@ -31,7 +31,7 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
     full-precision weights are then never read).
 
     Example:
-        >>> from sixbit.hub import load_pipeline
+        >>> from sixbit.pipelines import load_pipeline
         >>> pipe = load_pipeline("shapes-wan")
         >>> type(pipe).__name__
         'ShapesWanPipeline'
