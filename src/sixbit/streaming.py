@@ -3,8 +3,8 @@ folder, and loading a checkpoint into a model that never holds full-precision we
 
 :func:`convert_pretrained` builds the transformer on the meta device from its ``config.json``,
 then, for the layers outside the blocks and for each block in turn, maps that part's tensors
-from the safetensors shards, quantizes its linears, appends the result to the checkpoint and
-frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
+from the safetensors shards, quantizes its linears (the one build path every conversion runs,
+:func:`sixbit.builder.build`), appends the result to the checkpoint and frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
 the model's size (a 28 GB Wan2.1-14B converts on a 24 GB machine). The checkpoint is the one
 :func:`sixbit.save` writes, moved into place atomically at the end.
 
@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import accelerate
+import diffusers
 import torch
 from torch import nn
-
 from tqdm.auto import tqdm
 
 from . import checkpoint
@@ -71,9 +72,6 @@ def empty_model(path: str | os.PathLike) -> nn.Module:
     """The transformer of ``path`` (see :func:`model_folder`) built on the meta device from its
     ``config.json``: no weights are read or allocated (buffers computed at construction, such as
     positional tables, are real)."""
-    import accelerate
-    import diffusers
-
     folder = model_folder(path)
     try:
         config = json.loads((folder / "config.json").read_text())
