@@ -29,7 +29,7 @@ from .swap import LayerSwap, Part, Recipe, build, parts_of
 
 logger = logging.getLogger(__name__)
 
-Plan = dict[str, tuple[str, "int | None", str]]  # {layer: (format, hadamard block, role)}
+Plan = dict[str, tuple[str, int | None, str]]  # {layer: (format, hadamard block, role)}
 
 
 class _Layers(Recipe):

@@ -325,10 +325,11 @@ class _StaticLayers(Recipe):
         weights = [layer.quantized_weight()] + [
             integer.quantize(linear.weight.detach().float() * d.reshape(1, -1), bits=wbits) for d in fit.divisors[1:]
         ]
-        layer.act_quantizer = StaticActQuantizer(
+        quantizer = StaticActQuantizer(
             self.state, fit.divisors, weights, fit.threshold, fit.amax, fit.qmax, fit.range_variant,
             side_bits=config.side_bits if config.outliers == Outliers.SIDE.value else None,
         )
+        layer.act_quantizer = quantizer
         self.info[name] = {"alpha": fit.alpha, "weight_bits": wbits, "boundary": boundary,
                            "error": fit.error, "error_shared": fit.error_shared}
         return layer
