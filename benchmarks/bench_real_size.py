@@ -118,7 +118,7 @@ def child_write(name: str, folder: str, blocks: int | None) -> dict:
     """A diffusers model folder with random bf16 weights, written shard by shard."""
     import torch
 
-    from sixbit._io import SafetensorsWriter
+    from sixbit.io import SafetensorsWriter
 
     t0 = time.perf_counter()
     cls, kwargs = CONFIGS[name]
@@ -191,7 +191,7 @@ def child_convert(folder: str, preset: str, output: str, frames: int, side: int)
     config = _config(preset)
     calibration = _calibration(folder, frames, side) if config.needs_calibration else None
     result = sixbit.convert_pretrained(folder, config, output, calibration, progress=False)
-    from sixbit._io import read_safetensors
+    from sixbit.io import read_safetensors
 
     _, tensors = read_safetensors(output)
     tensor_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -215,10 +215,10 @@ def child_block(name: str, folder: str, precision: str, tokens: int, repeats: in
     """Time block 0 of ``name`` in ``precision`` on ``tokens`` video tokens (+ text tokens)."""
     import torch
 
-    from sixbit._io import SafetensorsFolder
+    from sixbit.builder import quantized_linear
+    from sixbit.io import SafetensorsFolder
     from sixbit.models import iter_blocks
-    from sixbit.pretrained import _materialize
-    from sixbit.weights.sequential import build
+    from sixbit.streaming import _materialize
 
     torch.set_num_threads(1)
     model = _empty(name)
@@ -227,13 +227,13 @@ def child_block(name: str, folder: str, precision: str, tokens: int, repeats: in
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     _materialize(model, shards.read([k for k in shards.layout if k.startswith(f"{block_name}.")]), dtype)
     if precision in ("w8a8", "w4a8 (layout)"):
-        from sixbit.api import plan_layers
+        from sixbit.builder import plan_layers
 
         config = _config(precision)
         for layer, (fmt, hb, role) in plan_layers(model, config.weights).items():
             if layer.startswith(f"{block_name}."):
                 parent, _, child = layer.rpartition(".")
-                q = build(model.get_submodule(layer), fmt, hb, config.weights, role)
+                q = quantized_linear(model.get_submodule(layer), fmt, hb, config.weights, role)
                 q.act_mode = config.activations
                 setattr(model.get_submodule(parent), child, q)
     cls, kwargs = CONFIGS[name]

@@ -58,7 +58,7 @@ def run_arch(arch: str, args) -> dict:
     pairs, calib = heldout_pairs(args.pairs), calibration_pairs(args.calib)
     ref, _ = generate_heldout(load_pipeline(arch), pairs, args.steps, GUIDANCE)
     rows = []
-    logger = logging.getLogger("sixbit.weights.sequential")
+    logger = logging.getLogger("sixbit.builder.in_memory")
     logger.setLevel(logging.INFO)
     for preset in PRESETS:
         for steps in (0, args.refine_steps):

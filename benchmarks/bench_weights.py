@@ -43,7 +43,7 @@ from sixbit.eval.shapes import adherence, generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.presets import W4_RECIPE
 from sixbit.transforms import hadamard, lowrank
-from sixbit.weights import quantize_weight
+from sixbit.rounding import quantize_weight
 from sixbit.zoo.shapes import all_prompts, heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]

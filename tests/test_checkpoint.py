@@ -205,7 +205,7 @@ def test_atomic_save(tmp_path, monkeypatch):
         dst.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr("sixbit._io.shutil.copyfileobj", half_copy)
+    monkeypatch.setattr("sixbit.io.shutil.copyfileobj", half_copy)
     with pytest.raises(OSError, match="disk full"):
         sixbit.save(model, path)
     assert path.read_bytes() == before  # the old file is intact
@@ -235,7 +235,7 @@ def _rehashed(path, dest, mutate):
     recomputed: a file a hostile user made self-consistent."""
     from safetensors import safe_open
 
-    from sixbit._io import tensor_bytes
+    from sixbit.io import tensor_bytes
     from sixbit.checkpoint import _digest
 
     with safe_open(str(path), "pt") as f:

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from test_checkpoint import build, inputs
 
 import sixbit
-from sixbit._io import tensor_bytes
+from sixbit.io import tensor_bytes
 from sixbit.checkpoint import _digest
 from sixbit.presets import PRESETS, preset, resolve
 

@@ -8,6 +8,7 @@ sample bit-exactly like the in-memory converted one. Peak memory at real sizes i
 
 import copy
 import dataclasses
+import gc
 import json
 import os
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import sixbit
-from sixbit import checkpoint, pretrained
+from sixbit import checkpoint, streaming
 from sixbit.presets import resolve
 from sixbit.cli import main
 from sixbit.models import iter_blocks
@@ -111,8 +112,8 @@ def test_a_failure_mid_stream_leaves_no_file(tmp_path, monkeypatch):
             raise RuntimeError("disk full")
         return real(*args, **kwargs)
 
-    real = pretrained.build
-    monkeypatch.setattr(pretrained, "build", failing)
+    real = streaming.quantized_linear
+    monkeypatch.setattr(streaming, "quantized_linear", failing)
     with pytest.raises(RuntimeError, match="disk full"):
         sixbit.convert_pretrained(folder, "w8a8", out, progress=False)
     assert out.read_bytes() == b"previous"
@@ -203,3 +204,33 @@ def test_streamed_conversion_refines_the_branches_on_the_kept_calls(tmp_path):
     # block 0 saw the same inputs in both: its codes and scales are untouched (later blocks see the refined outputs)
     block0 = [k for k in p_state if k.startswith("transformer_blocks.0.") and "lowrank_" not in k]
     assert block0 and all(torch.equal(p_state[k], r_state[k]) for k in block0)
+
+
+def _live_cpu_bytes() -> int:
+    """Bytes of every CPU tensor storage alive (each counted once)."""
+    gc.collect()
+    seen, total = set(), 0
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.untyped_storage().data_ptr() not in seen:
+            seen.add(obj.untyped_storage().data_ptr())
+            total += obj.untyped_storage().nbytes()
+    return total
+
+
+def test_each_block_is_freed_once_written(tmp_path, monkeypatch):
+    """One block resident: after each block is written, what the conversion holds is what it held
+    before the first block, not one more full-precision block per block."""
+    tm = build_tiny("cogvideox")
+    folder = _folder(tm, tmp_path)
+    block = sum(t.numel() * t.element_size() for t in next(iter(iter_blocks(tm.model)))[2].state_dict().values())
+    del tm
+    held, real = {}, streaming._StreamedParts.built
+
+    def built(self, part, layers, swap):
+        real(self, part, layers, swap)
+        held[part.name] = _live_cpu_bytes()
+
+    monkeypatch.setattr(streaming._StreamedParts, "built", built)
+    sixbit.convert_pretrained(folder, "w8a8", tmp_path / "q.safetensors", progress=False)
+    first, *later = held.values()
+    assert len(later) == 2 and all(h < first + block / 2 for h in later), (held, block)

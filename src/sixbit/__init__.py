@@ -11,11 +11,12 @@ Example:
 __version__ = "0.1.0"
 
 from . import formats, reports  # noqa: E402
-from .api import keep_int8_weights, quantize, summary  # noqa: E402
+from .builder import quantize  # noqa: E402
 from .calibration import CalibrationData, calibrate  # noqa: E402
 from .checkpoint import load, read_header, save  # noqa: E402
 from .config import QuantConfig, Role  # noqa: E402
 from .convert import Conversion, conversion_of, convert_model  # noqa: E402
+from .footprint import keep_int8_weights, summary  # noqa: E402
 from .lora import load_lora, loras, set_lora_scale, unload_lora  # noqa: E402
 from .methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant  # noqa: E402
 from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
@@ -23,7 +24,7 @@ from .methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq  # noqa: E402
 from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info  # noqa: E402
 from .nn import ActMode, QuantLinear, debug_checks  # noqa: E402
 from .presets import PRESETS, ConvertConfig  # noqa: E402
-from .pretrained import StreamedConversion, convert_pretrained, load_pretrained  # noqa: E402
+from .streaming import StreamedConversion, convert_pretrained, load_pretrained  # noqa: E402
 from .runtime import track_steps  # noqa: E402
 from .tuning import tune, tune_model  # noqa: E402
 

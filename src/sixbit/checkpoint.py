@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from . import __version__, formats
-from ._io import (
+from .io import (
     SafetensorsWriter,
     file_chunks,
     read_safetensors,
@@ -210,7 +210,7 @@ _HEADER_FIELDS = {"format": str, "format_version": int, "sixbit_version": str, "
 
 def _read_header(path: Path) -> tuple[dict, dict, int]:
     """``(header, entries, data_start)``: the sixbit header, checked field by field, and the
-    file's tensor table (:func:`sixbit._io.read_safetensors_header`)."""
+    file's tensor table (:func:`sixbit.io.read_safetensors_header`)."""
     metadata, entries, data_start = read_safetensors_header(path, "checkpoint")
     if _META_KEY not in metadata:
         raise ValueError(f"{str(path)!r} is a safetensors file but not a sixbit checkpoint (no 'sixbit' header)")

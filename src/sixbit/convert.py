@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import checkpoint
-from .api import quantize
+from .builder import quantize
 from .calibration import calibrate, seeded
 from .calibration.videos import read_videos, video_runner
 from .lora import attach_diffusers_methods

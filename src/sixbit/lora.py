@@ -31,7 +31,7 @@ import weakref
 import torch
 from torch import nn
 
-from ._io import read_safetensors
+from .io import read_safetensors
 from .checkpoint import module_of
 from .nn import QuantLinear
 from .nn.lowrank import branch_factors, low_rank

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..hub import SHAPES_CLASSES, SHIPPED
+from ..pipelines import SHAPES_CLASSES, SHIPPED
 from ..zoo.shapes import heldout_pairs
 from . import gpu_model, layer_shapes
 from .counting import WorkCounter

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..eval.media import check_writable, video_path
-from ..hub import shapes_arch
+from ..pipelines import shapes_arch
 from ..zoo.shapes import all_prompts
 
 DEFAULT_SEED = 0

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from .. import checkpoint
-from ..api import summary
+from ..footprint import summary
 from ..convert import conversion_of, convert_model
-from ..hub import SHIPPED, load_pipeline, shapes_arch
+from ..pipelines import SHIPPED, load_pipeline, shapes_arch
 from ..methods.attention import AttentionQuantConfig
 from ..methods.delta_cache import DeltaCacheConfig, enable_delta_cache
 from ..presets import PRESETS, for_device, resolve
@@ -38,7 +38,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"-o {args.output!r}: the output must be a .safetensors file")
     check_output_file(args.output)
     if _streamable(args, config):
-        from ..pretrained import convert_pretrained
+        from ..streaming import convert_pretrained
 
         print(f"streaming {args.model} block by block with {args.config!r}: {config.description}")
         result = convert_pretrained(args.model, config, output)
@@ -75,7 +75,7 @@ def _prepare(args):
     A checkpoint for a local pipeline folder is loaded onto a meta-device transformer
     (:func:`sixbit.load_pretrained`): the folder's full-precision transformer weights are never read."""
     if args.quantized and Path(args.model).is_dir():
-        from ..pretrained import load_pretrained
+        from ..streaming import load_pretrained
 
         pipe = load_pipeline(args.model, progress_bar=True, transformer=load_pretrained(args.quantized, args.model))
     else:

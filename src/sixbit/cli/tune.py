@@ -10,8 +10,8 @@ from .args import calibration, call_kwargs, check_output_file, float_in, int_in,
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from .._io import write_text_atomic
-    from ..hub import load_pipeline
+    from ..io import write_text_atomic
+    from ..pipelines import load_pipeline
     from ..reports import plot_tuned_formats
     from ..tuning import tune_model
 

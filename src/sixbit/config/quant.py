@@ -10,7 +10,7 @@ from ..models.roles import Role
 from ..nn.precision import ActMode
 from ..transforms.hadamard import BLOCK_SIZES
 from ..validate import report, type_problems
-from ..weights.grid import SCALE_RULES
+from ..rounding.grid import SCALE_RULES
 from .serialize import Serializable
 
 
@@ -70,8 +70,8 @@ class QuantConfig(Serializable):
             round to nearest): ``"absmax"`` (round to nearest, default), ``"mse"`` (searched per
             block for the least squared error: free at run time, ~1.4 dB weight SQNR on NVFP4;
             weighted by the calibration Hessian's diagonal when calibration runs) or ``"4/6"``
-            (NVFP4: ``amax/6`` or ``amax/4`` per block). See :mod:`sixbit.weights.grid`.
-        gptq: round with GPTQ (:mod:`sixbit.weights.gptq`; NVFP4 and symmetric integer formats,
+            (NVFP4: ``amax/6`` or ``amax/4`` per block). See :mod:`sixbit.rounding.grid`.
+        gptq: round with GPTQ (:mod:`sixbit.rounding.gptq`; NVFP4 and symmetric integer formats,
             others round to nearest) on input Hessians recorded from
             calibration generations, one transformer block at a time (each block's inputs come
             from the already quantized blocks before it, unless ``calibration_inputs`` says
@@ -100,7 +100,7 @@ class QuantConfig(Serializable):
         lowrank_iterations: alternating refinements of the branch against the quantized
             residual (default 2).
         refine_steps: Adam iterations per block fitting the low-rank branches to the
-            full-precision block's outputs on the calibration inputs (:mod:`sixbit.weights.refine`;
+            full-precision block's outputs on the calibration inputs (:mod:`sixbit.rounding.refine`;
             needs a branch and calibration; 0: off, default). Only the branches change; a block
             keeps them only if its output error drops.
         refine_calls: recorded calls per block the refinement fits on (default 32, a seeded

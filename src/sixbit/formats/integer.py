@@ -101,7 +101,7 @@ def quantize(
         group_size: elements per scale along the last dimension when ``granularity="group"``.
         scale: ``None`` (default) or the fp32 scales to use (symmetric only), shaped as the
             result's ``scale``, instead of ``amax / (2^(b-1) - 1)``: chosen offline by a scale
-            search or GPTQ (:mod:`sixbit.weights`).
+            search or GPTQ (:mod:`sixbit.rounding`).
 
     Example:
         >>> q = quantize(torch.randn(16, 128), bits=4, granularity="group", group_size=64)

@@ -74,7 +74,7 @@ def quantize(
             are checked at conversion and in debug mode (:func:`sixbit.nn.debug_checks`).
         scales: ``None`` (default) or the E4M3 block scales to use, shape ``(..., K/16)``,
             instead of ``amax(|block|) / 6``: chosen offline by a scale search or GPTQ
-            (:mod:`sixbit.weights`). Needs ``global_scale``.
+            (:mod:`sixbit.rounding`). Needs ``global_scale``.
 
     Example:
         >>> q = quantize(torch.randn(4, 32))

@@ -20,7 +20,7 @@ per weight". :func:`tune` finds a per-layer format map for one of those and retu
    against the calibration videos' mean PSNR minus one standard error
    (:func:`~.sensitivity.psnr_bound`), a margin for prompts the tuning has not seen;
 3. **refinement** happens at conversion, not here: the base recipe's ``refine_steps``
-   (:mod:`sixbit.weights.refine`: the low-rank branches fitted block by block to the
+   (:mod:`sixbit.rounding.refine`: the low-rank branches fitted block by block to the
    full-precision outputs) is kept in the tuned config and runs in ``convert_model`` (off in
    the presets; with it the converted model is no longer exactly the measured one).
 

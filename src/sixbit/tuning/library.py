@@ -23,11 +23,10 @@ from collections.abc import Callable
 from torch import nn
 
 from .. import formats
-from ..api import _fits, plan_layers
+from ..builder import format_fits, plan_layers, quantized_linear
 from ..calibration import hessians
 from ..models import Role, block_index_of, iter_blocks, swap_layers
 from ..presets import ConvertConfig
-from ..weights.sequential import build
 
 #: The formats searched by default: INT3 with a scale per 64 weights (3.5 bits + the base recipe's
 #: low-rank branch), NVFP4 (4.5 + branch), INT6 and INT8 per channel, and full precision (``None``,
@@ -155,12 +154,12 @@ def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str
             bar.update()
             if fmt is None:
                 variants.append(Variant(None, linear, FULL_PRECISION_BITS))
-            elif _fits(fmt, linear.in_features):
-                q = build(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None)
+            elif format_fits(fmt, linear.in_features):
+                q = quantized_linear(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None)
                 variants.append(Variant(fmt, q, 8 * q.weight_nbytes() / numel))
         variants.sort(key=lambda v: v.bits)
         layers.append(Layer(name, role, block_index_of(name, blocks), numel, variants))
-    fixed = {name: build(model.get_submodule(name), fmt, hb, weights, role, stats.get(name) if use_stats else None)
+    fixed = {name: quantized_linear(model.get_submodule(name), fmt, hb, weights, role, stats.get(name) if use_stats else None)
              for name, (fmt, hb, role) in fixed_layers(model, config).items()}
     bar.close()
     numel = sum(layer.numel for layer in layers)

@@ -44,7 +44,8 @@ from ...calibration import time_ranges as tr
 from ...calibration.data import CalibrationData
 from ...config.static_w8a8 import Outliers, Smoothing, StaticW8A8Config
 from ...formats import integer
-from ...models import block_index_of, iter_blocks, spec_for, swap_layers
+from ...builder import LayerSwap, Part, Recipe, build, parts_of
+from ...models import block_index_of, iter_blocks, spec_for
 from ...nn import QuantLinear
 from ...runtime.context import track_steps
 from .fit import fit_layer
@@ -96,6 +97,59 @@ def _plan(model: nn.Module, config: StaticW8A8Config, calibration: CalibrationDa
     return plan
 
 
+class _StaticLayers(Recipe):
+    """Each planned linear fitted on its calibration statistics (time ranges, smoothing,
+    outliers) and built with its :class:`StaticActQuantizer`; the step policy installed last."""
+
+    def __init__(self, model: nn.Module, config: StaticW8A8Config, calibration: CalibrationData):
+        self.model, self.config, self.calibration = model, config, calibration
+        self.steps = calibration.steps
+        self.ranges = tr.group_steps(len(self.steps), config.time_ranges)
+        self.act_bits = config.act_bits_for(len(self.ranges))
+        self.plan = _plan(model, config, calibration)
+        self.smoothing = Smoothing(config.smoothing)
+        self.k_sigma = None if config.outliers == Outliers.NONE.value else float(config.k_sigma)
+        self.state = StaticW8A8State(
+            timesteps=[calibration.timesteps[s] for s in self.steps],
+            ranges=self.ranges,
+            per_branch=config.per_branch,
+            config=config.to_dict(),
+        )
+        self.info: dict[str, dict] = {}
+
+    def inputs(self, part: Part) -> dict[str, object]:
+        return {name: self.calibration.layers[name] for name in part.layers}
+
+    def layer(self, name: str, linear: nn.Module, stats) -> nn.Module:
+        config, smoothing = self.config, self.smoothing
+        wbits, boundary = self.plan[name]
+        fit = fit_layer(
+            linear.weight, stats, self.steps, self.ranges,
+            smoothing=smoothing.value, alpha=config.alpha, alpha_grid=config.alpha_grid,
+            alpha_start=ALPHA_START.get(smoothing, 0.0), sigma=float(config.sigma),
+            interpolate=config.interpolate, per_branch=config.per_branch, k_sigma=self.k_sigma,
+            weight_bits=wbits, act_bits=[config.boundary_bits] * len(self.ranges) if boundary else self.act_bits,
+            tsq_min_gain=config.tsq_min_gain, name=name,
+        )
+        divisor0 = None if smoothing is Smoothing.NONE else fit.divisors[0]
+        layer = QuantLinear.from_linear(linear, f"int{wbits}", act_mode="int8", input_divisor=divisor0)
+        weights = [layer.quantized_weight()] + [
+            integer.quantize(linear.weight.detach().float() * d.reshape(1, -1), bits=wbits) for d in fit.divisors[1:]
+        ]
+        quantizer = StaticActQuantizer(
+            self.state, fit.divisors, weights, fit.threshold, fit.amax, fit.qmax, fit.range_variant,
+            side_bits=config.side_bits if config.outliers == Outliers.SIDE.value else None,
+        )
+        layer.act_quantizer = quantizer
+        self.info[name] = {"alpha": fit.alpha, "weight_bits": wbits, "boundary": boundary,
+                           "error": fit.error, "error_shared": fit.error_shared}
+        return layer
+
+    def finish(self, swap: LayerSwap) -> None:
+        self.state.layers.update((name, self.info[name]) for name in self.plan)  # in plan order
+        install(self.state, track_steps(self.model))
+
+
 def apply_static_w8a8(
     model: nn.Module, config: StaticW8A8Config | None = None, calibration: CalibrationData | None = None
 ) -> nn.Module:
@@ -107,8 +161,9 @@ def apply_static_w8a8(
         calibration: :func:`sixbit.calibrate` statistics of this model (10 varied prompts is
             the source's recipe), recorded with the step count used to generate.
 
-    Every layer is fitted before any is swapped, so an error leaves ``model`` unchanged. The
-    model keeps working in its diffusers pipeline and in plain sampling loops (see
+    Layers are fitted and swapped in block by block (:func:`sixbit.builder.build`); an error
+    puts every original layer back, so it leaves ``model`` unchanged. The model keeps working
+    in its diffusers pipeline and in plain sampling loops (see
     :func:`~sixbit.runtime.track_steps` for how calls are mapped to steps and branches).
     Returns ``model``; :func:`static_w8a8_info` reports what was chosen.
     """
@@ -119,46 +174,10 @@ def apply_static_w8a8(
         raise ValueError(
             f"calibration must be sixbit.calibrate(...)'s CalibrationData, got {type(calibration).__name__}"
         )
-    steps = calibration.steps
-    if not steps:
+    if not calibration.steps:
         raise ValueError("the calibration data holds no steps: calibrate with at least one generation")
-    ranges = tr.group_steps(len(steps), config.time_ranges)
-    act_bits = config.act_bits_for(len(ranges))
-    plan = _plan(model, config, calibration)
-    smoothing = Smoothing(config.smoothing)
-    k_sigma = None if config.outliers == Outliers.NONE.value else float(config.k_sigma)
-    state = StaticW8A8State(
-        timesteps=[calibration.timesteps[s] for s in steps],
-        ranges=ranges,
-        per_branch=config.per_branch,
-        config=config.to_dict(),
-    )
-    built = {}
-    for name, (wbits, boundary) in plan.items():
-        linear = model.get_submodule(name)
-        fit = fit_layer(
-            linear.weight, calibration.layers[name], steps, ranges,
-            smoothing=smoothing.value, alpha=config.alpha, alpha_grid=config.alpha_grid,
-            alpha_start=ALPHA_START.get(smoothing, 0.0), sigma=float(config.sigma),
-            interpolate=config.interpolate, per_branch=config.per_branch, k_sigma=k_sigma,
-            weight_bits=wbits, act_bits=[config.boundary_bits] * len(ranges) if boundary else act_bits,
-            tsq_min_gain=config.tsq_min_gain, name=name,
-        )
-        divisor0 = None if smoothing is Smoothing.NONE else fit.divisors[0]
-        layer = QuantLinear.from_linear(linear, f"int{wbits}", act_mode="int8", input_divisor=divisor0)
-        weights = [layer.quantized_weight()] + [
-            integer.quantize(linear.weight.detach().float() * d.reshape(1, -1), bits=wbits) for d in fit.divisors[1:]
-        ]
-        quantizer = StaticActQuantizer(
-            state, fit.divisors, weights, fit.threshold, fit.amax, fit.qmax, fit.range_variant,
-            side_bits=config.side_bits if config.outliers == Outliers.SIDE.value else None,
-        )
-        state.layers[name] = {"alpha": fit.alpha, "weight_bits": wbits, "boundary": boundary,
-                              "error": fit.error, "error_shared": fit.error_shared}
-        built[name] = (layer, quantizer)
-    for layer, quantizer in built.values():
-        layer.act_quantizer = quantizer
-    swap_layers(model, {name: layer for name, (layer, _) in built.items()})
-    install(state, track_steps(model))
-    logger.info("static W8A8: %d layers, %d time range(s), smoothing %s", len(built), len(ranges), smoothing.value)
+    recipe = _StaticLayers(model, config, calibration)
+    build(model, parts_of(model, recipe.plan, outside_alone=False), recipe)
+    logger.info("static W8A8: %d layers, %d time range(s), smoothing %s", len(recipe.plan), len(recipe.ranges),
+                recipe.smoothing.value)
     return model

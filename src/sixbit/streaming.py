@@ -3,8 +3,8 @@ folder, and loading a checkpoint into a model that never holds full-precision we
 
 :func:`convert_pretrained` builds the transformer on the meta device from its ``config.json``,
 then, for the layers outside the blocks and for each block in turn, maps that part's tensors
-from the safetensors shards, quantizes its linears, appends the result to the checkpoint and
-frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
+from the safetensors shards, quantizes its linears (the one build path every conversion runs,
+:func:`sixbit.builder.build`), appends the result to the checkpoint and frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
 the model's size (a 28 GB Wan2.1-14B converts on a 24 GB machine). The checkpoint is the one
 :func:`sixbit.save` writes, moved into place atomically at the end.
 
@@ -37,18 +37,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import accelerate
+import diffusers
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from . import checkpoint
-from ._io import SafetensorsFolder
-from .api import plan_layers
+from .builder import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of, plan_layers, quantized_linear
 from .calibration import hessians
 from .convert import Conversion, conversion_state
-from .models import block_index_of, iter_blocks, spec_for
+from .io import SafetensorsFolder
+from .models import iter_blocks, spec_for
 from .presets import resolve
-from .weights import refine
-from .weights.sequential import build
+from .rounding import refine
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +72,6 @@ def empty_model(path: str | os.PathLike) -> nn.Module:
     """The transformer of ``path`` (see :func:`model_folder`) built on the meta device from its
     ``config.json``: no weights are read or allocated (buffers computed at construction, such as
     positional tables, are real)."""
-    import accelerate
-    import diffusers
-
     folder = model_folder(path)
     try:
         config = json.loads((folder / "config.json").read_text())
@@ -106,21 +105,6 @@ class StreamedConversion:
     checkpoint_bytes: int
     seconds: float
     part_seconds: dict[str, float]
-
-
-def _parts(model: nn.Module, keys: list[str], plan: dict) -> list[tuple[str, nn.Module, list[str], list[str]]]:
-    """``(part, module, state keys, planned layers)``: what lies outside the blocks first (the
-    module is then the model itself), then each block in execution order."""
-    blocks = {name: idx for idx, name, _, _ in iter_blocks(model)}
-    modules = dict(model.named_modules())
-    order = ["outside blocks"] + sorted(blocks, key=blocks.get)
-    state = {part: [] for part in order}
-    layers = {part: [] for part in order}
-    for group, names in ((state, keys), (layers, plan)):
-        for name in names:
-            idx = block_index_of(name, blocks)
-            group[order[0] if idx is None else order[idx + 1]].append(name)
-    return [(part, model if part == order[0] else modules[part], state[part], layers[part]) for part in order]
 
 
 def _materialize(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> None:
@@ -178,9 +162,9 @@ class _Streamed:
         """Hooks that map each block from the shards just before it computes and free it after:
         the full-precision model runs with one block in memory. Returns the hook handles."""
         handles = []
-        for _, module, keys, _ in parts[1:]:
-            handles.append(module.register_forward_pre_hook(lambda m, a, keys=keys: self.load(keys)))
-            handles.append(module.register_forward_hook(lambda m, a, o: _release(m)))
+        for part in parts[1:]:
+            handles.append(part.module.register_forward_pre_hook(lambda m, a, keys=part.keys: self.load(keys)))
+            handles.append(part.module.register_forward_hook(lambda m, a, o: _release(m)))
         return handles
 
 
@@ -249,6 +233,78 @@ def _first_calls(streamed: _Streamed, parts, calibration: Callable[[nn.Module], 
     return kept
 
 
+class _StreamedParts(Recipe):
+    """The streamed conversion's steps around the one build loop: each part mapped from the
+    shards (its input statistics replayed from the kept calls), then refined, written to the
+    checkpoint and freed, so one block is resident at a time."""
+
+    def __init__(self, streamed: _Streamed, plan: dict, config, writer, parts: list[Part],
+                 kept: _KeptCalls | None, outside_stats: dict, bar):
+        self.streamed, self.plan, self.weights, self.writer = streamed, plan, config.weights, writer
+        self.in_blocks = {k for part in parts[1:] for k in part.keys}
+        self.kept, self.outside_stats, self.bar = kept, outside_stats, bar
+        self.seconds: dict[str, float] = {}
+        self.started = 0.0
+
+    def inputs(self, part: Part) -> dict[str, object]:
+        self.started = time.perf_counter()
+        if part.name == OUTSIDE:  # mapped before the calibration runs, which recorded its statistics
+            return self.outside_stats
+        self.streamed.load(part.keys)
+        if self.kept is None:
+            return {}
+        net = self.streamed.net
+        return hessians.collect(part.module, lambda: self.kept.replay(part.module, advance=False),
+                                {name: net.get_submodule(name) for name in part.layers})
+
+    def layer(self, name: str, original: nn.Module, stats) -> nn.Module:
+        fmt, hb, role = self.plan[name]
+        return quantized_linear(original, fmt, hb, self.weights, role, stats)
+
+    def built(self, part: Part, layers: dict[str, nn.Module], swap: LayerSwap) -> None:
+        net = self.streamed.net
+        if part.name == OUTSIDE:  # the blocks are still on the meta device: everything else
+            self.writer.add(net, keys=set(net.state_dict()) - self.in_blocks)
+            swap.forget(part.layers)
+        else:
+            if self.kept is not None and self.weights.refine_steps:
+                prefix = part.name + "."
+                originals = {name[len(prefix):]: swap.original(name) for name in part.layers}
+                calls = refine.sample_calls(self.kept.calls, self.weights.refine_calls)
+                result = refine.refine_block(part.name, part.module, originals, calls, self.weights.refine_steps)
+                logger.info("%s: low-rank branches refined, output error %.3g -> %.3g (%s)", part.name,
+                            result.error_before, result.error_after, "kept" if result.kept else "discarded")
+            if self.kept is not None:
+                self.kept.replay(part.module, advance=True)  # the quantized block's outputs feed the next one
+            self.writer.add(part.module, f"{part.name}.")
+            swap.forget(part.layers)  # written: its full-precision layers are freed with the block
+            _release(part.module)
+        self.seconds[part.name] = seconds = time.perf_counter() - self.started
+        self.bar.update()
+        self.bar.set_postfix_str(f"{seconds:.1f} s/part")
+        logger.info("%s: %.1f s", part.name, seconds)
+
+
+def _checked_config(quant_config, calibration):
+    """The :class:`~sixbit.ConvertConfig` of ``quant_config``, refused where a streamed
+    conversion cannot run it."""
+    config = resolve(quant_config)
+    if config.activations in ("dynamic", "static"):
+        raise ValueError(
+            f"activations={config.activations!r} is fitted on generations of the converted model, which a streamed "
+            "conversion does not run: choose a preset with fixed activations (e.g. 'w4a8', 'w8a8') or load the model "
+            "and use sixbit.convert_model"
+        )
+    if config.needs_calibration and not callable(calibration):
+        raise ValueError(
+            f"{config.calibration_reason()} needs calibration=<callable that runs generations with the transformer it "
+            "is given>; or choose a calibration-free preset (e.g. 'w4a8-rtn', 'w8a8')"
+        )
+    if not config.needs_calibration and calibration is not None:
+        logger.info("calibration is not used by %r", quant_config)
+    return config
+
+
 def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.PathLike,
                        calibration: Callable[[nn.Module], object] | None = None, *,
                        torch_dtype: torch.dtype | None = None, progress: bool = True) -> StreamedConversion:
@@ -277,73 +333,30 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         >>> sixbit.convert_pretrained("Wan2.1-T2V-14B-Diffusers", "w8a8", "wan14b-w8a8.safetensors")  # doctest: +SKIP
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
-    from tqdm.auto import tqdm
-
-    config = resolve(quant_config)
-    if config.activations in ("dynamic", "static"):
-        raise ValueError(
-            f"activations={config.activations!r} is fitted on generations of the converted model, which a streamed "
-            "conversion does not run: choose a preset with fixed activations (e.g. 'w4a8', 'w8a8') or load the model "
-            "and use sixbit.convert_model"
-        )
-    if config.needs_calibration and not callable(calibration):
-        raise ValueError(
-            f"{config.calibration_reason()} needs calibration=<callable that runs generations with the transformer it "
-            "is given>; or choose a calibration-free preset (e.g. 'w4a8-rtn', 'w8a8')"
-        )
-    if not config.needs_calibration and calibration is not None:
-        logger.info("calibration is not used by %r", quant_config)
+    config = _checked_config(quant_config, calibration)
     folder = model_folder(model)
     shards = SafetensorsFolder(folder)
     net = empty_model(folder)
     spec_for(net)  # an architecture without recognizable blocks fails here, before any work
     names = _check_layout(folder, net, shards)
     plan = plan_layers(net, config.weights) if config.weights is not None else {}
-    parts = _parts(net, names, plan)
+    parts = parts_of(net, plan, names)
     streamed = _Streamed(shards, net, torch_dtype)
     start, seconds = time.perf_counter(), {}
     with checkpoint.CheckpointWriter(output, type(net).__name__) as writer:
         kept, outside_stats = None, {}
-        streamed.load(parts[0][2])
+        streamed.load(parts[0].keys)
         if config.needs_calibration:
             logger.info("calibration generations on the full-precision model, streamed from disk")
-            outside = {name: net.get_submodule(name) for name in parts[0][3]}
+            outside = {name: net.get_submodule(name) for name in parts[0].layers}
             runs: list[_KeptCalls] = []
             outside_stats = hessians.collect(net, lambda: runs.append(_first_calls(streamed, parts, calibration)), outside)
             kept = runs[0]
             seconds["calibration runs"] = time.perf_counter() - start
-        bar = tqdm(parts, desc=f"converting {type(net).__name__}", unit="part", disable=not progress)
-        for part, module, keys, layers in bar:
-            t0 = time.perf_counter()
-            stats = outside_stats
-            if module is not net:
-                streamed.load(keys)
-                if kept is not None:
-                    stats = hessians.collect(module, lambda: kept.replay(module, advance=False),
-                                             {name: net.get_submodule(name) for name in layers})
-            originals = {name[len(part) + 1:]: net.get_submodule(name) for name in layers}
-            for name in layers:
-                fmt, hb, role = plan[name]
-                parent, _, child = name.rpartition(".")
-                layer = build(net.get_submodule(name), fmt, hb, config.weights, role, stats.get(name))
-                setattr(net.get_submodule(parent), child, layer)
-            if module is not net and kept is not None and config.weights.refine_steps:
-                calls = refine.sample_calls(kept.calls, config.weights.refine_calls)
-                result = refine.refine_block(part, module, originals, calls, config.weights.refine_steps)
-                logger.info("%s: low-rank branches refined, output error %.3g -> %.3g (%s)", part,
-                            result.error_before, result.error_after, "kept" if result.kept else "discarded")
-            if module is net:  # the blocks are still on the meta device: everything else
-                in_blocks = {k for _, _, block_keys, _ in parts[1:] for k in block_keys}
-                writer.add(net, keys=set(net.state_dict()) - in_blocks)
-            else:
-                if kept is not None:
-                    kept.replay(module, advance=True)  # the quantized block's outputs feed the next one
-                writer.add(module, f"{part}.")
-                _release(module)
-            seconds[part] = time.perf_counter() - t0
-            bar.set_postfix_str(f"{seconds[part]:.1f} s/part")
-            logger.info("%s: %.1f s", part, seconds[part])
-        bar.close()
+        with tqdm(total=len(parts), desc=f"converting {type(net).__name__}", unit="part", disable=not progress) as bar:
+            recipe = _StreamedParts(streamed, plan, config, writer, parts, kept, outside_stats, bar)
+            build(net, parts, recipe)
+        seconds.update(recipe.seconds)
         path = writer.finish({"conversion": conversion_state(Conversion(config))})
     total = time.perf_counter() - start
     logger.info("converted %s in %.1f s into %s", type(net).__name__, total, path)

@@ -2,7 +2,7 @@
 
 A :class:`Grid` holds one scale per block of a weight (NVFP4: one E4M3 scale per 16 elements
 and the fp32 per-tensor scale; symmetric integers: one fp32 scale per row or per group). With
-the scales fixed, rounding is elementwise, so GPTQ (:mod:`sixbit.weights.gptq`) can round one
+the scales fixed, rounding is elementwise, so GPTQ (:mod:`sixbit.rounding.gptq`) can round one
 column at a time and :meth:`Grid.pack` turns the rounded values into the format's container,
 bit-identical to what the format's own ``quantize`` makes with the same scales.
 

@@ -1,6 +1,6 @@
 """Offline refinement of the low-rank branches, block by block (seed 000 §2.1, step 3).
 
-After a block's layers are quantized (:mod:`.sequential`), the 16-bit low-rank branches of its
+After a block's layers are quantized (:mod:`sixbit.builder`), the 16-bit low-rank branches of its
 4-bit layers are fitted to what the block must output: the **full-precision block's output on
 the same inputs** (the inputs the calibration runs fed it, every recorded step and CFG branch),
 by Adam on the branches' factors alone — no model weight, scale or code changes. The layers run

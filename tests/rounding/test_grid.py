@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sixbit.formats import integer, nvfp4
-from sixbit.weights.grid import grid_for, supports
+from sixbit.rounding.grid import grid_for, supports
 
 FORMATS = ["nvfp4", "int4", "int4-g64", "int8", "int3-g32"]
 

@@ -5,7 +5,7 @@ spread its error over the columns not yet rounded, weighted by the inverse input
 stored weight); the output error ``‖X(W − Q)ᵀ‖²`` is what GPTQ lowers, where round to nearest
 lowers ``‖W − Q‖²``. Details (the paper's, with the choices for low-bit block formats):
 
-- **Static scales.** The grid (:mod:`sixbit.weights.grid`) is fixed from the original weight
+- **Static scales.** The grid (:mod:`sixbit.rounding.grid`) is fixed from the original weight
   before any column moves, so act-order can visit columns in any order and every block of 16
   (NVFP4) or g (integer groups) keeps one scale ("MR-GPTQ", arXiv 2509.23202).
 - **Act-order.** Columns go by decreasing Hessian diagonal: the most used inputs are rounded
@@ -68,13 +68,13 @@ def gptq(
     Args:
         w: the weight as stored (rotated / divided already).
         hessian: ``(K, K)`` input second moment in the same space (:mod:`sixbit.calibration.hessians`).
-        grid: the fixed scales (:func:`sixbit.weights.grid.grid_for` of ``w``).
+        grid: the fixed scales (:func:`sixbit.rounding.grid.grid_for` of ``w``).
         block: columns per lazy-update block (default 128).
         damp: diagonal damping as a fraction of the mean diagonal (default 0.01).
         act_order: visit columns by decreasing Hessian diagonal (default ``True``).
 
     Example:
-        >>> from sixbit.weights.grid import grid_for
+        >>> from sixbit.rounding.grid import grid_for
         >>> x, w = torch.randn(256, 32), torch.randn(8, 32)
         >>> q = gptq(w, x.T @ x / 256, grid_for(w, "int4"))
         >>> bool(((x @ (q - w).T) ** 2).sum() < ((x @ (grid_for(w, "int4").round(w, torch.arange(32)) - w).T) ** 2).sum())

@@ -9,7 +9,7 @@ into its format's container and, optionally, the low-rank branch's factors. The 
   (:mod:`sixbit.calibration.hessians`);
 - :mod:`sixbit.transforms.lowrank`: the SVD split; here alternated with the quantizer (SVDQuant).
 
-:func:`sixbit.quantize` runs them layer by layer (:mod:`.sequential` when calibration is needed).
+:mod:`sixbit.builder` runs them layer by layer (block by block when calibration is needed).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def quantize_weight(
     Args:
         w: the weight, rotated / divided like the layer stores it.
         fmt_name: the weight format (scale search and GPTQ: NVFP4 or symmetric integers).
-        scale_rule: ``"absmax"`` (default), ``"mse"`` or ``"4/6"`` (:mod:`sixbit.weights.grid`);
+        scale_rule: ``"absmax"`` (default), ``"mse"`` or ``"4/6"`` (:mod:`sixbit.rounding.grid`);
             with a ``hessian``, the search weighs each input channel by its diagonal entry.
         hessian: ``(K, K)`` input second moment in the stored space, or ``None``.
         use_gptq: round with GPTQ (needs ``hessian``) instead of to nearest.

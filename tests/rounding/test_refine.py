@@ -12,7 +12,7 @@ from sixbit import QuantConfig
 from sixbit.models import iter_blocks
 from sixbit.nn import QuantLinear
 from sixbit.runtime.blocks import quant_linears
-from sixbit.weights import refine
+from sixbit.rounding import refine
 
 RECIPE = dict(weight_format="nvfp4", lowrank_rank=2)
 

@@ -146,7 +146,7 @@ def test_a_corrupted_branch_is_refused(tmp_path):
     fresh = ToyTransformer(dim=32, depth=3)
     with pytest.raises(ValueError, match="checksum"):  # a hand edit of the header
         sixbit.load(tmp_path / "bad.safetensors", fresh)
-    from sixbit._io import tensor_bytes
+    from sixbit.io import tensor_bytes
     from sixbit.checkpoint import _digest
 
     # the same edit with the checksum recomputed: the branch check itself refuses it

@@ -12,6 +12,9 @@ import logging
 from pathlib import Path
 
 import torch
+from diffusers import DiffusionPipeline
+
+from .zoo import shapes
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +34,11 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
     full-precision weights are then never read).
 
     Example:
-        >>> from sixbit.hub import load_pipeline
+        >>> from sixbit.pipelines import load_pipeline
         >>> pipe = load_pipeline("shapes-wan")
         >>> type(pipe).__name__
         'ShapesWanPipeline'
     """
-    from .zoo import shapes
-
     if model in SHIPPED:
         return shapes.load_pipeline(SHIPPED[model], torch_dtype=dtype, progress_bar=progress_bar, **components)
     path = Path(model)
@@ -52,8 +53,6 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
         if cls in SHAPES_CLASSES:
             return shapes.load_pipeline(SHAPES_CLASSES[cls], path=path, torch_dtype=dtype, progress_bar=progress_bar,
                                         **components)
-        from diffusers import DiffusionPipeline
-
         pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True, **components)
         pipe.set_progress_bar_config(disable=not progress_bar)
         return pipe
@@ -61,8 +60,6 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
         raise ValueError(
             f"{model!r} is neither a shipped model ({', '.join(SHIPPED)}), an existing folder, nor a hub id (owner/name)"
         )
-    from diffusers import DiffusionPipeline
-
     try:
         pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype, **components)
     except (OSError, ValueError) as e:  # huggingface_hub: OSError/ValueError subclasses, network or missing repo

@@ -4,9 +4,9 @@ no Cholesky, no blocks), and against round to nearest on correlated inputs."""
 import pytest
 import torch
 
-from sixbit.weights import quantize_weight
-from sixbit.weights.gptq import gptq, inverse_cholesky
-from sixbit.weights.grid import grid_for
+from sixbit.rounding import quantize_weight
+from sixbit.rounding.gptq import gptq, inverse_cholesky
+from sixbit.rounding.grid import grid_for
 
 
 def _reference(w, hessian, grid, damp, order):

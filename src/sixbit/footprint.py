@@ -1,134 +1,25 @@
-"""``sixbit.quantize`` and ``sixbit.summary``: swap a model's linear layers for ``QuantLinear``."""
+"""What a converted model holds (:func:`summary`: layers per format, every byte) and the INT8
+weight copies it may keep for speed (:func:`keep_int8_weights`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import logging
-import re
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from . import formats, kernels
-from .validate import report, show
-from .config import QuantConfig
-from .models import block_index_of, iter_blocks, spec_for
+from . import kernels
+from .convert import conversion_of
+from .models import spec_for
 from .nn import QuantLinear
 from .runtime.fusion import fuse_activations
-from .transforms.hadamard import BLOCK_SIZES
-from .weights.sequential import quantize_layers
-
-logger = logging.getLogger(__name__)
-
-
-def _fits(fmt_name: str, in_features: int) -> bool:
-    block = formats.get(fmt_name).block_size
-    return block is None or in_features % block == 0
-
-
-def _hadamard_block(limit: int | None, in_features: int) -> int | None:
-    """The largest supported Hadamard block ≤ ``limit`` that divides ``in_features``."""
-    if limit is None:
-        return None
-    fits = [b for b in BLOCK_SIZES if b <= limit and in_features % b == 0]
-    return max(fits) if fits else None
-
-
-def _check_layer_names(model: nn.Module, config: QuantConfig) -> None:
-    """Refuse ``layer_formats`` names that are not linears of ``model`` or that ``include`` /
-    ``exclude`` leave out: a per-layer choice that silently did nothing would be a wrong model."""
-    if not config.layer_formats:
-        return
-    linears = {name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
-    problems = []
-    for name in config.layer_formats:
-        if name not in linears:
-            close = difflib.get_close_matches(name, sorted(linears), n=1)
-            problems.append(f"{show(name)} is not a linear layer of the model"
-                            + (f" (did you mean {close[0]!r}?)" if close else " (sixbit.summary(model) lists them)"))
-        elif (config.include and not any(re.fullmatch(p, name) for p in config.include)) or any(
-                re.fullmatch(p, name) for p in config.exclude):
-            problems.append(f"layer_formats names {name!r}, which include/exclude leave out: drop one of the two")
-    if problems:
-        raise ValueError(report(f"QuantConfig.layer_formats does not fit {type(model).__name__}", problems))
-
-
-def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None, str]]:
-    """``{layer name: (format, hadamard block, role)}`` for every linear to quantize."""
-    spec = spec_for(model)
-    blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
-    n_blocks = max(blocks.values()) + 1
-    _check_layer_names(model, config)
-    plan = {}
-    for name, mod in model.named_modules():
-        if not isinstance(mod, nn.Linear):
-            continue
-        if config.include and not any(re.fullmatch(p, name) for p in config.include):
-            continue
-        if any(re.fullmatch(p, name) for p in config.exclude):
-            continue
-        role = spec.role_of(name)
-        fmt = config.format_for(role)
-        idx = block_index_of(name, blocks)
-        if name in config.layer_formats:
-            fmt = config.layer_formats[name]
-        elif fmt is not None and idx is not None and config.boundary_blocks and (
-            idx < config.boundary_blocks or idx >= n_blocks - config.boundary_blocks
-        ):
-            fmt = config.boundary_format
-        if fmt is None:
-            continue
-        if not _fits(fmt, mod.in_features):
-            logger.warning(
-                "%s: in_features=%d is not a multiple of %s's block %d; kept in full precision",
-                name, mod.in_features, fmt, formats.get(fmt).block_size,
-            )
-            continue
-        plan[name] = (fmt, _hadamard_block(config.hadamard_block, mod.in_features), role.value)
-    return plan
-
-
-def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: Callable[[], object] | None = None,
-             progress: bool = True) -> nn.Module:
-    """Replace ``model``'s linear layers by packed :class:`~sixbit.nn.QuantLinear` s, in place.
-
-    Layers are chosen by role (from the model's registered metadata, see
-    :mod:`sixbit.models`), by ``include``/``exclude`` patterns and by block position, as
-    described in :class:`~sixbit.QuantConfig`; its weight algorithms (scale search, GPTQ, the
-    low-rank branch) run here, once (:mod:`sixbit.weights`). An error leaves the model
-    unchanged. The model keeps working inside its diffusers pipeline. Returns ``model``.
-
-    Args:
-        model: the transformer.
-        config: the :class:`~sixbit.QuantConfig` (default: NVFP4 attention and feed-forward).
-        calibration: a callable that runs generations with ``model`` (e.g.
-            ``lambda: pipe(prompts, num_inference_steps=20, generator=torch.Generator().manual_seed(0))``), needed when ``config.gptq``:
-            it is run once per transformer block to record the layers' input Hessians.
-        progress: show a progress bar over the layers (default ``True``).
-
-    Example:
-        >>> import torch, sixbit
-        >>> from diffusers import CogVideoXTransformer3DModel
-        >>> model = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16,
-        ...     in_channels=4, time_embed_dim=32, text_embed_dim=32, num_layers=2, sample_width=8,
-        ...     sample_height=8, sample_frames=9)
-        >>> model = sixbit.quantize(model, sixbit.QuantConfig(weight_format="nvfp4"))
-        >>> sixbit.summary(model).compression > 3
-        True
-    """
-    config = config or QuantConfig()
-    if not isinstance(config, QuantConfig):
-        raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
-    plan = plan_layers(model, config)
-    quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
-    logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)
-    return model
 
 
 @dataclasses.dataclass
 class LayerInfo:
+    """One linear layer of :class:`Summary`: its format, bytes before and after, and the
+    execution path it runs (:meth:`~sixbit.nn.QuantLinear.execution`)."""
+
     name: str
     role: str
     format: str  # "fp" for layers left in full precision
@@ -298,8 +189,6 @@ def summary(model: nn.Module) -> Summary:
             rows.append(LayerInfo(name, spec.role_of(name).value, "fp", mod.in_features, mod.out_features,
                                   size, size, f"{str(mod.weight.dtype).removeprefix('torch.')} (not quantized)"))
     converted = sum(m.converted_nbytes() for m in model.modules() if isinstance(m, QuantLinear))
-    from .convert import conversion_of  # convert builds on this module
-
     conversion = conversion_of(model)
     notes = [conversion.hardware] if conversion is not None and conversion.hardware else []
     if conversion is not None and conversion.attention is not None:

@@ -1,0 +1,18 @@
+"""The one builder: which linears a conversion quantizes, how each is built, and the single
+"build a part's state, then swap it in" path with its one rollback.
+
+- :mod:`.layers`: :func:`plan_layers` (layers by role, pattern and block position) and
+  :func:`quantized_linear` (one ``nn.Linear`` → :class:`~sixbit.nn.QuantLinear`, rounded by
+  :mod:`sixbit.rounding`);
+- :mod:`.swap`: :func:`build`, the loop over a model's parts that every conversion runs (in
+  memory, streamed from files by :mod:`sixbit.streaming`, static W8A8 by
+  :mod:`sixbit.methods.static_w8a8`), with :class:`LayerSwap` as its rollback;
+- :mod:`.in_memory`: :func:`quantize` (``sixbit.quantize``), with or without calibration.
+"""
+
+from .in_memory import quantize, quantize_layers
+from .layers import format_fits, plan_layers, quantized_linear
+from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
+
+__all__ = ["OUTSIDE", "LayerSwap", "Part", "Recipe", "build", "format_fits", "parts_of", "plan_layers", "quantize",
+           "quantize_layers", "quantized_linear"]
