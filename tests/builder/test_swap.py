@@ -9,7 +9,7 @@ from sixbit.builder import OUTSIDE, LayerSwap, Recipe, build, parts_of, plan_lay
 from sixbit.config import QuantConfig
 from sixbit.methods.static_w8a8 import method as static_method
 from sixbit.nn import QuantLinear
-from tiny_models import build_tiny, sample
+from fixtures.tiny_models import build_tiny, sample
 
 
 class Injected(Exception):
