@@ -8,9 +8,9 @@ import re
 from .. import formats
 from ..models.roles import Role
 from ..nn.precision import ActMode
+from ..rounding.grid import SCALE_RULES
 from ..transforms.hadamard import BLOCK_SIZES
 from ..validate import report, type_problems
-from ..rounding.grid import SCALE_RULES
 from .serialize import Serializable
 
 
