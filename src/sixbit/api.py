@@ -15,7 +15,7 @@ from . import formats, kernels
 from ._validate import report, show
 from .config import QuantConfig
 from .models import block_index_of, iter_blocks, spec_for
-from .nn import QuantLinear
+from .nn import QuantLinear, execution
 from .runtime.fusion import fuse_activations
 from .transforms.hadamard import BLOCK_SIZES
 from .weights.sequential import quantize_layers
@@ -260,7 +260,7 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     """
     # weight-only layers never multiply in INT8; static W8A8 layers use their quantizer's weights
     layers = [m for m in model.modules()
-              if isinstance(m, QuantLinear) and not m.weight_only and m.act_quantizer is None]
+              if isinstance(m, QuantLinear) and not m.weight_only and not execution.is_static(m)]
     weight_only = [m for m in model.modules() if isinstance(m, QuantLinear) and m.weight_only]
     for layer in weight_only:
         layer.drop_converted()

@@ -346,7 +346,7 @@ def apply_static_w8a8(
                               "error": fit.error, "error_shared": fit.error_shared}
         built[name] = (layer, quantizer)
     for layer, quantizer in built.values():
-        layer.act_quantizer = quantizer
+        quantizer.attach(layer)
     swap_layers(model, {name: layer for name, (layer, _) in built.items()})
     install(state, track_steps(model))
     logger.info("static W8A8: %d layers, %d time range(s), smoothing %s", len(built), len(ranges), smoothing.value)
