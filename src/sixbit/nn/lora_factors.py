@@ -52,6 +52,10 @@ class LoraFactors(nn.Module):
         if name not in self.scales:
             raise ValueError(f"no LoRA called {name!r} on this layer (it has {sorted(self.scales)})")
 
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}: rank {getattr(self, f'{name}_down').shape[0]}, scale {scale:g}"
+                         for name, scale in self.scales.items())
+
     def add_to(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``y`` plus every adapter's term on ``x`` (2-D, the layer's input as given), in ``y``'s dtype."""
         xo = x.to(y.dtype)
