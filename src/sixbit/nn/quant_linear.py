@@ -4,9 +4,9 @@ The weight is stored once, in the format it was quantized to (NVFP4 by default: 
 weight), as buffers named ``weight_<field>`` (``weight_codes``, ``weight_scales``, …); no
 full-precision copy is kept. Each call asks :func:`sixbit.nn.precision.decide` once how it
 multiplies (runtime methods answer through the model's precision scope; otherwise the layer's
-own ``act_mode``, set when it is built) — ``fp`` (weight-only), ``int8`` (a real integer GEMM) or
-``nvfp4`` (emulated where no FP4 GEMM exists);
-the paths each mode takes are listed in :mod:`sixbit.nn.execution`.
+own ``act_mode``, set when it is built): ``fp`` (weight-only), ``int8`` (a real integer GEMM) or
+``nvfp4`` (emulated where no FP4 GEMM exists). :mod:`sixbit.nn.execution` lists the paths each
+mode takes.
 
 The forward reads nothing back to the host (``torch.compile``-friendly): inputs are not
 checked for NaN/Inf on every call; :func:`debug_checks` turns the check on.

@@ -3,7 +3,7 @@ slice per output row, cutting a layer to a row range, and joining shards back.
 
 The packed formats' blocks and groups run along the input dimension, so any row range holds whole
 ones; per-tensor fields (NVFP4's global scale) are shared by every shard. A layer with static
-activation scales is not cut (its scales are per tensor of the whole layer's output).
+activation scales is not cut: its input quantizer holds weight variants of the whole layer.
 """
 
 from __future__ import annotations
