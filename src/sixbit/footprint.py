@@ -11,7 +11,7 @@ from torch import nn
 from . import kernels
 from .convert import conversion_of
 from .models import spec_for
-from .nn import QuantLinear
+from .nn import QuantLinear, execution
 from .runtime.fusion import fuse_activations
 
 
@@ -151,7 +151,7 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     """
     # weight-only layers never multiply in INT8; static W8A8 layers use their quantizer's weights
     layers = [m for m in model.modules()
-              if isinstance(m, QuantLinear) and not m.weight_only and m.act_quantizer is None]
+              if isinstance(m, QuantLinear) and not m.weight_only and not execution.is_static(m)]
     weight_only = [m for m in model.modules() if isinstance(m, QuantLinear) and m.weight_only]
     for layer in weight_only:
         layer.drop_converted()

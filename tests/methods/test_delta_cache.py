@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 import sixbit
-from sixbit.nn import ActMode, quant_linear
+from sixbit.kernels.paths import MODE_OF
+from sixbit.nn import execution
 from sixbit.methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache
 from sixbit.methods.dmpq import DMPQPredictor, apply_dmpq
 from fixtures.tiny_models import build_tiny
@@ -147,12 +148,8 @@ def test_pdr_refreshes_outlier_layers_in_full_precision(monkeypatch):
     x[0, 0, 0] = 500.0  # max|x| / mean|x| ≫ 25
     seen = []
 
-    def spy(mode):
-        original = quant_linear._PATHS[mode]
-        monkeypatch.setitem(quant_linear._PATHS, mode, lambda self, x, *rest: seen.append(mode.value) or original(self, x, *rest))
-
-    for mode in ActMode:
-        spy(mode)
+    run = execution.run  # every linear call runs its planned path: record that path's precision
+    monkeypatch.setattr(execution, "run", lambda layer, path, *rest: seen.append(MODE_OF[path]) or run(layer, path, *rest))
     cache = enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, pdr=True))
     _run(model, x)
     r = cache.report()

@@ -26,6 +26,7 @@ from ..formats import nvfp4
 from . import triton as tri
 from .attention import int8_attention_path
 from .cpu import amx_int8, cpu_ops_compiling, int8_matmul, int8_matmul_backend
+from .paths import Capabilities, Operands, Path, select
 from .triton.gemm import int8_epilogue, int8_epilogue_reference
 from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
 
@@ -167,8 +168,14 @@ def nvfp4_linear(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torch.dtype = 
 
 # ---------------------------------------------------------------- which path runs where
 
+#: This module's device switches, as :func:`sixbit.kernels.paths.select` reads them.
+CAPABILITIES = Capabilities(fused_int8, weight4_fused, fp4_supported)
+
+
 def available(device: torch.device | str | None = None) -> dict[str, str]:
-    """Which path each precision takes on ``device`` (default: CUDA when present, else CPU).
+    """Which path each precision takes on ``device`` (default: CUDA when present, else CPU), for
+    a layer with nothing kept or static: the answer of :func:`~sixbit.kernels.paths.select`, the
+    decision every quantized linear call makes.
 
     Example:
         >>> from sixbit.kernels import available
@@ -177,17 +184,19 @@ def available(device: torch.device | str | None = None) -> dict[str, str]:
     """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     int8 = f"real: {int8_matmul_backend(device, 4096, 4096, 4096)}"
-    if fused_int8(device):
+    if select("int8", device, Operands(), CAPABILITIES) is Path.INT8_FUSED:
         int8 += " + Triton fused quantize (Hadamard fused) and epilogue"
     elif device.type == "cpu":
         int8 += " + compiled quantize and epilogue on large inputs" if cpu_ops_compiling() else ""
         int8 += "; oneDNN AMX INT8 after sixbit.keep_int8_weights" if amx_int8() else ""
+    nvfp4 = select("nvfp4", device, Operands(), CAPABILITIES)
+    w4a16 = select("fp", device, Operands(weight4=True), CAPABILITIES)
     paths = {
         "int8": int8,
         "fp8": "real: torch._scaled_mm (row-wise E4M3)" if fp8_supported(device) else "not available (needs sm_89+)",
-        "nvfp4": "real: torch._scaled_mm (FP4 tensor cores)" if fp4_supported(device)
+        "nvfp4": "real: torch._scaled_mm (FP4 tensor cores)" if nvfp4 is Path.NVFP4
         else "emulated: dequantize + fp32 matmul (no FP4 GEMM on this device)",
-        "w4a16": "real: Triton dequantize-in-the-GEMM" if weight4_fused(device)
+        "w4a16": "real: Triton dequantize-in-the-GEMM" if w4a16 is Path.W4A16
         else "dequantize the weight, then a 16-bit matmul",
         "attention": int8_attention_path(device),
     }

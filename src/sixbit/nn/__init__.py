@@ -1,7 +1,8 @@
-"""Quantized modules: drop-in replacements for ``torch.nn`` layers, and activation precision."""
+"""Quantized modules: drop-in replacements for ``torch.nn`` layers, activation precision, and how
+each call runs (:mod:`~sixbit.nn.execution`)."""
 
-from . import precision
+from . import execution, precision
 from .precision import ActMode
 from .quant_linear import QuantLinear, debug_checks
 
-__all__ = ["ActMode", "QuantLinear", "debug_checks", "precision"]
+__all__ = ["ActMode", "QuantLinear", "debug_checks", "execution", "precision"]

@@ -10,6 +10,7 @@ import torch
 
 from .. import kernels
 from ..formats import Quantized, integer, nvfp4
+from ..transforms import hadamard
 
 # Rows of a non-INT8 weight re-rounded to INT8 at a time: ≤ 1 MiB of fp32 temporaries per chunk.
 CONVERT_BYTES = 1 << 20
@@ -51,3 +52,32 @@ def to_int8(q: Quantized, numel: int | None = None) -> tuple[torch.Tensor, torch
         return kernels.nvfp4_to_int8(q.codes, q.scales, q.global_scale, nvfp4.E2M1.table(q.codes.device), numel)
     w = integer.quantize(q.dequantize(), bits=8, granularity="channel", check=False)
     return w.values(), w.scale.reshape(-1)
+
+
+def int8_operand(stored: Quantized, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel INT8 codes ``(n, k)`` and scales ``(n,)`` of a weight of another format,
+    converted a block of rows at a time (identical to converting it whole)."""
+    return by_row_blocks(stored, n, k, lambda part, rows: to_int8(part, n * k))
+
+
+def int8_container(codes: torch.Tensor, scale: torch.Tensor) -> integer.IntQuantized:
+    """:func:`int8_operand`'s result as a per-channel INT8 container (a kept copy)."""
+    n, k = codes.shape
+    return integer.IntQuantized(codes.reshape(-1).view(torch.uint8), scale.reshape(-1, 1), (n, k), 8, True, "channel")
+
+
+def folded_int8(stored: Quantized, n: int, k: int, up: torch.Tensor | None, down: torch.Tensor | None,
+                block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel INT8 codes ``(n, k)`` and scales ``(n,)`` of ``(W_q + U·D)·H``: the stored weight
+    plus its low-rank branch (``up``/``down``, if any), rotated back by the Hadamard ``block`` (if
+    any). What ``QuantLinear.pack_int8(fold=True)`` packs."""
+
+    def fold(part: Quantized, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        w = part.dequantize()
+        if up is not None:
+            w = w + up[rows].float() @ down.float()
+        if block is not None:
+            w = hadamard.rotate(w, block)
+        return kernels.quantize_rows_reference(w)
+
+    return by_row_blocks(stored, n, k, fold)

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
-from ..nn import QuantLinear
+from ..nn import QuantLinear, execution
 
 _ELEMENTWISE = ("GELU", "ApproximateGELU", "LinearActivation")  # diffusers FeedForward inputs cut by hidden units
 
@@ -135,7 +135,7 @@ def check(model: nn.Module, world: int) -> None:
     for name, m in model.named_modules():
         if not isinstance(m, QuantLinear):
             continue
-        if m.act_quantizer is not None:
+        if execution.is_static(m):
             raise ValueError(f"{name} has static activation scales (static W8A8), which tensor parallelism does not "
                              "split: use mode='sequence' or another preset")
         try:

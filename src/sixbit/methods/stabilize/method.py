@@ -42,7 +42,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
 from ...models.registry import spec_for
-from ...nn import precision
+from ...nn import execution, precision
 from ...nn.precision import ActMode
 from ...runtime.blocks import quant_linears
 
@@ -97,7 +97,7 @@ class _StabilizeHook(ModelHook):
         forward = self.fn_ref.original_forward
         grid = self.state.grid
         mode = precision.decide(module, x)  # once: every GEMM below runs at it
-        if grid is None or grid[0] < 2 or x.ndim != 3 or mode is ActMode.FP or module.act_quantizer is not None:
+        if grid is None or grid[0] < 2 or x.ndim != 3 or mode is ActMode.FP or execution.is_static(module):
             self.state.plain_calls += 1
             return forward(x, mode)
         frames, per_frame = grid

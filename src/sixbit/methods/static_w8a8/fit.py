@@ -114,6 +114,69 @@ def _error(weight, per_range_s, a_r, rms_r, slots, k_sigma, weight_bits, qmax) -
     return float(torch.cat(errs).mean())
 
 
+def _choose_smoothing(weight, a, a_r, rms_r, num_ranges, slots, qmax, *, smoothing, alpha, alpha_grid, alpha_start,
+                      k_sigma, weight_bits, tsq_min_gain):
+    """``(alpha, smoothing vector per range, proxy error, TSQ's shared-vector error or None)``:
+    ``alpha`` as given, or the grid's lowest-error value (ties to the one closest to
+    ``alpha_start``); TSQ falls back to one shared vector where per-range ones gain too little."""
+    wamax = sq.weight_channel_amax(weight)
+    a_all = a.amax(dim=(0, 1))
+
+    def evaluate(al):
+        per = _variants(smoothing, al, a_all, a_r, wamax, num_ranges)
+        return per, _error(weight, per, a_r, rms_r, slots, k_sigma, weight_bits, qmax)
+
+    if smoothing == "none":
+        best_alpha, (per_range_s, err) = None, evaluate(0.0)
+    elif alpha is not None:
+        best_alpha, (per_range_s, err) = alpha, evaluate(alpha)
+    else:
+        best_alpha, per_range_s, err = None, None, float("inf")
+        for al in sorted(alpha_grid, key=lambda v: (abs(v - alpha_start), v)):
+            per, e = evaluate(al)
+            if e < err:
+                best_alpha, per_range_s, err = al, per, e
+    err_shared = None
+    if smoothing == "tsq":
+        shared = [sq.smoothing_factors(a_all, wamax, best_alpha)] * num_ranges
+        err_shared = _error(weight, shared, a_r, rms_r, slots, k_sigma, weight_bits, qmax)
+        # Store per-range weights only where they pay: otherwise one shared copy (ASQ) is kept.
+        if tsq_min_gain > 0 and (err_shared <= 0 or (err_shared - err) / err_shared < tsq_min_gain):
+            per_range_s, err = shared, err_shared
+    return best_alpha, per_range_s, err, err_shared
+
+
+def _distinct_variants(per_range_s: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """One stored weight per distinct smoothing vector, and the variant of each range. Vectors
+    equal up to float rounding are one (a range's statistics are weighted sums over steps, whose
+    last bits depend on the CPU's reduction order): they share the first one's weight."""
+    divisors: list[torch.Tensor] = []
+    range_variant = []
+    for s in per_range_s:
+        hit = next((i for i, d in enumerate(divisors) if torch.allclose(d, s, rtol=1e-6, atol=0.0)), None)
+        if hit is None:
+            divisors.append(s)
+            hit = len(divisors) - 1
+        range_variant.append(hit)
+    return divisors, range_variant
+
+
+def _step_rows(ranges, interpolate, divisors, range_variant, a_r, rms_r, a_raw, k_sigma):
+    """Per-step threshold and amax rows ``(T, 3)``, in the domain of each step's own smoothing vector."""
+    owner = tr.range_of_steps(ranges)
+    thr_rows, amax_rows = [], []
+    for step, (ra, rb, w) in enumerate(tr.interpolation_weights(ranges, interpolate)):
+        s = divisors[range_variant[owner[step]]]
+        ta, aa = threshold(a_r[ra], rms_r[ra], s, k_sigma)
+        tb, ab = threshold(a_r[rb], rms_r[rb], s, k_sigma)
+        thr_rows.append((1 - w) * ta + w * tb)
+        # The side path's ceiling never drops below what the range really reached: smoothing
+        # moves the main scale, while outliers it would cut off still land in the side path.
+        raw = (1 - w) * sq.smoothed_amax(a_raw[ra], s) + w * sq.smoothed_amax(a_raw[rb], s)
+        amax_rows.append(torch.maximum((1 - w) * aa + w * ab, raw))
+    return torch.stack(thr_rows).float(), torch.stack(amax_rows).float()
+
+
 def fit_layer(
     weight: torch.Tensor,
     stats: dict[tuple[int, str], LayerStats],
@@ -141,62 +204,21 @@ def fit_layer(
     if a.shape[-1] != weight.shape[1]:
         raise ValueError(f"{name}: statistics have {a.shape[-1]} channels, the weight {weight.shape[1]}")
     a_r, rms_r, a_raw = range_tables(a, ss, n, ranges, sigma)
-    num_ranges = len(ranges)
     qmax = [2 ** (b - 1) - 1 for b in act_bits]
-    slots = [1, 2] if per_branch else [0]
-    wamax = sq.weight_channel_amax(weight)
-    a_all = a.amax(dim=(0, 1))
-
-    def evaluate(al):
-        per = _variants(smoothing, al, a_all, a_r, wamax, num_ranges)
-        return per, _error(weight, per, a_r, rms_r, slots, k_sigma, weight_bits, qmax)
-
-    if smoothing == "none":
-        best_alpha, (per_range_s, err) = None, evaluate(0.0)
-    elif alpha is not None:
-        best_alpha, (per_range_s, err) = alpha, evaluate(alpha)
-    else:
-        best_alpha, per_range_s, err = None, None, float("inf")
-        for al in sorted(alpha_grid, key=lambda v: (abs(v - alpha_start), v)):
-            per, e = evaluate(al)
-            if e < err:
-                best_alpha, per_range_s, err = al, per, e
-    err_shared = None
-    if smoothing == "tsq":
-        shared = [sq.smoothing_factors(a_all, wamax, best_alpha)] * num_ranges
-        err_shared = _error(weight, shared, a_r, rms_r, slots, k_sigma, weight_bits, qmax)
-        # Store per-range weights only where they pay: otherwise one shared copy (ASQ) is kept.
-        if tsq_min_gain > 0 and (err_shared <= 0 or (err_shared - err) / err_shared < tsq_min_gain):
-            per_range_s, err = shared, err_shared
-    # One stored weight per distinct smoothing vector. Vectors equal up to float rounding are one
-    # (a range's statistics are weighted sums over steps, whose last bits depend on the CPU's
-    # reduction order): they share the first one's weight.
-    divisors: list[torch.Tensor] = []
-    range_variant = []
-    for s in per_range_s:
-        hit = next((i for i, d in enumerate(divisors) if torch.allclose(d, s, rtol=1e-6, atol=0.0)), None)
-        if hit is None:
-            divisors.append(s)
-            hit = len(divisors) - 1
-        range_variant.append(hit)
-    # Per-step tables in the domain of each step's own smoothing vector.
+    best_alpha, per_range_s, err, err_shared = _choose_smoothing(
+        weight, a, a_r, rms_r, len(ranges), [1, 2] if per_branch else [0], qmax, smoothing=smoothing, alpha=alpha,
+        alpha_grid=alpha_grid, alpha_start=alpha_start, k_sigma=k_sigma, weight_bits=weight_bits,
+        tsq_min_gain=tsq_min_gain,
+    )
+    divisors, range_variant = _distinct_variants(per_range_s)
+    thresholds, amax = _step_rows(ranges, interpolate, divisors, range_variant, a_r, rms_r, a_raw, k_sigma)
     owner = tr.range_of_steps(ranges)
-    thr_rows, amax_rows = [], []
-    for step, (ra, rb, w) in enumerate(tr.interpolation_weights(ranges, interpolate)):
-        s = divisors[range_variant[owner[step]]]
-        ta, aa = threshold(a_r[ra], rms_r[ra], s, k_sigma)
-        tb, ab = threshold(a_r[rb], rms_r[rb], s, k_sigma)
-        thr_rows.append((1 - w) * ta + w * tb)
-        # The side path's ceiling never drops below what the range really reached: smoothing
-        # moves the main scale, while outliers it would cut off still land in the side path.
-        raw = (1 - w) * sq.smoothed_amax(a_raw[ra], s) + w * sq.smoothed_amax(a_raw[rb], s)
-        amax_rows.append(torch.maximum((1 - w) * aa + w * ab, raw))
     return LayerFit(
         alpha=best_alpha,
         divisors=torch.stack(divisors).float(),
         range_variant=range_variant,
-        threshold=torch.stack(thr_rows).float(),
-        amax=torch.stack(amax_rows).float(),
+        threshold=thresholds,
+        amax=amax,
         qmax=[qmax[owner[step]] for step in range(len(owner))],
         error=err,
         error_shared=err_shared,

@@ -4,7 +4,8 @@ Split from :mod:`sixbit.methods.static_w8a8.method` (configuration and fitting).
 
 * :class:`StaticW8A8State` — which calibrated step and branch slot the current call uses,
   read from the model's step tracker once per transformer call (reset with every generation);
-* :class:`StaticActQuantizer` — the ``act_quantizer`` of a :class:`~sixbit.nn.QuantLinear`:
+* :class:`StaticActQuantizer` — the input quantizer of one :class:`~sixbit.nn.QuantLinear`
+  (:mod:`sixbit.nn.execution`'s slot, which routes the layer's INT8 calls to the static path):
   static per-tensor scales (python floats fixed offline), SmoothQuant divisor folded in;
 * :func:`range_parameters` / :func:`static_w8a8_info` — what a runtime prefetches per range,
   and what was chosen;
@@ -23,7 +24,7 @@ from ... import checkpoint
 from ...calibration import time_ranges as tr
 from ...formats import Quantized, integer
 from ...formats.packing import pack_bits
-from ...nn import QuantLinear
+from ...nn import QuantLinear, execution
 from ...runtime.context import BATCHED, StepInfo, StepTracker, track_steps
 
 _SLOT = {"cond": 1, "uncond": 2}
@@ -125,6 +126,10 @@ class StaticActQuantizer(nn.Module):
             self._table.append(row)
         self._side_qmax = side_qmax
 
+    def attach(self, layer: QuantLinear) -> None:
+        """Make this the input quantizer of ``layer``: its INT8 calls then take the static path."""
+        execution.set_input_quantizer(layer, self)
+
     def describe(self) -> str:
         acts = sorted(set(q.bit_length() + 1 for q in self.qmax))
         text = (
@@ -179,7 +184,7 @@ class StaticActQuantizer(nn.Module):
 def _static_layers(model: nn.Module) -> dict[str, QuantLinear]:
     return {
         n: m for n, m in model.named_modules()
-        if isinstance(m, QuantLinear) and isinstance(m.act_quantizer, StaticActQuantizer)
+        if isinstance(m, QuantLinear) and isinstance(execution.input_quantizer(m), StaticActQuantizer)
     }
 
 
@@ -187,7 +192,7 @@ def _state_of(model: nn.Module, layers: dict[str, QuantLinear] | None = None) ->
     layers = _static_layers(model) if layers is None else layers
     if not layers:
         raise ValueError("this model has no static W8A8 layers: run sixbit.apply_static_w8a8 first")
-    return next(iter(layers.values())).act_quantizer._state
+    return execution.input_quantizer(next(iter(layers.values())))._state
 
 
 def range_parameters(model: nn.Module, range_index: int) -> dict[str, dict[str, Any]]:
@@ -211,7 +216,7 @@ def range_parameters(model: nn.Module, range_index: int) -> dict[str, dict[str, 
     first, last = state.ranges[range_index]
     out = {}
     for name, layer in layers.items():
-        q = layer.act_quantizer
+        q = execution.input_quantizer(layer)
         v = q.range_variant[range_index]
         rows = q._table[first : last + 1]
         codes, scale = q.variant(v, layer)
@@ -258,7 +263,7 @@ def static_w8a8_info(model: nn.Module) -> StaticW8A8Info:
     state = _state_of(model, layers)
     rows = {}
     for name, layer in layers.items():
-        q = layer.act_quantizer
+        q = execution.input_quantizer(layer)
         per_variant = layer.weight_nbytes()
         rows[name] = {
             **state.layers.get(name, {}),
@@ -279,7 +284,7 @@ def _export(model: nn.Module):
     state = _state_of(model, layers)
     tensors, meta_layers = {}, {}
     for name, layer in layers.items():
-        q = layer.act_quantizer
+        q = execution.input_quantizer(layer)
         for field in ("divisors", "threshold", "amax"):
             tensors[f"{name}/{field}"] = getattr(q, field)
         for v in range(1, q.divisors.shape[0]):
@@ -319,7 +324,7 @@ def _prepare(model: nn.Module, modules: dict[str, nn.Module], meta: dict, tensor
 
     def attach() -> None:
         for layer, quantizer in built.items():
-            layer.act_quantizer = quantizer.to(layer.weight_codes.device)
+            quantizer.to(layer.weight_codes.device).attach(layer)
             layer.act_mode = "int8"  # the layers' own precision: static INT8 (a configuration)
         install(state, track_steps(model))
 

@@ -140,7 +140,7 @@ class _StaticLayers(Recipe):
             self.state, fit.divisors, weights, fit.threshold, fit.amax, fit.qmax, fit.range_variant,
             side_bits=config.side_bits if config.outliers == Outliers.SIDE.value else None,
         )
-        layer.act_quantizer = quantizer
+        quantizer.attach(layer)
         self.info[name] = {"alpha": fit.alpha, "weight_bits": wbits, "boundary": boundary,
                            "error": fit.error, "error_shared": fit.error_shared}
         return layer
