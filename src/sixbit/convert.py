@@ -46,6 +46,7 @@ from .models.registry import spec_for
 from .nn import QuantLinear
 from .nn.precision import ACT_BITS, ActMode, Level, act_mode, average_bits
 from .presets import ConvertConfig, for_device, resolve
+from .runtime import hooks
 from .runtime.blocks import quant_linears
 from .runtime.context import HOOK_NAME as STEP_HOOK_NAME
 from .runtime.context import track_steps, tracker_of
@@ -218,9 +219,8 @@ def _undo(model: nn.Module, originals: dict[str, nn.Module], tracked: bool) -> N
         if current is not layer:
             setattr(modules[parent] if parent else model, child, layer)
     _remove_methods(model)
-    registry = getattr(model, "_diffusers_hook", None)
-    if not tracked and registry is not None and registry.get_hook(STEP_HOOK_NAME) is not None:
-        registry.remove_hook(STEP_HOOK_NAME, recurse=False)
+    if not tracked:
+        hooks.remove(model, STEP_HOOK_NAME)
 
 
 def _check(config: ConvertConfig, transformer: nn.Module, deadzone: float | None, converted_ok: bool = False) -> None:

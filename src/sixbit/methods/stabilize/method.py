@@ -38,12 +38,13 @@ from __future__ import annotations
 import logging
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 from torch import nn
 
 from ...models.registry import spec_for
 from ...nn import precision
 from ...nn.precision import ActMode
+from ...runtime import hooks
 from ...runtime.blocks import quant_linears
 
 logger = logging.getLogger(__name__)
@@ -149,17 +150,14 @@ def apply_stabilizer(model: nn.Module, deadzone: float = DEFAULT_DEADZONE) -> Fr
         raise ValueError("frame stabilization acts on quantized linears: quantize the model first")
     remove_stabilizer(model)
     state = FrameStabilizer(spec.text_tokens, float(deadzone))
-    registry = HookRegistry.check_if_exists_or_initialize(model)
-    registry.register_hook(_GridHook(state, spec.video_grid), GRID_HOOK_NAME)
+    hooks.register(model, _GridHook(state, spec.video_grid), GRID_HOOK_NAME)
     for layer in layers:
-        HookRegistry.check_if_exists_or_initialize(layer).register_hook(_StabilizeHook(state), HOOK_NAME)
+        hooks.register(layer, _StabilizeHook(state), HOOK_NAME)
     return state
 
 
 def remove_stabilizer(model: nn.Module) -> None:
     """Remove the stabilizer's hooks (no-op when there are none)."""
     for module in [model, *quant_linears(model)]:
-        registry = getattr(module, "_diffusers_hook", None)
         for name in (GRID_HOOK_NAME, HOOK_NAME):
-            if registry is not None and registry.get_hook(name) is not None:
-                registry.remove_hook(name, recurse=False)
+            hooks.remove(module, name)
