@@ -14,6 +14,7 @@ from torch import nn
 from . import formats, kernels
 from ._validate import report, show
 from .config import QuantConfig
+from .conversion import conversion_of
 from .models import block_index_of, iter_blocks, spec_for
 from .nn import QuantLinear
 from .runtime.fusion import fuse_activations
@@ -298,8 +299,6 @@ def summary(model: nn.Module) -> Summary:
             rows.append(LayerInfo(name, spec.role_of(name).value, "fp", mod.in_features, mod.out_features,
                                   size, size, f"{str(mod.weight.dtype).removeprefix('torch.')} (not quantized)"))
     converted = sum(m.converted_nbytes() for m in model.modules() if isinstance(m, QuantLinear))
-    from .convert import conversion_of  # convert builds on this module
-
     conversion = conversion_of(model)
     notes = [conversion.hardware] if conversion is not None and conversion.hardware else []
     if conversion is not None and conversion.attention is not None:

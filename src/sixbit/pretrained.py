@@ -44,7 +44,7 @@ from . import checkpoint
 from ._io import SafetensorsFolder
 from .api import plan_layers
 from .calibration import hessians
-from .convert import Conversion, conversion_state
+from .conversion import Conversion, conversion_state
 from .models import block_index_of, iter_blocks, spec_for
 from .presets import resolve
 from .weights import refine

@@ -11,6 +11,7 @@ from .registry import (
     registered,
     spec_for,
     swap_layers,
+    transformer_of,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "registered",
     "spec_for",
     "swap_layers",
+    "transformer_of",
 ]
