@@ -70,9 +70,10 @@ def calibration_runner(data, pipe, calibration_kwargs: dict) -> tuple[Callable[[
     )
 
 
-def _calibration(config: ConvertConfig, data, pipe, calibration_kwargs: dict | None):
-    """``(run, description)`` of the calibration ``config`` needs, or ``(None, None)``."""
-    if not config.needs_calibration:
+def _calibration(config: ConvertConfig, chosen: dict, data, pipe, calibration_kwargs: dict | None):
+    """``(run, description)`` of the calibration the weights or a ``chosen`` method needs, or ``(None, None)``."""
+    weights = config.weights is not None and config.weights.needs_calibration
+    if not weights and not any(spec.needs_calibration for spec in methods() if spec.name in chosen):
         if data is not None:
             logger.info("calibration_data is not used by activations=%r", config.activations)
         return None, None
@@ -187,7 +188,7 @@ def convert_model(
         logger.info("%s", hardware)
     stabilize = StabilizeConfig.from_argument(stabilize_frames)
     chosen = check_convertible(config, transformer, {} if stabilize is None else {"stabilize": stabilize})
-    run, calibration = _calibration(config, calibration_data, pipe, calibration_kwargs)
+    run, calibration = _calibration(config, chosen, calibration_data, pipe, calibration_kwargs)
     originals = {name: m for name, m in transformer.named_modules() if isinstance(m, nn.Linear)}
     tracked = tracker_of(transformer) is not None  # a step tracker the caller installed survives a rollback
     try:
