@@ -218,7 +218,7 @@ def test_atomic_save(tmp_path, monkeypatch):
 def test_expected_layout_of_every_format_matches_a_full_quantization(fmt):
     """Loading checks each packed tensor and the weight's meta against a layout extrapolated from
     1–3 rows (a full zero weight of a 14B model's layer would cost gigabytes): it must be the real one."""
-    from sixbit.checkpoint import _expected_layout
+    from sixbit.checkpoint_layers import expected_layout as _expected_layout
 
     for out_features, in_features in ((5, 256), (48, 512), (33, 768)):
         real = sixbit.formats.get(fmt).quantize(torch.zeros(out_features, in_features))

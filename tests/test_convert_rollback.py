@@ -3,13 +3,14 @@ calibration and each of its runs, installing each runtime method) restores every
 module and every output, removes every sixbit hook, and raises the original error only."""
 
 import dataclasses
+import importlib
 import logging
 
 import pytest
 import torch
 
 import sixbit
-import sixbit.convert
+from sixbit.methods import registry
 from sixbit.presets import resolve
 from fixtures.tiny_models import build_tiny, sample
 
@@ -88,27 +89,49 @@ def _convert_and_fail(tm, preset, stabilize=False, fail_run=None):
     return info.value, len(calls)
 
 
-# (name in sixbit.convert, preset, stabilize_frames): every function convert_model calls that changes the model
+# (where, name, preset, stabilize_frames): every function convert_model calls that changes the model;
+# ``where`` is a module, or "method:<name>" for the apply of a registered method
 STAGES = [
-    ("quantize", "w4a8", False),
-    ("quantize", "balanced", False),
-    ("calibrate", "w8a8-static", False),
-    ("apply_static_w8a8", "w8a8-static", False),
-    ("fit_dmpq", "w4a6-dynamic", False),
-    ("apply_dmpq", "balanced", True),
-    ("apply_stabilizer", "balanced", True),
-    ("enable_delta_cache", "balanced", True),
-    ("enable_delta_cache", "tdc", False),
+    ("sixbit.convert", "quantize", "w4a8", False),
+    ("sixbit.convert", "quantize", "balanced", False),
+    ("sixbit.methods.static_w8a8", "calibrate", "w8a8-static", False),
+    ("sixbit.methods.static_w8a8", "apply_static_w8a8", "w8a8-static", False),
+    ("sixbit.methods.dmpq", "fit_dmpq", "w4a6-dynamic", False),
+    ("method:dmpq", "apply_dmpq", "balanced", True),
+    ("method:stabilize", "apply_stabilizer", "balanced", True),
+    ("method:cache", "enable_delta_cache", "balanced", True),
+    ("method:cache", "enable_delta_cache", "tdc", False),
 ]
 
 
+@pytest.fixture
+def replace_stage():
+    """``replace_stage(where, name, fn)``: the real function, replaced by ``fn`` for this test."""
+    undo = []
+
+    def replace(where, name, fn):
+        if where.startswith("method:"):
+            spec = registry.method(where.removeprefix("method:"))
+            registry.register_method(dataclasses.replace(spec, apply=fn))
+            undo.append(lambda: registry.register_method(spec))
+            return spec.apply
+        module = importlib.import_module(where)
+        real = getattr(module, name)
+        setattr(module, name, fn)
+        undo.append(lambda: setattr(module, name, real))
+        return real
+
+    yield replace
+    for fn in reversed(undo):
+        fn()
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize(("stage", "preset", "stabilize"), STAGES)
-def test_a_failing_stage_restores_the_model(stage, preset, stabilize, when, monkeypatch, caplog):
+@pytest.mark.parametrize(("where", "stage", "preset", "stabilize"), STAGES)
+def test_a_failing_stage_restores_the_model(where, stage, preset, stabilize, when, replace_stage, caplog):
     """``before``: the stage raises instead of running; ``after``: it does its work, then raises."""
     tm = build_tiny("cogvideox")
     snapshot, video = _snapshot(tm.model), sample(tm, STEPS)
-    real = getattr(sixbit.convert, stage)
     ran = []
 
     def failing(*args, **kwargs):
@@ -116,7 +139,7 @@ def test_a_failing_stage_restores_the_model(stage, preset, stabilize, when, monk
             ran.append(real(*args, **kwargs))
         raise Injected(stage)
 
-    monkeypatch.setattr(sixbit.convert, stage, failing)
+    real = replace_stage(where, stage, failing)
     error, _ = _convert_and_fail(tm, preset, stabilize)
     assert error.args == (stage,)
     assert len(ran) == (when == "after")
@@ -142,19 +165,19 @@ def test_a_failing_calibration_run_restores_the_model(preset, fail_run, caplog):
     assert sixbit.conversion_of(tm.model) is not None
 
 
-def test_rollback_of_a_generic_model_after_quantization(monkeypatch, caplog):
+def test_rollback_of_a_generic_model_after_quantization(replace_stage, caplog):
     """Helios has no registered metadata: the generic fallback must still find its blocks once
     every block linear is a QuantLinear, or the rollback itself fails."""
     tm = build_tiny("helios")
     assert sixbit.models.spec_for(tm.model).name == "generic"
     snapshot, video = _snapshot(tm.model), sample(tm, STEPS)
-    real = sixbit.convert.enable_delta_cache
+    real = registry.method("cache").apply
 
     def failing(model, config):
         real(model, config)
         raise Injected("enable_delta_cache")
 
-    monkeypatch.setattr(sixbit.convert, "enable_delta_cache", failing)
+    replace_stage("method:cache", "enable_delta_cache", failing)
     error, _ = _convert_and_fail(tm, "balanced")
     assert error.args == ("enable_delta_cache",)
     _assert_restored(tm, snapshot, video, caplog)
@@ -163,19 +186,22 @@ def test_rollback_of_a_generic_model_after_quantization(monkeypatch, caplog):
 def test_a_step_tracker_installed_before_survives_the_rollback(monkeypatch):
     tm = build_tiny("cogvideox")
     tracker = sixbit.track_steps(tm.model)
-    monkeypatch.setattr(sixbit.convert, "fit_dmpq", _raising(Injected("fit_dmpq")))
+    monkeypatch.setattr(sixbit.methods.dmpq, "fit_dmpq", _raising(Injected("fit_dmpq")))
     _convert_and_fail(tm, "w4a6-dynamic")
     assert _sixbit_hooks(tm.model) == ["<model>:sixbit_step_context"]
     assert sixbit.track_steps(tm.model) is tracker
 
 
-def test_an_error_while_rolling_back_is_logged_and_the_original_error_raised(monkeypatch, caplog):
+def test_an_error_while_rolling_back_is_logged_and_the_original_error_raised(caplog):
     tm = build_tiny("cogvideox")
     snapshot = _snapshot(tm.model)
-
-    monkeypatch.setattr(sixbit.convert, "apply_dmpq", _raising(Injected("apply_dmpq")))
-    monkeypatch.setattr(sixbit.convert, "remove_dmpq", _raising(RuntimeError("rollback broke")))
-    error, _ = _convert_and_fail(tm, "w4a6-dynamic")
+    spec = registry.method("dmpq")
+    registry.register_method(dataclasses.replace(
+        spec, apply=_raising(Injected("apply_dmpq")), remove=_raising(RuntimeError("rollback broke"))))
+    try:
+        error, _ = _convert_and_fail(tm, "w4a6-dynamic")
+    finally:
+        registry.register_method(spec)
     assert error.args == ("apply_dmpq",)
     assert [r.exc_info[1].args for r in caplog.records if r.levelno >= logging.ERROR] == [("rollback broke",)]
     # the weights went back before the failing hook removal

@@ -8,8 +8,7 @@ Example:
     4.5
 """
 
-__version__ = "0.1.0"
-
+from .version import __version__  # noqa: E402
 from . import formats, reports  # noqa: E402
 from .builder import quantize  # noqa: E402
 from .calibration import CalibrationData, calibrate  # noqa: E402

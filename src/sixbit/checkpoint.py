@@ -19,8 +19,9 @@ same folder, fsync, rename): a failed save never leaves a partial file behind, k
 permissions of the file it replaces and writes through a symlink.
 
 **Extensions.** Runtime methods whose state is not in the ``state_dict`` (e.g. static W8A8's
-per-time-range parameters) each define a :class:`CheckpointExtension` beside their code; the
-ones checkpoints carry are listed in :func:`extensions` (explicitly, in restore order). On
+per-time-range parameters, the conversion record) register a
+:class:`~sixbit.methods.registry.CheckpointExtension` beside their code, through the method
+registry; :func:`~sixbit.methods.registry.extensions` lists them in restore order. On
 save, ``export(model)`` returns ``None`` (nothing to store) or ``(meta, tensors)``: ``meta`` goes
 to ``header["extensions"][name]``, tensors are stored as ``"<name>::<key>"`` (covered by the
 checksum). On load, before the model changes, ``prepare(model, modules, meta, tensors)`` checks
@@ -32,57 +33,32 @@ naming an extension this sixbit does not know is refused before the model change
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import hashlib
 import json
 import os
 import types
 from pathlib import Path
-from typing import Callable
-
 import torch
 from torch import nn
 
-from . import __version__, formats
+from .checkpoint_layers import LAYER_FIELDS, build_layers
 from .io import (
     SafetensorsWriter,
     file_chunks,
     read_safetensors,
     read_safetensors_header,
 )
-from .validate import field_problems
+from .memory import resident_weights
+from .methods.registry import extensions
+from .models import transformer_of
 from .nn import QuantLinear
+from .parallel.wrapped import wrapper_of
+from .validate import field_problems
+from .version import __version__
 
 FORMAT_VERSION = 2  # 2: the checksum covers the header
 _META_KEY = "sixbit"
 _EXT_SEP = "::"
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointExtension:
-    """Extra state a runtime method stores in checkpoints (see the module docstring).
-
-    ``prepare(model, modules, meta, tensors)`` validates the stored state against ``modules``
-    (the model's modules as they will be once the file's layers are in) without changing
-    anything, raises ``ValueError`` on a problem, and returns the function that installs it.
-    ``clear(model)`` (optional) removes the method from a model a checkpoint is loaded into.
-    """
-
-    name: str
-    export: Callable[[nn.Module], "tuple[dict, dict[str, torch.Tensor]] | None"]
-    prepare: Callable[[nn.Module, dict[str, nn.Module], dict, dict[str, torch.Tensor]], Callable[[], None]]
-    clear: Callable[[nn.Module], None] | None = None
-
-
-def extensions() -> dict[str, CheckpointExtension]:
-    """The extensions checkpoints carry, by name, in restore order: static W8A8's parameters
-    (they rebuild layers), then the conversion (config, DMPQ predictor, cache settings), which
-    installs the runtime methods on top."""
-    from .convert import EXTENSION as conversion
-    from .methods.static_w8a8 import EXTENSION as static_w8a8
-
-    return {ext.name: ext for ext in (static_w8a8, conversion)}
 
 
 def _digest(items, header: dict) -> str:
@@ -99,16 +75,6 @@ def _digest(items, header: dict) -> str:
             h.update(chunk)
     h.update(json.dumps({k: v for k, v in header.items() if k != "sha256"}, sort_keys=True).encode())
     return h.hexdigest()
-
-
-def module_of(model) -> nn.Module:
-    """The transformer of a pipeline, or ``model`` itself."""
-    if isinstance(model, nn.Module):
-        return model
-    transformer = getattr(model, "transformer", None)
-    if isinstance(transformer, nn.Module):
-        return transformer
-    raise ValueError(f"expected a model (nn.Module) or a pipeline with a .transformer, got {type(model).__name__}")
 
 
 class CheckpointWriter:
@@ -174,10 +140,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         >>> p.suffix
         '.safetensors'
     """
-    from .memory import resident_weights  # memory imports this module
-    from .parallel import wrapper_of
-
-    model = module_of(model)
+    model = transformer_of(model)
     wrapper = wrapper_of(model)  # split across processes: rank 0 writes the whole model
     with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:
         if not writes:
@@ -198,12 +161,6 @@ def read_header(path: str | os.PathLike) -> dict:
     return _read_header(Path(path))[0]
 
 
-# every field of a layer entry and the JSON types it may take
-_LAYER_FIELDS = {
-    "in_features": int, "out_features": int, "weight_format": str, "hadamard_block": int | None,
-    "bias": bool, "source_dtype": str, "weight_meta": dict, "input_divisor": bool, "lowrank_rank": int,
-    "lowrank_dtype": str | None, "weight_only": bool,
-}
 _HEADER_FIELDS = {"format": str, "format_version": int, "sixbit_version": str, "model_class": str,
                   "layers": dict, "sha256": str}
 
@@ -232,8 +189,8 @@ def _read_header(path: Path) -> tuple[dict, dict, int]:
             if not isinstance(cfg, dict):
                 problems.append(f"layers[{name[:100]!r}] is not an object")
                 continue
-            problems += field_problems(f"layers[{name[:100]!r}].", cfg, _LAYER_FIELDS)
-            unknown = sorted(set(cfg) - set(_LAYER_FIELDS))
+            problems += field_problems(f"layers[{name[:100]!r}].", cfg, LAYER_FIELDS)
+            unknown = sorted(set(cfg) - set(LAYER_FIELDS))
             if unknown:
                 problems.append(f"layers[{name[:100]!r}] has unknown fields {unknown[:5]}")
     ext = header.get("extensions", {})
@@ -257,71 +214,6 @@ def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return header, read_safetensors(path, "checkpoint")[1]
 
 
-def _build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> QuantLinear:
-    fmt = formats.get(cfg["weight_format"])
-    if min(cfg["in_features"], cfg["out_features"]) < 1:
-        raise ValueError(f"layer {name!r}: in_features and out_features must be ≥ 1")
-    layout, meta = _expected_layout(fmt.name, cfg["out_features"], cfg["in_features"])
-    if cfg["weight_meta"] != meta:
-        raise ValueError(f"layer {name!r}: weight_meta {str(cfg['weight_meta'])[:100]} is not {fmt.name}'s {meta}")
-    prefix = f"{name}.weight_" if name else "weight_"
-    parts = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    weight = fmt.container.from_parts(parts, cfg["weight_meta"])
-    bias = tensors.get(f"{name}.bias" if name else "bias") if cfg["bias"] else None
-    source_dtype = getattr(torch, str(cfg["source_dtype"]), None)
-    if not isinstance(source_dtype, torch.dtype):
-        raise ValueError(f"layer {name!r}: unknown source_dtype {cfg['source_dtype']!r}")
-    divisor = None
-    if cfg.get("input_divisor"):
-        divisor = tensors.get(f"{name}.input_divisor")
-        if divisor is None:
-            raise ValueError(f"layer {name!r}: tensor 'input_divisor' is missing")
-    lowrank = None
-    rank = cfg.get("lowrank_rank", 0)
-    if rank:
-        lowrank = tuple(tensors.get(f"{name}.lowrank_{part}") for part in ("up", "down"))
-        expected = ((cfg["out_features"], rank), (rank, cfg["in_features"]))
-        dtype = getattr(torch, str(cfg.get("lowrank_dtype")), None)
-        if any(t is None or tuple(t.shape) != e or t.dtype != dtype for t, e in zip(lowrank, expected)):
-            raise ValueError(f"layer {name!r}: the rank-{rank} low-rank branch tensors are missing or malformed")
-    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype, input_divisor=divisor,
-                        lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
-    if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
-        raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
-    for field, ref in layout.items():
-        got = parts.get(field)
-        if got is None or (tuple(got.shape), got.dtype) != ref:
-            raise ValueError(
-                f"layer {name!r}: tensor 'weight_{field}' is "
-                f"{None if got is None else (tuple(got.shape), got.dtype)}, expected {ref}"
-            )
-    return layer
-
-
-@functools.lru_cache(maxsize=None)
-def _expected_layout(fmt_name: str, out_features: int, in_features: int) -> tuple[dict, dict]:
-    """(shape, dtype) of each packed tensor of an ``out × in`` weight, and its format's meta
-    (bits, granularity, shape...).
-
-    From zero weights of 1, 2 and 3 rows: every format packs row by row, so each dimension
-    grows linearly with the rows and the full shape follows. (Quantizing a full-size zero
-    weight would cost several times the layer's fp32 size in temporaries: gigabytes for a
-    14B model's feed-forward layers, at load, where memory should be the checkpoint's.)"""
-    fmt = formats.get(fmt_name)
-    one = fmt.quantize(torch.zeros(1, in_features))
-    meta = {**one.meta(), "shape": [out_features, in_features]} if "shape" in one.meta() else one.meta()
-    rows = [{k: (tuple(v.shape), v.dtype) for k, v in fmt.quantize(torch.zeros(r, in_features)).tensors().items()}
-            for r in (1, 2, 3)]
-    layout = {}
-    for key, (shape, dtype) in rows[0].items():
-        step = [b - a for a, b in zip(shape, rows[1][key][0])]
-        if [a + 2 * d for a, d in zip(shape, step)] != list(rows[2][key][0]):  # not row-linear: measure it
-            full = fmt.quantize(torch.zeros(out_features, in_features)).tensors()
-            return {k: (tuple(v.shape), v.dtype) for k, v in full.items()}, meta
-        layout[key] = (tuple(a + (out_features - 1) * d for a, d in zip(shape, step)), dtype)
-    return layout, meta
-
-
 def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     """Restore a checkpoint written by :func:`save` into ``model`` (same architecture).
 
@@ -340,9 +232,7 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         >>> sixbit.load("6bit_model.safetensors", pipe)   # doctest: +SKIP
     """
     target = model
-    from .parallel import wrapper_of
-
-    model = module_of(model)
+    model = transformer_of(model)
     if wrapper_of(model) is not None:
         raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
                          "(every rank loads the whole file, then wraps)")
@@ -353,7 +243,7 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         raise ValueError(
             f"{str(path)!r} was saved from a {header['model_class']}, not a {type(model).__name__}"
         )
-    new_layers = _build_layers(path, header["layers"], dict(model.named_modules()), tensors)
+    new_layers = build_layers(path, header["layers"], dict(model.named_modules()), tensors)
     own = _check_remaining(path, model, new_layers, tensors)
     known = extensions()
     modules = {**dict(model.named_modules()), **new_layers}
@@ -379,7 +269,7 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
 
 def attach_save(obj) -> None:
     """Give a model (or its pipeline) ``.save(path)``: :func:`save` of the transformer."""
-    transformer = module_of(obj)
+    transformer = transformer_of(obj)
 
     def save_method(self, path: str | os.PathLike) -> Path:
         """Write the transformer (weights and the runtime methods' state) to ``path``."""
@@ -404,30 +294,6 @@ def _extension_parts(path: Path, header: dict, tensors: dict[str, torch.Tensor])
             raise ValueError(f"{str(path)!r} holds tensor {key!r} of no declared extension")
         ext_tensors[ext][sub] = tensors.pop(key)
     return stored, ext_tensors
-
-
-def _build_layers(path: Path, layers: dict, modules: dict[str, nn.Module], tensors) -> dict[str, QuantLinear]:
-    """The file's quantized layers, built and checked against the model's layers they replace."""
-    new_layers = {}
-    for name, cfg in layers.items():
-        if not name:
-            raise ValueError("a bare QuantLinear cannot be loaded in place: wrap it in a module")
-        old = modules.get(name)
-        if not isinstance(old, (nn.Linear, QuantLinear)):
-            raise ValueError(
-                f"{str(path)!r} quantizes layer {name!r}, which this model "
-                f"{'lacks' if old is None else f'has as a {type(old).__name__}'}: was it saved from another model?"
-            )
-        if (old.in_features, old.out_features) != (cfg["in_features"], cfg["out_features"]):
-            raise ValueError(
-                f"layer {name!r} is {cfg['in_features']}→{cfg['out_features']} in {str(path)!r} but "
-                f"{old.in_features}→{old.out_features} in the model: was it saved from another model config?"
-            )
-        try:
-            new_layers[name] = _build_layer(name, cfg, tensors)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{str(path)!r} has an invalid entry for layer {name!r}: {e}") from None
-    return new_layers
 
 
 def _check_remaining(path: Path, model: nn.Module, new_layers: dict, tensors) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from . import kernels
-from .convert import conversion_of
+from .conversion import conversion_of
 from .models import spec_for
 from .nn import QuantLinear, execution
 from .runtime.fusion import fuse_activations

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .io import read_safetensors
-from .checkpoint import module_of
+from .models import transformer_of
 from .nn import QuantLinear
 from .nn.lowrank import branch_factors, low_rank
 
@@ -113,7 +113,7 @@ def load_lora(model_or_pipe, lora, scale: float = 1.0, adapter_name: str = "defa
     Everything is checked (every targeted module exists and is a linear layer of the LoRA's
     shape; the name is free) before any layer changes. Returns ``model_or_pipe``.
     """
-    _load(module_of(model_or_pipe), *_read(lora), scale, adapter_name)
+    _load(transformer_of(model_or_pipe), *_read(lora), scale, adapter_name)
     return model_or_pipe
 
 
@@ -162,7 +162,7 @@ def _factors(model: nn.Module) -> dict[str, dict[str, float]]:
 
 def loras(model_or_pipe) -> list[str]:
     """Names of the LoRAs loaded on the transformer, in load order."""
-    return list(_factors(module_of(model_or_pipe)))
+    return list(_factors(transformer_of(model_or_pipe)))
 
 
 def _adapters(model: nn.Module, adapter_name: str | None) -> list[str]:
@@ -175,7 +175,7 @@ def _adapters(model: nn.Module, adapter_name: str | None) -> list[str]:
 
 def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None) -> None:
     """Set the scale of one LoRA (or of all, ``adapter_name=None``); 0 switches it off exactly."""
-    model = module_of(model_or_pipe)
+    model = transformer_of(model_or_pipe)
     modules = dict(model.named_modules())
     for adapter in _adapters(model, adapter_name):
         for name, factor in _factors(model)[adapter].items():
@@ -188,7 +188,7 @@ def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None)
 
 def unload_lora(model_or_pipe, adapter_name: str | None = None) -> None:
     """Remove one LoRA (or all, ``adapter_name=None``): the layers compute exactly as before it."""
-    model = module_of(model_or_pipe)
+    model = transformer_of(model_or_pipe)
     modules = dict(model.named_modules())
     for adapter in _adapters(model, adapter_name):
         for name in _factors(model).pop(adapter):

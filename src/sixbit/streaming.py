@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from . import checkpoint
 from .builder import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of, plan_layers, quantized_linear
 from .calibration import hessians
-from .convert import Conversion, conversion_state
+from .conversion import Conversion, conversion_state
 from .io import SafetensorsFolder
 from .models import iter_blocks, spec_for
 from .presets import resolve

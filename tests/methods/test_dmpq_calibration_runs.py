@@ -14,7 +14,7 @@ from fixtures.toy import ToyTransformer
 
 import sixbit
 from sixbit.calibration import seeded
-from sixbit.convert import _calibration_runner
+from sixbit.convert import calibration_runner
 from sixbit.methods.dmpq import DMPQConfig, DMPQPredictor, apply_dmpq, fit_dmpq
 from sixbit.runtime import blocks
 from sixbit.zoo.shapes import all_prompts, load_pipeline
@@ -51,7 +51,7 @@ def test_seeded_calls_repeat_and_leave_the_callers_rng_alone():
     assert torch.equal(first, torch.randn(3, generator=torch.Generator().manual_seed(0)))
     assert seeded(run) is run
     # convert_model's callable calibration_data goes through the same wrapper
-    run, source = _calibration_runner(lambda: torch.randn(3), None, {})
+    run, source = calibration_runner(lambda: torch.randn(3), None, {})
     assert torch.equal(run(), first) and source == {"source": "callable"}
 
 

@@ -27,13 +27,13 @@ from collections import defaultdict
 from typing import Callable
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..nn import QuantLinear
 from ..nn.precision import average_bits, gemm_flops
-from ..runtime import blocks
+from ..runtime import blocks, hooks
 from ..runtime.context import track_steps, tracker_of
 
 HOOK_NAME = "sixbit_bench_counter"
@@ -134,7 +134,7 @@ class WorkCounter:
             self._scope.observers.append(self._observe)
         for layer in model.modules():
             if isinstance(layer, nn.Linear):
-                _register_innermost(layer, _LinearHook(self), HOOK_NAME)
+                hooks.register_innermost(layer, _LinearHook(self), HOOK_NAME)
                 self._hooked.append(layer)
 
     # ---------------------------------------------------------------- hooks
@@ -210,9 +210,7 @@ class WorkCounter:
         for h in self._handles:
             h.remove()
         for layer in self._hooked:
-            registry = getattr(layer, "_diffusers_hook", None)
-            if registry is not None and registry.get_hook(HOOK_NAME) is not None:
-                registry.remove_hook(HOOK_NAME, recurse=False)
+            hooks.remove(layer, HOOK_NAME)
         self._handles, self._hooked = [], []
 
 
@@ -235,15 +233,3 @@ class _BlockCounter(blocks.BlockMethod):
             step, branch = counter._where()
             counter.calls[(step, branch, call.index)] = (bool(flops), flops)
             counter._block, counter._block_flops = None, None
-
-
-def _register_innermost(module: nn.Module, hook: ModelHook, name: str) -> None:
-    """Register ``hook`` under every hook already on ``module`` (diffusers wraps later hooks
-    around earlier ones), so its ``pre_forward`` sees the state the other hooks set up."""
-    registry = HookRegistry.check_if_exists_or_initialize(module)
-    existing = [(n, registry.get_hook(n)) for n in list(registry._hook_order)]
-    for n, _ in reversed(existing):
-        registry.remove_hook(n, recurse=False)
-    registry.register_hook(hook, name)
-    for n, h in existing:
-        registry.register_hook(h, n)

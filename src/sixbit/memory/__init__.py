@@ -80,11 +80,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from diffusers.hooks import HookRegistry
 from diffusers.hooks.group_offloading import GroupOffloadingHook, ModuleGroup
 from torch import nn
 
 from ..models import iter_blocks, spec_for
+from ..runtime import hooks
 from .devices import accelerator as _accelerator
 from .devices import parse_devices as _devices
 from .devices import split as _split
@@ -169,9 +169,7 @@ class MemoryOptimization:
         self._active = False
         if self._scheduler is not None:
             for _, _, block, _ in iter_blocks(self._model):
-                registry = getattr(block, "_diffusers_hook", None)
-                if registry is not None and registry.get_hook(HOOK_NAME) is not None:
-                    registry.remove_hook(HOOK_NAME, recurse=False)
+                hooks.remove(block, HOOK_NAME)
             self._scheduler.close(load_all=self._folder is not None)
             if self._folder is None and self._rest is not None:
                 self._rest.offload_()
@@ -194,8 +192,7 @@ def _positive_int(name: str, value, minimum: int, why: str) -> int:
 
 def _check_no_foreign_offload(model: nn.Module) -> None:
     for name, module in model.named_modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        if registry is not None and any(isinstance(h, GroupOffloadingHook) for h in registry.hooks.values()):
+        if any(isinstance(h, GroupOffloadingHook) for h in hooks.hooks_of(module)):
             raise ValueError(
                 f"{type(model).__name__} already has diffusers group offloading (on {name or 'the model'}); "
                 "reload the model (this diffusers has no call that removes it) and enable sixbit's offloading alone"
@@ -380,7 +377,7 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
         release(group)
         scheduler.state[index] = "offloaded"
         for block in members[index]:
-            HookRegistry.check_if_exists_or_initialize(block).register_hook(OffloadHook(scheduler, index), HOOK_NAME)
+            hooks.register(block, OffloadHook(scheduler, index), HOOK_NAME)
     where = f"disk ({handle._folder})" if folder is not None else f"{offload} memory"
     handle.groups, handle.blocks_per_group, handle.prefetch_depth = len(groups), blocks_per_group, scheduler.depth
     handle.offload = (

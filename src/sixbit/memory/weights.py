@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from diffusers.hooks.group_offloading import GroupOffloadingHook
 from torch import nn
 
+from ..runtime import hooks
+
 from .devices import split
 from .offload import HANDLES, OffloadedWeightsLost, Scheduler
 
@@ -62,8 +64,7 @@ def offload_problem(model_or_pipe) -> str | None:
                     f"({scheduler.folder}) and hold zero placeholders in memory; read or save the weights inside "
                     "`with sixbit.optimize.resident_weights(model):`, or call disable_memory_optimization(model) first")
     for module_name, module in model.named_modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        for hook in (registry.hooks.values() if registry is not None else ()):
+        for hook in hooks.hooks_of(module):
             group = getattr(hook, "group", None)
             if isinstance(hook, GroupOffloadingHook) and getattr(group, "offload_to_disk_path", None):
                 return (f"{name} has diffusers group offloading to disk (on {module_name or 'the model'}): weights "

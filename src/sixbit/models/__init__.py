@@ -11,6 +11,7 @@ from .registry import (
     registered,
     spec_for,
     swap_layers,
+    transformer_of,
 )
 from .roles import Role
 
@@ -25,4 +26,5 @@ __all__ = [
     "registered",
     "spec_for",
     "swap_layers",
+    "transformer_of",
 ]

@@ -244,3 +244,25 @@ def block_index_of(layer_name: str, block_names: dict[str, int]) -> int | None:
         if idx is not None:
             return idx
     return None
+
+
+def transformer_of(model_or_pipe) -> nn.Module:
+    """The transformer a user means: ``model_or_pipe`` itself when it is a module, else a
+    pipeline's ``.transformer``. Every public entry point that takes "a model or its pipeline"
+    resolves it here.
+
+    Example:
+        >>> from torch import nn
+        >>> layer = nn.Linear(2, 2)
+        >>> transformer_of(layer) is layer
+        True
+    """
+    if isinstance(model_or_pipe, nn.Module):
+        return model_or_pipe
+    transformer = getattr(model_or_pipe, "transformer", None)
+    if isinstance(transformer, nn.Module):
+        return transformer
+    raise ValueError(
+        "expected a diffusers transformer (nn.Module) or a pipeline with a .transformer, "
+        f"got {type(model_or_pipe).__name__}: pass the pipeline or pipe.transformer"
+    )

@@ -39,7 +39,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import checkpoint
+from ..models import transformer_of
 from . import sequence, tensor
+from .wrapped import mark, unmark, wrapper_of
 
 MODES = ("tensor", "sequence")
 
@@ -74,8 +77,8 @@ class TensorParallelWrapper:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         group = dist.group.WORLD if group is None else group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        transformer = _transformer(model)
-        if getattr(transformer, "_sixbit_parallel", None) is not None:
+        transformer = transformer_of(model)
+        if wrapper_of(transformer) is not None:
             raise ValueError("this model is already wrapped by a TensorParallelWrapper")
         if device_ids is not None:
             if len(device_ids) != self.world:
@@ -92,7 +95,7 @@ class TensorParallelWrapper:
             self.shards = sequence.enable(transformer, group)
         if device_ids is not None:
             transformer.to(torch.device("cuda", device_ids[self.rank]))
-        transformer._sixbit_parallel = self
+        mark(transformer, self)
 
     # ---------------------------------------------------------------- delegation
 
@@ -107,7 +110,7 @@ class TensorParallelWrapper:
     @property
     def transformer(self) -> nn.Module:
         """The split transformer (this rank's part of it)."""
-        return _transformer(self._model)
+        return transformer_of(self._model)
 
     def unwrap(self):
         """Sequence mode: the model whole on every rank again (returned). A tensor-parallel model
@@ -118,7 +121,7 @@ class TensorParallelWrapper:
         transformer = self.transformer
         if self.shards is not None:
             sequence.disable(transformer, self.shards)
-        del transformer._sixbit_parallel
+        unmark(transformer)
         return self._model
 
     # ---------------------------------------------------------------- reporting and saving
@@ -153,23 +156,7 @@ class TensorParallelWrapper:
 
     def save(self, path) -> Path:
         """``sixbit.save`` of the whole model: one checkpoint, written by rank 0."""
-        from ..checkpoint import save
-
-        return save(self.transformer, path)
-
-
-def _transformer(model) -> nn.Module:
-    if isinstance(model, nn.Module):
-        return model
-    transformer = getattr(model, "transformer", None)
-    if not isinstance(transformer, nn.Module):
-        raise ValueError(f"expected a diffusers transformer or a pipeline with a .transformer, got {type(model).__name__}")
-    return transformer
-
-
-def wrapper_of(model: nn.Module) -> TensorParallelWrapper | None:
-    """The :class:`TensorParallelWrapper` a transformer is split by, or ``None``."""
-    return getattr(model, "_sixbit_parallel", None)
+        return checkpoint.save(self.transformer, path)
 
 
 __all__ = ["MODES", "TensorParallelWrapper", "wrapper_of"]

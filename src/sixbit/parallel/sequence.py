@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 from diffusers.hooks.context_parallel import (
     apply_context_parallel,
     remove_context_parallel,
@@ -47,6 +47,7 @@ from torch.overrides import TorchFunctionMode
 from .. import _distributed
 from ..methods.attention import attention_quant_of
 from ..models import iter_blocks
+from ..runtime import hooks
 from ..runtime.blocks import HOOK_NAME as BLOCK_HOOK
 
 ROUTE_HOOK = "sixbit_joint_attention"
@@ -189,14 +190,14 @@ def enable(model: nn.Module, group) -> SequenceShards:
     joint = type(model).__name__ in _PLANS
     for m in _attention_modules(model):
         if joint:
-            HookRegistry.check_if_exists_or_initialize(m).register_hook(_JointHook(group), ROUTE_HOOK)
+            hooks.register(m, _JointHook(group), ROUTE_HOOK)
             routed.append(m)
         else:
             m.processor._parallel_config = config
             configured.append(m)
     apply_context_parallel(model, cp, plan)  # after the runtime methods' block hooks: it wraps them
     _distributed.set_token_group(group)
-    HookRegistry.check_if_exists_or_initialize(model).register_hook(_Guard(world), GUARD_HOOK)  # outermost
+    hooks.register(model, _Guard(world), GUARD_HOOK)  # outermost
     return SequenceShards(plan, configured, routed)
 
 
@@ -223,8 +224,7 @@ def check_order(model: nn.Module) -> None:
     """Refuse to run when a runtime method was installed after the split (it would see whole
     inputs and split outputs): install methods first, then wrap."""
     for _, _, block, _ in iter_blocks(model):
-        registry = getattr(block, "_diffusers_hook", None)
-        order = [] if registry is None else registry._hook_order
+        order = hooks.names(block)
         if BLOCK_HOOK in order and any(n.startswith("cp_") for n in order) and \
                 order.index(BLOCK_HOOK) > max(i for i, n in enumerate(order) if n.startswith("cp_")):
             raise RuntimeError("a runtime method (delta cache, DMPQ) was installed after the model was made "
@@ -237,6 +237,6 @@ def disable(model: nn.Module, shards: SequenceShards) -> None:
     for m in shards.configured:
         m.processor._parallel_config = None
     for m in shards.routed:
-        m._diffusers_hook.remove_hook(ROUTE_HOOK, recurse=False)
-    model._diffusers_hook.remove_hook(GUARD_HOOK, recurse=False)
+        hooks.remove(m, ROUTE_HOOK)
+    hooks.remove(model, GUARD_HOOK)
     _distributed.set_token_group(None)

@@ -27,13 +27,14 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 from torch import nn
 
 from .. import kernels
 from .._distributed import token_sum, tokens_split
 from ..models import BlockIO, iter_blocks, spec_for
 from ..nn import QuantLinear
+from . import hooks
 
 HOOK_NAME = "sixbit_blocks"
 
@@ -126,8 +127,7 @@ class _BlockHook(ModelHook):
 
 
 def _hook(block: nn.Module) -> _BlockHook | None:
-    registry = getattr(block, "_diffusers_hook", None)
-    return registry.get_hook(HOOK_NAME) if registry is not None else None
+    return hooks.get(block, HOOK_NAME)
 
 
 def attach(model: nn.Module, method: BlockMethod) -> list[tuple[int, str, nn.Module, BlockIO]]:
@@ -138,7 +138,7 @@ def attach(model: nn.Module, method: BlockMethod) -> list[tuple[int, str, nn.Mod
         hook = _hook(block)
         if hook is None:
             hook = _BlockHook(index, name, io)
-            HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, HOOK_NAME)
+            hooks.register(block, hook, HOOK_NAME)
         if method not in hook.methods:
             hook.methods = sorted([*hook.methods, method], key=lambda m: m.order)
     return blocks
@@ -152,7 +152,7 @@ def detach(model: nn.Module, method: BlockMethod) -> None:
             continue
         hook.methods = [m for m in hook.methods if m is not method]
         if not hook.methods:
-            block._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
+            hooks.remove(block, HOOK_NAME)
 
 
 def attached(model: nn.Module, kind: type) -> Iterator[BlockMethod]:

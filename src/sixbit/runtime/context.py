@@ -36,11 +36,12 @@ import logging
 from typing import Any, Callable, Iterator
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 from torch import nn
 
 from ..nn import precision
+from . import hooks
 
 logger = logging.getLogger(__name__)
 
@@ -262,13 +263,11 @@ def track_steps(model: nn.Module, batched_cfg: bool | None = None) -> StepTracke
     params = list(inspect.signature(model.forward).parameters)
     index = params.index("timestep") if "timestep" in params else None
     tracker = StepTracker(batched_cfg=bool(batched_cfg))
-    registry = HookRegistry.check_if_exists_or_initialize(model)
-    registry.register_hook(_StepHook(tracker, index), HOOK_NAME)
+    hooks.register(model, _StepHook(tracker, index), HOOK_NAME)
     return tracker
 
 
 def tracker_of(model: nn.Module) -> StepTracker | None:
     """The :class:`StepTracker` installed on ``model``, or ``None``."""
-    registry = getattr(model, "_diffusers_hook", None)
-    hook = registry.get_hook(HOOK_NAME) if registry is not None else None
+    hook = hooks.get(model, HOOK_NAME)
     return hook.tracker if hook is not None else None

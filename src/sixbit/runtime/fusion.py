@@ -25,12 +25,13 @@ Example:
 
 from __future__ import annotations
 
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 from diffusers.models.activations import GELU
 from diffusers.models.attention import FeedForward
 from torch import nn
 
 from ..nn import QuantLinear
+from . import hooks
 
 HOOK_NAME = "sixbit_fused_activation"
 _ACTIVATION = {"none": "gelu", "tanh": "gelu-tanh"}  # diffusers GELU.approximate → sixbit's names
@@ -66,10 +67,9 @@ def fuse_activations(model: nn.Module, enabled: bool = True) -> int:
     for module in model.modules():
         if not _fusable(module):
             continue
-        registry = HookRegistry.check_if_exists_or_initialize(module)
-        if enabled and registry.get_hook(HOOK_NAME) is None:
-            registry.register_hook(_FusedActivation(consumers.get(id(module))), HOOK_NAME)
-        elif not enabled and registry.get_hook(HOOK_NAME) is not None:
-            registry.remove_hook(HOOK_NAME)
+        if enabled and hooks.get(module, HOOK_NAME) is None:
+            hooks.register(module, _FusedActivation(consumers.get(id(module))), HOOK_NAME)
+        elif not enabled:
+            hooks.remove(module, HOOK_NAME)
         count += enabled
     return count

@@ -52,7 +52,8 @@ from collections import Counter
 import torch
 
 from .. import formats as formats_
-from ..convert import _calibration_runner, _check, _transformer_of, convert_model
+from ..convert import calibration_runner, check_convertible, convert_model
+from ..models import transformer_of
 from ..presets import ConvertConfig, resolve
 from .library import (
     DEFAULT_FORMATS,
@@ -187,11 +188,12 @@ class Tuner:
 
     def __init__(self, model, calibration_data, *, base="w4a8", formats=DEFAULT_FORMATS, pipeline=None,
                  calibration_kwargs: dict | None = None, progress: bool = True):
-        transformer, pipe = _transformer_of(model)
+        transformer = transformer_of(model)
+        pipe = model if transformer is not model else None
         self.transformer, self.config = transformer, _base(base)
         candidates = _candidates(formats)
-        _check(self.config, transformer, None)
-        run, self.calibration = _calibration_runner(calibration_data, pipe if pipe is not None else pipeline,
+        check_convertible(self.config, transformer)
+        run, self.calibration = calibration_runner(calibration_data, pipe if pipe is not None else pipeline,
                                                     dict(calibration_kwargs or {}))
         self.run = run
         if self.calibration["source"] == "videos":

@@ -1,6 +1,11 @@
-"""Quantized attention (INT8 Q·Kᵀ with smoothed K, FP16 P·V) per block and step."""
+"""Quantized attention (INT8 Q·Kᵀ with smoothed K, FP16 P·V) per block and step.
+
+Registered as the method ``"attention"``: chosen by ``ConvertConfig.attention`` (an
+:class:`AttentionQuantConfig`, stored with the config).
+"""
 
 from ...config.attention import AttentionQuantConfig
+from ..registry import MethodSpec, register_method
 from .method import (
     AttentionQuantState,
     apply_attention_quant,
@@ -8,6 +13,17 @@ from .method import (
     attention_quant_of,
     remove_attention_quant,
 )
+
+register_method(MethodSpec(
+    name="attention",
+    config_type=AttentionQuantConfig,
+    order=50,
+    attribute="attention",
+    select=lambda config, extra: config.attention,
+    apply=apply_attention_quant,
+    remove=remove_attention_quant,
+    check=lambda model, config, convert_config: attention_modules(model),  # a model without attention processors fails here
+))
 
 __all__ = ["AttentionQuantConfig", "AttentionQuantState", "apply_attention_quant", "attention_modules",
            "attention_quant_of", "remove_attention_quant"]

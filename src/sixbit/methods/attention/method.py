@@ -23,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 
 import torch.nn.functional as F
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ...config.attention import AttentionQuantConfig
 from ...kernels.attention import int8_attention, int8_attention_path
 from ...models import iter_blocks, spec_for
+from ...runtime import hooks
 from ...runtime.context import track_steps
 
 HOOK_NAME = "sixbit_attention_quant"
@@ -109,14 +110,13 @@ def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None 
     state = AttentionQuantState(config, int8_attention_path(next(model.parameters()).device))
     tracker = track_steps(model)
     for index, module in modules:
-        HookRegistry.check_if_exists_or_initialize(module).register_hook(_AttentionHook(index, state, tracker), HOOK_NAME)
+        hooks.register(module, _AttentionHook(index, state, tracker), HOOK_NAME)
     return state
 
 
 def _hooks(model: nn.Module):
     for module in model.modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        hook = registry.get_hook(HOOK_NAME) if registry is not None else None
+        hook = hooks.get(module, HOOK_NAME)
         if hook is not None:
             yield module, hook
 
@@ -124,7 +124,7 @@ def _hooks(model: nn.Module):
 def remove_attention_quant(model: nn.Module) -> None:
     """Run attention in full precision again (a no-op where it was not quantized)."""
     for module, _ in list(_hooks(model)):
-        module._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
+        hooks.remove(module, HOOK_NAME)
 
 
 def attention_quant_of(model: nn.Module) -> AttentionQuantState | None:

@@ -1,13 +1,32 @@
-"""The delta cache (TDC + PDR): skip blocks whose residual is stable, replay it with its drift."""
+"""The delta cache (TDC + PDR): skip blocks whose residual is stable, replay it with its drift.
+
+Registered as the method ``"cache"``: chosen by ``ConvertConfig.cache`` (a
+:class:`DeltaCacheConfig`, stored with the config).
+"""
 
 from ...config.delta_cache import CACHE_FORMATS, DeltaCacheConfig
+from ...models import spec_for
+from ..registry import MethodSpec, register_method
 from .method import (
     DeltaCache,
     DeltaCacheReport,
     PurifiedRefresh,
+    apply_delta_cache,
     disable_delta_cache,
     enable_delta_cache,
+    remove_delta_cache,
 )
+
+register_method(MethodSpec(
+    name="cache",
+    config_type=DeltaCacheConfig,
+    order=40,
+    attribute="cache",
+    select=lambda config, extra: config.cache,
+    apply=apply_delta_cache,
+    remove=remove_delta_cache,
+    check=lambda model, config, convert_config: spec_for(model),  # an unsupported architecture fails here
+))
 
 __all__ = [
     "CACHE_FORMATS",
@@ -15,6 +34,8 @@ __all__ = [
     "DeltaCacheConfig",
     "DeltaCacheReport",
     "PurifiedRefresh",
+    "apply_delta_cache",
     "disable_delta_cache",
     "enable_delta_cache",
+    "remove_delta_cache",
 ]

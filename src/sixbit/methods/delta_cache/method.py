@@ -55,7 +55,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from ... import formats, kernels
+from ... import kernels
 from ..._distributed import token_max, token_mean_of_sum
 from ...config.delta_cache import DeltaCacheConfig
 from ...models import iter_blocks
@@ -63,87 +63,10 @@ from ...nn.precision import ActMode, Level, gemm_flops
 from ...runtime import blocks
 from ...runtime.blocks import relative_l1
 from ...runtime.context import RunReports, StepTracker, track_steps
+from .state import DeltaCacheState, Entry, Stored, Streak
 
 logger = logging.getLogger(__name__)
 
-def _storage_format(fmt: str, width: int) -> str:
-    """``int4-g64`` needs widths divisible by 64: smaller groups (32, 16), else per token."""
-    if fmt != "int4-g64" or width % 64 == 0:
-        return fmt
-    return next((f"int4-g{g}" for g in (32, 16) if width % g == 0), "int4")
-
-
-class _Stored:
-    """A residual kept in full precision or compressed with a sixbit integer format."""
-
-    def __init__(self, delta: torch.Tensor | None, fmt: str):
-        self.dtype = None if delta is None else delta.dtype
-        self.shape = None if delta is None else tuple(delta.shape)
-        if delta is None or fmt == "fp":
-            self.value, self.packed = (None if delta is None else delta.detach()), None
-        else:
-            self.value = None
-            self.packed = formats.get(_storage_format(fmt, delta.shape[-1])).quantize(delta.detach())
-
-    def get(self) -> torch.Tensor | None:
-        if self.packed is not None:
-            return self.packed.dequantize(self.dtype)
-        return self.value
-
-    @property
-    def nbytes(self) -> int:
-        if self.packed is not None:
-            return self.packed.nbytes
-        return 0 if self.value is None else self.value.numel() * self.value.element_size()
-
-
-@dataclasses.dataclass
-class _Entry:
-    """One block's last computed residuals (per stream), their drift and its stability."""
-
-    hidden: _Stored
-    encoder: _Stored
-    hidden_slope: _Stored  # per-step change of the hidden residual (None inside when unknown)
-    encoder_slope: _Stored
-    step: int
-    stability: torch.Tensor | None = None  # per sample; None until two residuals were seen
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_slope, self.encoder_slope))
-
-    def replay(self, stream: str, drift: float, age: int) -> torch.Tensor | None:
-        delta = getattr(self, stream).get()
-        slope = getattr(self, f"{stream}_slope").get()
-        if delta is None or slope is None or drift == 0:
-            return delta
-        return delta + (drift * age) * slope
-
-
-@dataclasses.dataclass
-class _Streak:
-    """Skip bookkeeping of one decision unit (all blocks, or one block with ``decide_per_block``)."""
-
-    computed_step: int = -1  # the step of the unit's last compute
-    decided_step: int = -1
-    skip: bool = False  # the decision taken at ``decided_step``
-    skips: int = 0
-    error: float = 0.0
-
-
-class DeltaCacheState:
-    """Per run and branch: one cache entry per block."""
-
-    def __init__(self):
-        self.entries: dict[int, _Entry] = {}
-        self.held_bytes = 0  # bytes of all cached residuals and drifts, kept up to date on every store
-
-    def store(self, index: int, entry: _Entry) -> None:
-        old = self.entries.get(index)
-        if old is not None:
-            self.held_bytes -= old.nbytes
-        self.entries[index] = entry
-        self.held_bytes += entry.nbytes
 
 
 @dataclasses.dataclass
@@ -216,10 +139,10 @@ class DeltaCache(blocks.BlockMethod):
         """What decides for block ``index``: the block itself, or all blocks together (``None``)."""
         return index if self.config.decide_per_block else None
 
-    def _streak(self, index: int) -> _Streak:
-        return self.tracker.shared_state(self, dict).setdefault(self._unit(index), _Streak())
+    def _streak(self, index: int) -> Streak:
+        return self.tracker.shared_state(self, dict).setdefault(self._unit(index), Streak())
 
-    def _decide(self, unit: int | None, streak: _Streak) -> bool:
+    def _decide(self, unit: int | None, streak: Streak) -> bool:
         info, cfg = self.tracker.info, self.config
         if info.step < self._warmup() or streak.skips >= cfg.max_skips:
             return False
@@ -302,9 +225,9 @@ class DeltaCache(blocks.BlockMethod):
             if cfg.drift:
                 slopes[stream] = change / gap
         fmt = cfg.cache_format
-        state.store(call.index, _Entry(
-            _Stored(delta, fmt), _Stored(enc_delta, fmt),
-            _Stored(slopes.get("hidden"), fmt), _Stored(slopes.get("encoder"), fmt), step, stability,
+        state.store(call.index, Entry(
+            Stored(delta, fmt), Stored(enc_delta, fmt),
+            Stored(slopes.get("hidden"), fmt), Stored(slopes.get("encoder"), fmt), step, stability,
         ))
         self.computed(call.index)
         self.record(call.index, "compute")
@@ -339,7 +262,7 @@ def _purify(cache: DeltaCache, layer: nn.Module, x: torch.Tensor) -> ActMode | N
     return ActMode.FP
 
 
-def enable_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None) -> DeltaCache:
+def apply_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None) -> DeltaCache:
     """Skip stable blocks of ``model`` (full precision or quantized); returns the method.
 
     Works inside diffusers pipelines (batched CFG and per-branch calls: state per branch) and
@@ -347,12 +270,12 @@ def enable_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None)
     outside it, so a skipped block leaves DMPQ's Γ history untouched.
 
     Example:
-        >>> cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=0.2))  # doctest: +SKIP
+        >>> cache = apply_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=0.2))  # doctest: +SKIP
         >>> video = pipe("a red circle moving right").frames                                # doctest: +SKIP
         >>> cache.report().skip_share                                                        # doctest: +SKIP
     """
     config = config or DeltaCacheConfig()
-    disable_delta_cache(model)
+    remove_delta_cache(model)
     tracker = track_steps(model)
     cache = DeltaCache(model, config, tracker)
     if config.pdr:
@@ -362,9 +285,15 @@ def enable_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None)
     return cache
 
 
-def disable_delta_cache(model: nn.Module) -> None:
+def remove_delta_cache(model: nn.Module) -> None:
     """Remove the delta cache from ``model`` (no-op when it has none)."""
     for cache in list(blocks.attached(model, DeltaCache)):
         cache.reports.detach()
         cache.tracker.precision.unregister(cache.pdr)
         blocks.detach(model, cache)
+
+
+#: The delta cache's original names, kept public: ``enable_delta_cache`` is :func:`apply_delta_cache`,
+#: ``disable_delta_cache`` is :func:`remove_delta_cache`.
+enable_delta_cache = apply_delta_cache
+disable_delta_cache = remove_delta_cache

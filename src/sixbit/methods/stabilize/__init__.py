@@ -1,5 +1,50 @@
-"""Frame stabilization: quantize each token's temporal mean and its per-frame deviation apart."""
+"""Frame stabilization: quantize each token's temporal mean and its per-frame deviation apart.
 
-from .method import DEFAULT_DEADZONE, FrameStabilizer, apply_stabilizer, remove_stabilizer
+Registered as the method ``"stabilize"``: chosen by ``convert_model(stabilize_frames=...)``
+(a :class:`StabilizeConfig`), its dead zone stored in the conversion record as
+``"stabilize_frames"``.
+"""
 
-__all__ = ["DEFAULT_DEADZONE", "FrameStabilizer", "apply_stabilizer", "remove_stabilizer"]
+from __future__ import annotations
+
+from torch import nn
+
+from ...models import spec_for
+from ..registry import MethodSpec, register_method
+from .method import DEFAULT_DEADZONE, FrameStabilizer, StabilizeConfig, apply_stabilizer, remove_stabilizer
+
+#: The activations a stabilizer acts on (it splits dynamically quantized inputs).
+DYNAMIC_ACTIVATIONS = ("int8", "nvfp4", "dynamic")
+
+
+def _check(model: nn.Module, config: StabilizeConfig, convert_config) -> None:
+    if convert_config.activations not in DYNAMIC_ACTIVATIONS:
+        raise ValueError(
+            f"stabilize_frames acts on dynamically quantized activations, which activations={convert_config.activations!r} "
+            "does not have: choose a preset with int8, nvfp4 or dynamic activations (e.g. 'balanced')"
+        )
+    if spec_for(model).video_grid is None:
+        raise ValueError(f"stabilize_frames is not available for {type(model).__name__}: its token grid is unknown")
+
+
+def _load(deadzone, model: nn.Module, modules: dict[str, nn.Module]) -> StabilizeConfig:
+    if isinstance(deadzone, bool) or not isinstance(deadzone, (int, float)) or not deadzone >= 0:
+        raise ValueError(f"the conversion state has an invalid stabilize_frames value {deadzone!r}")
+    return StabilizeConfig(deadzone)
+
+
+register_method(MethodSpec(
+    name="stabilize",
+    config_type=StabilizeConfig,
+    order=30,
+    attribute="stabilizer",
+    select=lambda config, extra: extra.get("stabilize"),
+    apply=apply_stabilizer,
+    remove=remove_stabilizer,
+    check=_check,
+    state_key="stabilize_frames",
+    dump=lambda config: config.deadzone,
+    load=_load,
+))
+
+__all__ = ["DEFAULT_DEADZONE", "FrameStabilizer", "StabilizeConfig", "apply_stabilizer", "remove_stabilizer"]

@@ -35,15 +35,17 @@ state → hook → ``apply_stabilizer``, like the other runtime methods.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 from torch import nn
 
 from ...models.registry import spec_for
 from ...nn import execution, precision
 from ...nn.precision import ActMode
+from ...runtime import hooks
 from ...runtime.blocks import quant_linears
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,35 @@ logger = logging.getLogger(__name__)
 HOOK_NAME = "sixbit_stabilize"
 DEFAULT_DEADZONE = 0.3  # relative deviation below which a token counts as still (see the module docstring)
 GRID_HOOK_NAME = "sixbit_stabilize_grid"
+
+
+@dataclasses.dataclass(frozen=True)
+class StabilizeConfig:
+    """Frame stabilization settings.
+
+    Args:
+        deadzone: relative deviation below which a token is treated as still (float ≥ 0,
+            default :data:`DEFAULT_DEADZONE`). Higher: steadier, further from the full-precision
+            video; ``0`` only decomposes (the model's function is unchanged).
+    """
+
+    deadzone: float = DEFAULT_DEADZONE
+
+    def __post_init__(self):
+        if isinstance(self.deadzone, bool) or not isinstance(self.deadzone, (int, float)) or not self.deadzone >= 0:
+            raise ValueError(f"deadzone must be a number ≥ 0, got {self.deadzone!r}")
+
+    @classmethod
+    def from_argument(cls, stabilize_frames) -> StabilizeConfig | None:
+        """The config ``convert_model(stabilize_frames=...)`` asks for: ``True`` (the default dead
+        zone), a dead zone ≥ 0, or ``False``/``None`` (no stabilizer: ``None``)."""
+        if stabilize_frames is False or stabilize_frames is None:
+            return None
+        if stabilize_frames is True:
+            return cls()
+        if isinstance(stabilize_frames, (int, float)) and stabilize_frames >= 0:
+            return cls(float(stabilize_frames))
+        raise ValueError(f"stabilize_frames must be True, False or a dead zone ≥ 0, got {stabilize_frames!r}")
 
 
 class FrameStabilizer:
@@ -126,18 +157,18 @@ class _StabilizeHook(ModelHook):
         return torch.cat(pieces, dim=1) if len(pieces) > 1 else y
 
 
-def apply_stabilizer(model: nn.Module, deadzone: float = DEFAULT_DEADZONE) -> FrameStabilizer:
+def apply_stabilizer(model: nn.Module, config: StabilizeConfig | None = None) -> FrameStabilizer:
     """Stabilize every quantized linear of ``model`` across frames; returns the state.
 
-    ``deadzone`` (float ≥ 0, default :data:`DEFAULT_DEADZONE`): relative deviation below which a
-    token is treated as still. Higher: steadier, further from the full-precision video.
+    ``config``: :class:`StabilizeConfig` (default: ``StabilizeConfig()``, the default dead zone).
 
     Example:
-        >>> stab = apply_stabilizer(pipe.transformer)   # doctest: +SKIP
+        >>> stab = apply_stabilizer(pipe.transformer, StabilizeConfig(deadzone=0.3))   # doctest: +SKIP
         >>> pipe("a red circle moving right"); stab.stabilized_calls > 0   # doctest: +SKIP
     """
-    if isinstance(deadzone, bool) or not isinstance(deadzone, (int, float)) or not deadzone >= 0:
-        raise ValueError(f"deadzone must be a number ≥ 0, got {deadzone!r}")
+    config = config or StabilizeConfig()
+    if not isinstance(config, StabilizeConfig):
+        raise ValueError(f"config must be a StabilizeConfig (e.g. StabilizeConfig(deadzone=0.3)), got {config!r}")
     spec = spec_for(model)
     if spec.video_grid is None:
         raise ValueError(
@@ -148,18 +179,15 @@ def apply_stabilizer(model: nn.Module, deadzone: float = DEFAULT_DEADZONE) -> Fr
     if not layers:
         raise ValueError("frame stabilization acts on quantized linears: quantize the model first")
     remove_stabilizer(model)
-    state = FrameStabilizer(spec.text_tokens, float(deadzone))
-    registry = HookRegistry.check_if_exists_or_initialize(model)
-    registry.register_hook(_GridHook(state, spec.video_grid), GRID_HOOK_NAME)
+    state = FrameStabilizer(spec.text_tokens, float(config.deadzone))
+    hooks.register(model, _GridHook(state, spec.video_grid), GRID_HOOK_NAME)
     for layer in layers:
-        HookRegistry.check_if_exists_or_initialize(layer).register_hook(_StabilizeHook(state), HOOK_NAME)
+        hooks.register(layer, _StabilizeHook(state), HOOK_NAME)
     return state
 
 
 def remove_stabilizer(model: nn.Module) -> None:
     """Remove the stabilizer's hooks (no-op when there are none)."""
     for module in [model, *quant_linears(model)]:
-        registry = getattr(module, "_diffusers_hook", None)
         for name in (GRID_HOOK_NAME, HOOK_NAME):
-            if registry is not None and registry.get_hook(name) is not None:
-                registry.remove_hook(name, recurse=False)
+            hooks.remove(module, name)

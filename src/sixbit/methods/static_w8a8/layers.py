@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import checkpoint
 from ...calibration import time_ranges as tr
 from ...formats import Quantized, integer
 from ...formats.packing import pack_bits
@@ -330,5 +329,3 @@ def _prepare(model: nn.Module, modules: dict[str, nn.Module], meta: dict, tensor
 
     return attach
 
-
-EXTENSION = checkpoint.CheckpointExtension("static_w8a8", _export, _prepare)

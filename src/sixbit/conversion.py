@@ -1,0 +1,212 @@
+"""The conversion record: what :func:`sixbit.convert_model` did to a model, and its checkpoint state.
+
+A :class:`Conversion` is remembered per model (``sixbit.conversion_of(model)``). Installing,
+removing and storing it are loops over the method registry (:mod:`sixbit.methods.registry`):
+no method is named here. The record is the checkpoint extension ``"conversion"``; its meta is
+
+    {"version": 1, "config": ConvertConfig.to_dict(), "calibration": {...} | null,
+     <each method's state_key>: <its dump()> | null, ..., "hardware": "..." | null}
+
+(today: ``"predictor"``, DMPQ's, and ``"stabilize_frames"``, the stabilizer's dead zone). It is
+restored after every method's own extension (static W8A8's rebuilds layers first). Importing
+:mod:`sixbit.methods` (as this module does) registers every built-in method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .lora import attach_diffusers_methods
+from .methods.attention import AttentionQuantState
+from .methods.default_precision import DefaultPrecision
+from .methods.delta_cache import DeltaCache
+from .methods.dmpq import DMPQ, DMPQPredictor
+from .methods.registry import CheckpointExtension, methods, register_extension
+from .methods.stabilize import FrameStabilizer
+from .models import transformer_of
+from .nn.precision import ACT_BITS, ActMode, average_bits
+from .presets import ConvertConfig
+
+NAME = "conversion"  # the record's checkpoint extension
+ORDER = 1000  # restored after every method's own checkpoint extension
+
+
+@dataclasses.dataclass
+class Conversion:
+    """What :func:`convert_model` did to a model (``sixbit.conversion_of(model)``).
+
+    Attributes:
+        config: the resolved :class:`~sixbit.presets.ConvertConfig`.
+        calibration: where calibration came from (``{"source": ..., "count": ...}``), or ``None``.
+        predictor: the fitted DMPQ predictor (``activations="dynamic"``).
+        dmpq: the installed DMPQ method (``.report()``: precision map, average bits).
+        cache: the installed delta cache (``.report()``: skip map, skip share, cache bytes).
+        stabilizer: the frame stabilizer (``stabilize_frames=True``).
+        attention: the installed quantized attention (``config.attention``): its ``path``
+            (real or emulated on this device) and counts of quantized calls.
+        default: the configured activation precision's policy (``"int8"``, ``"nvfp4"``, ``"fp"``).
+        hardware: what the preset's intent became on the device it was converted on
+            (:func:`sixbit.presets.for_device`), or ``None`` when it runs as configured.
+        methods: every installed method's state by registered name (the attributes above
+            name the built-in ones).
+        applied: what each installed method was applied with, by name (its config, or what
+            its fit returned), as stored in checkpoints.
+    """
+
+    config: ConvertConfig
+    calibration: dict | None = None
+    predictor: DMPQPredictor | None = None
+    dmpq: DMPQ | None = None
+    cache: DeltaCache | None = None
+    stabilizer: FrameStabilizer | None = None
+    attention: AttentionQuantState | None = None
+    default: DefaultPrecision | None = None
+    hardware: str | None = None
+    methods: dict[str, Any] = dataclasses.field(default_factory=dict)
+    applied: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def average_act_bits(self) -> float:
+        """GEMM-FLOP-weighted activation bits of the last run under DMPQ (PDR's full-precision
+        refreshes counted at 16 bits), else the configured width."""
+        if self.dmpq is not None:
+            flops = defaultdict(float, self.dmpq.report().flops)
+            if self.cache is not None:
+                for mode, f in self.cache.report().pdr_flops.items():
+                    flops[mode] -= f
+                    flops[ActMode.FP.value] += f
+            return average_bits(flops)
+        if self.config.activations == "static":
+            bits = self.config.static.act_bits
+            return float(sum(bits) / len(bits)) if isinstance(bits, (list, tuple)) else float(bits)
+        return ACT_BITS[ActMode(self.config.activations)]
+
+
+_CONVERSIONS: weakref.WeakKeyDictionary[nn.Module, Conversion] = weakref.WeakKeyDictionary()
+
+
+def conversion_of(model_or_pipe) -> Conversion | None:
+    """The :class:`Conversion` of a converted model (or of a pipeline's transformer), else ``None``."""
+    return _CONVERSIONS.get(transformer_of(model_or_pipe))
+
+
+def selected(config: ConvertConfig, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Each registered method ``config`` (and the per-call ``extra`` configs) runs, with its config."""
+    chosen = {}
+    for spec in methods():
+        method_config = spec.select(config, extra)
+        if method_config is not None:
+            chosen[spec.name] = method_config
+    return chosen
+
+
+def check(model: nn.Module, config: ConvertConfig, chosen: Mapping[str, Any]) -> None:
+    """Every chosen method's own check: refuse what cannot run, before anything changes."""
+    for spec in methods():
+        if spec.name in chosen and spec.check is not None:
+            spec.check(model, chosen[spec.name], config)
+
+
+def install(model: nn.Module, config: ConvertConfig, applied: Mapping[str, Any], calibration: dict | None,
+            hardware: str | None = None) -> Conversion:
+    """Apply each method of ``applied`` (what its fit returned, or its config) in registry order,
+    and remember the conversion."""
+    conversion = Conversion(config, calibration, hardware=hardware)
+    _CONVERSIONS[model] = conversion  # first: a failure below is undone through it
+    for spec in methods():
+        if spec.name not in applied:
+            continue
+        conversion.applied[spec.name] = applied[spec.name]
+        if spec.fitted is not None:
+            setattr(conversion, spec.fitted, applied[spec.name])
+        if spec.apply is not None:
+            state = spec.apply(model, applied[spec.name])
+            conversion.methods[spec.name] = state
+            if spec.attribute is not None:
+                setattr(conversion, spec.attribute, state)
+    return conversion
+
+
+def remove_methods(model: nn.Module) -> None:
+    """Remove every registered runtime method from ``model`` (last installed first), and forget
+    its conversion."""
+    _CONVERSIONS.pop(model, None)
+    for spec in reversed(methods()):
+        if spec.remove is not None:
+            spec.remove(model)
+
+
+def conversion_state(conversion: Conversion) -> tuple[dict, dict]:
+    """The checkpoint extension's ``(meta, tensors)`` for ``conversion``."""
+    meta = {"version": 1, "config": conversion.config.to_dict(), "calibration": conversion.calibration}
+    for spec in methods():
+        if spec.state_key is not None:
+            applied = conversion.applied.get(spec.name)
+            meta[spec.state_key] = None if applied is None else spec.dump(applied)
+    meta["hardware"] = conversion.hardware
+    return meta, {}
+
+
+def _export(model: nn.Module):
+    conversion = _CONVERSIONS.get(model)
+    return None if conversion is None else conversion_state(conversion)
+
+
+def _stored(model: nn.Module, modules: dict[str, nn.Module], meta: dict, config: ConvertConfig) -> dict[str, Any]:
+    """What each method of a stored conversion is applied with, checked against ``modules``."""
+    known = {"version", "config", "calibration", "hardware"} | {s.state_key for s in methods() if s.state_key}
+    unknown = sorted(set(meta) - known)
+    if unknown:
+        raise ValueError(f"the conversion stores state {unknown} of runtime methods this sixbit does not know: "
+                         "load it with the sixbit version (and the method packages) that wrote it")
+    applied = {}
+    for spec in methods():
+        if spec.state_key is None:
+            if spec.apply is not None and spec.select(config, {}) is not None:
+                applied[spec.name] = spec.select(config, {})
+            continue
+        value = meta.get(spec.state_key)
+        if value is None:
+            if spec.fit is not None and spec.select(config, {}) is not None:
+                raise ValueError(f"the conversion runs {spec.name} but stores no {spec.state_key!r}")
+            continue
+        try:
+            applied[spec.name] = spec.load(value, model, modules)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"the conversion state's {spec.state_key!r} is incomplete or malformed: {e}") from None
+    return applied
+
+
+def _prepare(model: nn.Module, modules: dict[str, nn.Module], meta: dict, tensors: dict[str, torch.Tensor]):
+    """Check a stored conversion against the model it will be installed on; the installer."""
+    if meta.get("version") != 1:
+        raise ValueError(f"unsupported conversion state version {meta.get('version')!r}")
+    try:
+        config = ConvertConfig.from_dict(meta["config"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"the conversion state is incomplete or malformed: {e}") from None
+    calibration, hardware = meta.get("calibration"), meta.get("hardware")
+    malformed = [key for key, value, kind in (("calibration", calibration, dict), ("hardware", hardware, str))
+                 if value is not None and not isinstance(value, kind)]
+    if malformed:
+        raise ValueError(f"the conversion state's {' and '.join(malformed)} entry is malformed")
+    applied = _stored(model, modules, meta, config)
+    check(model, config, applied)
+
+    def installer() -> None:
+        install(model, config, applied, calibration, hardware)
+        attach_diffusers_methods(model)
+
+    return installer
+
+
+EXTENSION = register_extension(CheckpointExtension(NAME, _export, _prepare, clear=remove_methods), ORDER)
+
+__all__ = ["EXTENSION", "Conversion", "check", "conversion_of", "conversion_state", "install", "remove_methods",
+           "selected"]

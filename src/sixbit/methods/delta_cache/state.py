@@ -1,0 +1,94 @@
+"""The delta cache's state: per run and CFG branch, one entry per block (its last computed
+residuals, their drift and stability, stored in full precision or compressed), and the skip
+bookkeeping of each decision unit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ... import formats
+
+
+def storage_format(fmt: str, width: int) -> str:
+    """``int4-g64`` needs widths divisible by 64: smaller groups (32, 16), else per token."""
+    if fmt != "int4-g64" or width % 64 == 0:
+        return fmt
+    return next((f"int4-g{g}" for g in (32, 16) if width % g == 0), "int4")
+
+
+class Stored:
+    """A residual kept in full precision or compressed with a sixbit integer format."""
+
+    def __init__(self, delta: torch.Tensor | None, fmt: str):
+        self.dtype = None if delta is None else delta.dtype
+        self.shape = None if delta is None else tuple(delta.shape)
+        if delta is None or fmt == "fp":
+            self.value, self.packed = (None if delta is None else delta.detach()), None
+        else:
+            self.value = None
+            self.packed = formats.get(storage_format(fmt, delta.shape[-1])).quantize(delta.detach())
+
+    def get(self) -> torch.Tensor | None:
+        if self.packed is not None:
+            return self.packed.dequantize(self.dtype)
+        return self.value
+
+    @property
+    def nbytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.nbytes
+        return 0 if self.value is None else self.value.numel() * self.value.element_size()
+
+
+@dataclasses.dataclass
+class Entry:
+    """One block's last computed residuals (per stream), their drift and its stability."""
+
+    hidden: Stored
+    encoder: Stored
+    hidden_slope: Stored  # per-step change of the hidden residual (None inside when unknown)
+    encoder_slope: Stored
+    step: int
+    stability: torch.Tensor | None = None  # per sample; None until two residuals were seen
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_slope, self.encoder_slope))
+
+    def replay(self, stream: str, drift: float, age: int) -> torch.Tensor | None:
+        delta = getattr(self, stream).get()
+        slope = getattr(self, f"{stream}_slope").get()
+        if delta is None or slope is None or drift == 0:
+            return delta
+        return delta + (drift * age) * slope
+
+
+@dataclasses.dataclass
+class Streak:
+    """Skip bookkeeping of one decision unit (all blocks, or one block with ``decide_per_block``)."""
+
+    computed_step: int = -1  # the step of the unit's last compute
+    decided_step: int = -1
+    skip: bool = False  # the decision taken at ``decided_step``
+    skips: int = 0
+    error: float = 0.0
+
+
+class DeltaCacheState:
+    """Per run and branch: one cache entry per block."""
+
+    def __init__(self):
+        self.entries: dict[int, Entry] = {}
+        self.held_bytes = 0  # bytes of all cached residuals and drifts, kept up to date on every store
+
+    def store(self, index: int, entry: Entry) -> None:
+        old = self.entries.get(index)
+        if old is not None:
+            self.held_bytes -= old.nbytes
+        self.entries[index] = entry
+        self.held_bytes += entry.nbytes
+
+
+__all__ = ["DeltaCacheState", "Entry", "Stored", "Streak", "storage_format"]

@@ -1,0 +1,160 @@
+"""The method registry: one :class:`MethodSpec` per runtime method, registered by its package.
+
+:func:`sixbit.convert_model`, the conversion record (:mod:`sixbit.conversion`) and the
+checkpoint (:mod:`sixbit.checkpoint`) loop over :func:`methods` and :func:`extensions`; none of
+them names a method. Adding a method is one package plus one :func:`register_method` call::
+
+    register_method(MethodSpec(
+        name="my_method", config_type=MyConfig, order=60, attribute=None,
+        select=lambda config, extra: extra.get("my_method"),
+        apply=apply_my_method, remove=remove_my_method,
+    ))
+
+What a spec says, in the order a conversion uses it:
+
+1. ``select(convert_config, extra) -> method config | None``: whether this conversion runs the
+   method, and with what (``extra``: per-call method configs that are not part of the
+   :class:`~sixbit.ConvertConfig`, by method name, e.g. ``convert_model(stabilize_frames=...)``).
+2. ``check(model, method_config, convert_config)``: refuse what cannot run, before anything
+   changes (also when a checkpoint is loaded).
+3. ``fit(model, method_config, run, calibration) -> applied config`` (``needs_calibration``):
+   after the weights are quantized; ``run()`` runs the calibration generations, ``calibration``
+   describes their source. Its result is what ``apply`` takes (e.g. DMPQ's predictor), kept
+   on the :class:`~sixbit.Conversion` as ``fitted``.
+4. ``apply(model, applied_config) -> state``, in ``order``; the state is kept on the
+   conversion (``conversion.methods[name]``, and ``conversion.<attribute>`` when named).
+   ``remove(model)`` undoes it (a no-op when it is not installed).
+
+Checkpoint state, beside the method, in one of two places:
+
+- ``state_key`` with ``dump(applied) -> JSON`` and ``load(value, model, modules) -> applied``:
+  a JSON value in the conversion record (``header["extensions"]["conversion"][state_key]``).
+  ``load`` validates against ``modules`` (the model's modules as they will be once the file's
+  layers are in) and raises ``ValueError`` naming the problem. Methods whose applied config is
+  the :class:`~sixbit.ConvertConfig`'s own need none: the record stores the config.
+- ``export(model) -> (meta, tensors) | None`` and ``prepare(model, modules, meta, tensors) ->
+  installer``: a checkpoint extension of its own, named after the method (see
+  :mod:`sixbit.checkpoint`), for state that holds tensors (static W8A8's per-range parameters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointExtension:
+    """Extra state a runtime method stores in checkpoints (see :mod:`sixbit.checkpoint`).
+
+    ``prepare(model, modules, meta, tensors)`` validates the stored state against ``modules``
+    (the model's modules as they will be once the file's layers are in) without changing
+    anything, raises ``ValueError`` on a problem, and returns the function that installs it.
+    ``clear(model)`` (optional) removes the method from a model a checkpoint is loaded into.
+    """
+
+    name: str
+    export: Callable[[nn.Module], tuple[dict, dict[str, torch.Tensor]] | None]
+    prepare: Callable[[nn.Module, dict[str, nn.Module], dict, dict[str, torch.Tensor]], Callable[[], None]]
+    clear: Callable[[nn.Module], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """How a runtime method is chosen, fitted, installed, removed and stored (module docstring)."""
+
+    name: str
+    config_type: type | None
+    order: int
+    attribute: str | None
+    select: Callable[[Any, Mapping[str, Any]], Any]
+    apply: Callable[[nn.Module, Any], Any] | None = None
+    remove: Callable[[nn.Module], None] | None = None
+    needs_calibration: bool = False
+    fit: Callable[[nn.Module, Any, Callable[[], object], dict | None], Any] | None = None
+    fitted: str | None = None
+    check: Callable[[nn.Module, Any, Any], None] | None = None
+    state_key: str | None = None
+    dump: Callable[[Any], Any] | None = None
+    load: Callable[[Any, nn.Module, dict[str, nn.Module]], Any] | None = None
+    export: Callable[[nn.Module], tuple[dict, dict[str, torch.Tensor]] | None] | None = None
+    prepare: Callable[[nn.Module, dict[str, nn.Module], dict, dict[str, torch.Tensor]], Callable[[], None]] | None = None
+
+    def __post_init__(self):
+        problems = []
+        if (self.apply is None) != (self.remove is None):
+            problems.append("apply and remove go together (one installs what the other removes)")
+        if self.apply is None and self.fit is None and self.export is None:
+            problems.append("it does nothing: give apply/remove, fit or export/prepare")
+        if self.needs_calibration and self.fit is None:
+            problems.append("needs_calibration=True without a fit")
+        if self.state_key is not None and (self.dump is None or self.load is None):
+            problems.append("state_key needs dump and load")
+        if (self.export is None) != (self.prepare is None):
+            problems.append("export and prepare go together")
+        if problems:
+            raise ValueError(f"method {self.name!r}: " + "; ".join(problems))
+
+
+_METHODS: dict[str, MethodSpec] = {}
+_EXTENSIONS: dict[str, tuple[int, CheckpointExtension]] = {}
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    """Register ``spec`` (replacing a spec of the same name: a reloaded module registers again).
+    A method with ``export``/``prepare`` is also a checkpoint extension named ``spec.name``,
+    restored in ``order``."""
+    taken = {s.state_key for s in _METHODS.values() if s.name != spec.name and s.state_key is not None}
+    if spec.state_key in taken:
+        raise ValueError(f"method {spec.name!r}: state_key {spec.state_key!r} is already used by another method")
+    _METHODS[spec.name] = spec
+    if spec.export is not None:
+        register_extension(CheckpointExtension(spec.name, spec.export, spec.prepare), spec.order)
+    return spec
+
+
+def unregister_method(name: str) -> None:
+    """Forget the method ``name`` (and its checkpoint extension); a no-op when unknown."""
+    spec = _METHODS.pop(name, None)
+    if spec is not None and spec.export is not None:
+        _EXTENSIONS.pop(name, None)
+
+
+def methods() -> list[MethodSpec]:
+    """Every registered method, in install order."""
+    return sorted(_METHODS.values(), key=lambda s: (s.order, s.name))
+
+
+def method(name: str) -> MethodSpec:
+    """The registered method ``name``."""
+    if name not in _METHODS:
+        raise ValueError(f"unknown method {name!r}: registered are {sorted(_METHODS)}")
+    return _METHODS[name]
+
+
+def register_extension(extension: CheckpointExtension, order: int) -> CheckpointExtension:
+    """Store ``extension`` in checkpoints, restored in ``order`` (lower first)."""
+    _EXTENSIONS[extension.name] = (order, extension)
+    return extension
+
+
+def extensions() -> dict[str, CheckpointExtension]:
+    """The checkpoint extensions by name, in restore order."""
+    ordered = sorted(_EXTENSIONS.items(), key=lambda item: (item[1][0], item[0]))
+    return {name: ext for name, (_, ext) in ordered}
+
+
+__all__ = [
+    "CheckpointExtension",
+    "MethodSpec",
+    "extensions",
+    "method",
+    "methods",
+    "register_extension",
+    "register_method",
+    "unregister_method",
+]

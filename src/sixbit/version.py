@@ -1,0 +1,3 @@
+"""The sixbit version, written into every checkpoint header."""
+
+__version__ = "0.1.0"
