@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
-from .._distributed import token_max, tokens_split
+from ..distributed import token_max, tokens_split
 from ..formats import nvfp4
 from ..kernels import int8_matmul
 from ..kernels.paths import MODE_OF, Capabilities, Operands, Path, select

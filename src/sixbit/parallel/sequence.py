@@ -13,7 +13,7 @@ model's processors support it (Wan's, through diffusers' attention dispatcher). 
   head attends over is ``[text, video]`` in the single process's order;
 - the CPU: diffusers' ``enable_parallelism`` assumes an accelerator, so the same config is set
   up here on a CPU device mesh (gloo);
-- runtime statistics over every rank's tokens (:mod:`sixbit._distributed`), so the delta cache,
+- runtime statistics over every rank's tokens (:mod:`sixbit.distributed`), so the delta cache,
   DMPQ and PDR decide as the single process does.
 
 On this CPU both shipped models reproduce the single process's videos bit for bit, quantized
@@ -44,7 +44,7 @@ from diffusers.models._modeling_parallel import (
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .. import _distributed
+from .. import distributed
 from ..methods.attention import attention_quant_of
 from ..models import iter_blocks
 from ..runtime import hooks
@@ -196,7 +196,7 @@ def enable(model: nn.Module, group) -> SequenceShards:
             m.processor._parallel_config = config
             configured.append(m)
     apply_context_parallel(model, cp, plan)  # after the runtime methods' block hooks: it wraps them
-    _distributed.set_token_group(group)
+    distributed.set_token_group(group)
     hooks.register(model, _Guard(world), GUARD_HOOK)  # outermost
     return SequenceShards(plan, configured, routed)
 
@@ -239,4 +239,4 @@ def disable(model: nn.Module, shards: SequenceShards) -> None:
     for m in shards.routed:
         hooks.remove(m, ROUTE_HOOK)
     hooks.remove(model, GUARD_HOOK)
-    _distributed.set_token_group(None)
+    distributed.set_token_group(None)
