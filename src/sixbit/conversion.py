@@ -32,6 +32,7 @@ from .methods.registry import CheckpointExtension, methods, register_extension
 from .methods.stabilize import FrameStabilizer
 from .models import transformer_of
 from .nn.precision import ACT_BITS, ActMode, average_bits
+from .config import Activations
 from .presets import ConvertConfig
 
 NAME = "conversion"  # the record's checkpoint extension
@@ -82,7 +83,7 @@ class Conversion:
                     flops[mode] -= f
                     flops[ActMode.FP.value] += f
             return average_bits(flops)
-        if self.config.activations == "static":
+        if self.config.activations == Activations.STATIC:
             bits = self.config.static.act_bits
             return float(sum(bits) / len(bits)) if isinstance(bits, (list, tuple)) else float(bits)
         return ACT_BITS[ActMode(self.config.activations)]

@@ -289,7 +289,7 @@ def _checked_config(quant_config, calibration):
     """The :class:`~sixbit.ConvertConfig` of ``quant_config``, refused where a streamed
     conversion cannot run it."""
     config = resolve(quant_config)
-    if config.activations in ("dynamic", "static"):
+    if config.activations.calibrated:
         raise ValueError(
             f"activations={config.activations!r} is fitted on generations of the converted model, which a streamed "
             "conversion does not run: choose a preset with fixed activations (e.g. 'w4a8', 'w8a8') or load the model "

@@ -31,6 +31,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..config import Activations
+from ..convert import convert_model
+from .. import kernels
+from ..methods.attention import AttentionQuantConfig, apply_attention_quant
+from ..presets import PRESETS, for_device, preset
+from ..runtime import track_steps
 from .counting import default_precision
 from .peer_cache_dit import VARIANTS as CACHE_DIT_VARIANTS
 from .peer_cache_dit import apply_dbcache
@@ -119,10 +125,6 @@ register(Method("bf16", "reference", "the shipped transformer in bfloat16", _app
 
 
 def _preset_names() -> tuple[str, ...]:
-    try:
-        from ..presets import PRESETS
-    except ImportError:  # the conversion API is not importable: no presets to offer
-        return ()
     return tuple(PRESETS)
 
 
@@ -130,10 +132,6 @@ def _apply_preset(name, ablation: str = "", **cache_changes):
     """Apply preset ``name``; ``cache_changes`` alter its delta cache (an ablation, named in the note)."""
 
     def apply(pipe, ctx, value):
-        import sixbit
-
-        from ..presets import preset
-
         config = preset(name)
         if cache_changes:
             config.cache = dataclasses.replace(config.cache, **cache_changes)
@@ -146,7 +144,7 @@ def _apply_preset(name, ablation: str = "", **cache_changes):
             config.cache = dataclasses.replace(config.cache, threshold=value, error_budget=ratio * value)
             note += f"threshold {value:g}; "
         calibration = (lambda: ctx.calibrate(pipe)) if config.needs_calibration else None
-        sixbit.convert_model(pipe, calibration, config)
+        convert_model(pipe, calibration, config)
         if calibration is not None:
             note += f"calibrated on {ctx.calibration_prompts} prompts; "
         return note + (config.description or name)
@@ -156,16 +154,11 @@ def _apply_preset(name, ablation: str = "", **cache_changes):
 
 def _emulated(config) -> bool:
     """Whether ``config`` runs NVFP4 activations emulated on this machine's device."""
-    from ..kernels import fp4_supported
-    from ..presets import for_device
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return for_device(config, device)[0].activations in ("nvfp4", "dynamic") and not fp4_supported(device)
+    return for_device(config, device)[0].activations in (Activations.NVFP4, Activations.DYNAMIC) and not kernels.fp4_supported(device)
 
 
 def _preset_method(name: str) -> Method:
-    from ..presets import preset
-
     config = preset(name)
     emulated = _emulated(config)
     return Method(
@@ -198,8 +191,6 @@ if "balanced" in _preset_names():  # issue 7's ablations
 
 
 def _apply_int8_attention(pipe, ctx, value):
-    from ..methods.attention import AttentionQuantConfig, apply_attention_quant
-
     start = None if value is None else int(value)
     state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(steps=(start, None)))
     return f"INT8 QKᵀ (K smoothed) + FP16 PV, {'every step' if start is None else f'from step {start}'}; {state.path}"
@@ -215,8 +206,6 @@ register(Method("int8-attention", "sixbit", "quantized attention (SageAttention'
 
 def _enable_with_tracker(pipe, make_config):
     """PAB and FasterCache ask for the current timestep through a callback; sixbit's step tracker knows it."""
-    from ..runtime import track_steps
-
     holder = {}
     pipe.transformer.enable_cache(make_config(lambda: holder["tracker"].info.timestep))
     # installed after the cache's hooks, the tracker runs first: callbacks see this call's timestep

@@ -21,6 +21,7 @@ from ..convert import conversion_of, convert_model
 from ..pipelines import SHIPPED, load_pipeline, shapes_arch
 from ..methods.attention import AttentionQuantConfig
 from ..methods.delta_cache import DeltaCacheConfig, enable_delta_cache
+from ..config import Activations
 from ..presets import PRESETS, for_device, resolve
 from .args import (DEFAULT_SEED, MAX_SCALE, MAX_STEPS, calibration, call_kwargs, check_output_file, float_in,
                    guidance_type, int_in, read_prompts, seed_type, steps_type)
@@ -96,7 +97,7 @@ def _prepare(args):
 def _emulation_note(pipe) -> str:
     """A label for timings of a conversion whose NVFP4 activations are emulated (dequantize + fp32 matmul)."""
     conv = conversion_of(pipe)
-    if conv is not None and conv.config.activations in ("nvfp4", "dynamic"):
+    if conv is not None and conv.config.activations in (Activations.NVFP4, Activations.DYNAMIC):
         return " (NVFP4 activations EMULATED here: not FP4 hardware speed)"
     return ""
 

@@ -54,6 +54,7 @@ import torch
 from .. import formats as formats_
 from ..convert import calibration_runner, check_convertible, convert_model
 from ..models import transformer_of
+from ..config import Activations
 from ..presets import ConvertConfig, resolve
 from .library import (
     DEFAULT_FORMATS,
@@ -130,7 +131,7 @@ def _base(base) -> ConvertConfig:
     problems = []
     if config.weights is None:
         problems.append("it quantizes no weights")
-    if config.activations not in ("fp", "int8", "nvfp4"):
+    if config.activations not in (Activations.FP, Activations.INT8, Activations.NVFP4):
         problems.append(f"its activations are {config.activations!r} (tuning measures fixed activations: fp, int8 or nvfp4)")
     if config.cache is not None or config.dmpq is not None:
         problems.append("it runs a delta cache or DMPQ (add them to the tuned config afterwards)")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from torch import nn
 
+from ...config.conversion import Activations
 from ...nn.precision import ActMode, Level, act_mode
 from ...runtime.context import track_steps, tracker_of
 from ..registry import MethodSpec, register_method
 
 #: The ``activations`` values that are a fixed precision (the others choose a method).
-FIXED = ("int8", "nvfp4", "fp")
+FIXED = (Activations.INT8, Activations.NVFP4, Activations.FP)
 
 
 class DefaultPrecision:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from ...config.conversion import Activations
 from ...config.dmpq import DMPQConfig
 from ...models import iter_blocks
 from ...nn import QuantLinear
@@ -61,7 +62,7 @@ register_method(MethodSpec(
     config_type=DMPQConfig,
     order=20,
     attribute="dmpq",
-    select=lambda config, extra: config.dmpq if config.activations == "dynamic" else None,
+    select=lambda config, extra: config.dmpq if config.activations == Activations.DYNAMIC else None,
     apply=apply_dmpq,
     remove=remove_dmpq,
     needs_calibration=True,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from torch import nn
 
+from ...config.conversion import Activations
 from ...models import spec_for
 from ..registry import MethodSpec, register_method
 from .method import DEFAULT_DEADZONE, FrameStabilizer, StabilizeConfig, apply_stabilizer, remove_stabilizer
 
 #: The activations a stabilizer acts on (it splits dynamically quantized inputs).
-DYNAMIC_ACTIVATIONS = ("int8", "nvfp4", "dynamic")
+DYNAMIC_ACTIVATIONS = (Activations.INT8, Activations.NVFP4, Activations.DYNAMIC)
 
 
 def _check(model: nn.Module, config: StabilizeConfig, convert_config) -> None:
