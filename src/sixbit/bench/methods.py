@@ -155,7 +155,8 @@ def _apply_preset(name, ablation: str = "", **cache_changes):
 def _emulated(config) -> bool:
     """Whether ``config`` runs NVFP4 activations emulated on this machine's device."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return for_device(config, device)[0].activations in (Activations.NVFP4, Activations.DYNAMIC) and not kernels.fp4_supported(device)
+    nvfp4 = for_device(config, device)[0].activations in (Activations.NVFP4, Activations.DYNAMIC)
+    return nvfp4 and not kernels.fp4_supported(device)
 
 
 def _preset_method(name: str) -> Method:
