@@ -119,3 +119,69 @@ def test_two_adapters_and_full_precision_targets(tmp_path):
     with pytest.raises(ValueError, match="diffusers / PEFT layout"):
         sixbit.load_lora(pipe, {"lora_unet_x.lora_down.weight": torch.ones(2, 4)})
     assert sixbit.loras(pipe) == ["two"]  # refusals changed nothing
+
+
+# ---- issue 48: values that used to give an all-NaN video or a raw Python error ---------------------------
+
+
+def _converted_with_one_lora():
+    pipe = load_pipeline("wan")
+    sixbit.convert_model(pipe, None, "w8a8")
+    x = pipe.transformer
+    name = next(n for n, m in x.named_modules() if isinstance(m, QuantLinear))
+    layer = x.get_submodule(name)
+    g = torch.Generator().manual_seed(2)
+
+    def lora(a_scale=1.0, rank=2):
+        return {f"{name}.lora_A.weight": a_scale * torch.randn(rank, layer.in_features, generator=g),
+                f"{name}.lora_B.weight": torch.randn(layer.out_features, rank, generator=g)}
+
+    return pipe, layer, lora
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), "x", None, True])
+def test_a_scale_that_is_not_a_finite_number_is_refused(scale):
+    pipe, layer, lora = _converted_with_one_lora()
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        sixbit.load_lora(pipe, lora(), scale=scale)
+    assert sixbit.loras(pipe) == [] and not layer.loras  # nothing loaded
+    sixbit.load_lora(pipe, lora(), scale=0.5)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        sixbit.set_lora_scale(pipe, scale)
+    assert layer.loras == {"default": 0.5}  # unchanged
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda t: t.index_fill(1, torch.tensor([0]), float("nan")), "holds NaN or inf"),
+    (lambda t: t * 1e6, "beyond the 16-bit branch's range"),
+])
+def test_factors_that_cannot_run_in_16_bits_are_refused(damage, message):
+    pipe, layer, lora = _converted_with_one_lora()
+    tensors = lora()
+    key = next(k for k in tensors if "lora_A" in k)
+    tensors[key] = damage(tensors[key])
+    with pytest.raises(ValueError, match=message):
+        sixbit.load_lora(pipe, tensors)
+    assert sixbit.loras(pipe) == [] and not layer.loras
+
+
+def test_a_rank_0_lora_is_refused_with_a_clear_error():
+    pipe, layer, lora = _converted_with_one_lora()
+    with pytest.raises(ValueError, match="rank ≥ 1"):
+        sixbit.load_lora(pipe, lora(rank=0))
+    assert sixbit.loras(pipe) == []
+
+
+def test_set_adapters_with_an_unknown_name_is_an_error_and_changes_nothing():
+    """diffusers raises for unknown adapter names; before, every adapter was silently switched off."""
+    pipe, layer, lora = _converted_with_one_lora()
+    pipe.transformer.load_lora_adapter(lora(), adapter_name="style")
+    with pytest.raises(ValueError, match=r"\['nope'\] are not loaded; loaded adapters: \['style'\]"):
+        pipe.transformer.set_adapters("nope")
+    with pytest.raises(ValueError, match="2 adapter names but 1 weights"):
+        pipe.transformer.set_adapters(["style", "style"], [0.5])
+    with pytest.raises(ValueError, match="adapter weight must be a finite number"):
+        pipe.transformer.set_adapters("style", float("nan"))
+    assert layer.loras == {"style": 1.0}
+    pipe.transformer.set_adapters("style", 0.25)
+    assert layer.loras == {"style": 0.25}

@@ -23,6 +23,8 @@ Example:
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import re
 import types
@@ -42,6 +44,14 @@ _ALPHA = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+
 # full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}} and one hook each
 _LINEAR: "weakref.WeakKeyDictionary[nn.Linear, dict[str, list]]" = weakref.WeakKeyDictionary()
 _HOOKS: "weakref.WeakKeyDictionary[nn.Linear, object]" = weakref.WeakKeyDictionary()
+_FP16_MAX = torch.finfo(torch.float16).max  # the branches keep their factors in fp16
+
+
+def _scale(value, what: str = "scale") -> float:
+    """A LoRA scale as a float: a finite real number (NaN or inf would turn every output into NaN)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}: e.g. 1.0 (full strength) or 0 (off)")
+    return float(value)
 
 
 def _read(lora) -> tuple[dict[str, torch.Tensor], dict]:
@@ -96,6 +106,11 @@ def _pairs(tensors: dict[str, torch.Tensor], meta: dict) -> dict[str, tuple[torc
         rank = down.shape[0]
         alpha = alphas.get(module, meta.get("alpha_pattern", {}).get(module, meta.get("lora_alpha", rank)))
         rank_of = meta.get("rank_pattern", {}).get(module, meta.get("r", rank))
+        if rank < 1 or not isinstance(rank_of, numbers.Real) or not rank_of >= 1:
+            raise ValueError(f"LoRA module {module!r} has rank {rank} (r={rank_of!r}): a LoRA needs rank ≥ 1; "
+                             "is the file complete?")
+        if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
+            raise ValueError(f"LoRA module {module!r} has alpha {alpha!r}: it must be a finite number")
         out[module] = (down, up, float(alpha) / float(rank_of))
     return out
 
@@ -113,8 +128,18 @@ def load_lora(model_or_pipe, lora, scale: float = 1.0, adapter_name: str = "defa
     Everything is checked (every targeted module exists and is a linear layer of the LoRA's
     shape; the name is free) before any layer changes. Returns ``model_or_pipe``.
     """
-    _load(transformer_of(model_or_pipe), *_read(lora), scale, adapter_name)
+    _load(transformer_of(model_or_pipe), *_read(lora), _scale(scale), adapter_name)
     return model_or_pipe
+
+
+def _factor_problems(name: str, down: torch.Tensor, up: torch.Tensor) -> list[str]:
+    """What keeps a LoRA's factors from running as a 16-bit branch: NaN/inf, or fp16 overflow."""
+    for part, t in (("lora_A", down), ("lora_B", up)):
+        if not torch.isfinite(t).all():
+            return [f"{name}.{part} holds NaN or inf"]
+        if t.abs().max() > _FP16_MAX:
+            return [f"{name}.{part} holds {t.abs().max().item():.3g}, beyond the 16-bit branch's range (65504)"]
+    return []
 
 
 def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale: float, adapter_name: str) -> None:
@@ -133,6 +158,10 @@ def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale:
             problems.append(f"{name}: LoRA {tuple(down.shape)}/{tuple(up.shape)} vs layer {layer.in_features}→{layer.out_features}")
     if problems:
         raise ValueError(f"this LoRA does not fit {type(model).__name__}: {problems[:5]} (was it made for another model?)")
+    broken = [p for name, (down, up, _) in pairs.items() for p in _factor_problems(name, down, up)]
+    if broken:
+        raise ValueError(f"this LoRA's weights cannot run: {broken[:5]}; the file is damaged or was saved "
+                         "from a diverged training run")
     for name, (down, up, factor) in pairs.items():
         layer = modules[name]
         if isinstance(layer, QuantLinear):
@@ -175,6 +204,7 @@ def _adapters(model: nn.Module, adapter_name: str | None) -> list[str]:
 
 def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None) -> None:
     """Set the scale of one LoRA (or of all, ``adapter_name=None``); 0 switches it off exactly."""
+    scale = _scale(scale)
     model = transformer_of(model_or_pipe)
     modules = dict(model.named_modules())
     for adapter in _adapters(model, adapter_name):
@@ -222,8 +252,14 @@ def attach_diffusers_methods(model: nn.Module) -> None:
 
     def set_adapters(self, adapter_names, weights=None):
         names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
-        if weights is None or isinstance(weights, (int, float)):
-            weights = [1.0 if weights is None else float(weights)] * len(names)
+        unknown = [n for n in names if n not in loras(self)]
+        if unknown:  # as diffusers: an unknown name is an error, not "switch everything off"
+            raise ValueError(f"adapter name(s) {unknown} are not loaded; loaded adapters: {loras(self)}")
+        if weights is None or isinstance(weights, numbers.Real):
+            weights = [1.0 if weights is None else weights] * len(names)
+        weights = [_scale(1.0 if w is None else w, "an adapter weight") for w in weights]
+        if len(weights) != len(names):
+            raise ValueError(f"set_adapters got {len(names)} adapter names but {len(weights)} weights: give one per name")
         for name in loras(self):  # diffusers: the adapters not named are switched off
             set_lora_scale(self, weights[names.index(name)] if name in names else 0.0, name)
 
