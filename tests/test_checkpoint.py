@@ -409,3 +409,24 @@ def test_a_model_built_empty_from_the_config_takes_the_files_dtypes(tmp_path):
     loaded, source = empty.state_dict(), pipe.transformer.state_dict()
     assert loaded.keys() == source.keys()
     assert all(loaded[k].dtype == v.dtype and torch.equal(loaded[k], v) for k, v in source.items())
+
+
+# ---- issue 48: models without transformer blocks ----------------------------------------------------------
+
+
+def test_a_model_without_transformer_blocks_loads_and_a_bare_layer_is_refused_on_save(tmp_path):
+    """The example in save()'s docstring: an nn.Sequential of QuantLinear. Loading it used to swap
+    the layers in, then fail while clearing the previous conversion's methods (it looked for
+    transformer blocks), leaving the model changed."""
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    quantized = torch.nn.Sequential(QuantLinear.from_linear(plain[0], "int8"), torch.nn.GELU(),
+                                    QuantLinear.from_linear(plain[2], "nvfp4"))
+    x = torch.randn(3, 64)
+    sixbit.save(quantized, tmp_path / "seq.safetensors")
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    sixbit.load(tmp_path / "seq.safetensors", fresh)
+    assert isinstance(fresh[0], QuantLinear) and torch.equal(fresh(x), quantized(x))
+    with pytest.raises(ValueError, match="bare QuantLinear could be saved but never loaded"):
+        sixbit.save(quantized[0], tmp_path / "one.safetensors")
+    assert not (tmp_path / "one.safetensors").exists()

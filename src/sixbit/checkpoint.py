@@ -141,6 +141,9 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         '.safetensors'
     """
     model = transformer_of(model)
+    if isinstance(model, QuantLinear):  # load() replaces layers inside a model, never the model itself
+        raise ValueError("a bare QuantLinear could be saved but never loaded back: save the model that holds it, "
+                         "or wrap it, e.g. sixbit.save(torch.nn.Sequential(layer), path)")
     wrapper = wrapper_of(model)  # split across processes: rank 0 writes the whole model
     with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:
         if not writes:

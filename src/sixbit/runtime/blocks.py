@@ -146,7 +146,7 @@ def attach(model: nn.Module, method: BlockMethod) -> list[tuple[int, str, nn.Mod
 
 def detach(model: nn.Module, method: BlockMethod) -> None:
     """Stop running ``method``; the shared hook goes when no method is left."""
-    for block in blocks_of(model):
+    for block in _hooked(model):
         hook = _hook(block)
         if hook is None:
             continue
@@ -158,14 +158,16 @@ def detach(model: nn.Module, method: BlockMethod) -> None:
 def attached(model: nn.Module, kind: type) -> Iterator[BlockMethod]:
     """The distinct methods of class ``kind`` attached to ``model``'s blocks."""
     seen: list[BlockMethod] = []
-    for block in blocks_of(model):
-        hook = _hook(block)
-        for method in hook.methods if hook is not None else ():
+    for block in _hooked(model):
+        for method in _hook(block).methods:
             if isinstance(method, kind) and all(method is not s for s in seen):
                 seen.append(method)
     return iter(seen)
 
 
-def blocks_of(model: nn.Module) -> list[nn.Module]:
-    """The block modules of ``model`` (its registered or generic block lists)."""
-    return [block for _, _, block, _ in iter_blocks(model)]
+def _hooked(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` that carry the block hook, in module order. Found by the hooks,
+    not by the model's block metadata: a model without recognizable blocks (a plain
+    ``nn.Sequential`` a checkpoint is loaded into) has none, and removing methods from it is a
+    no-op rather than an error."""
+    return [module for module in model.modules() if _hook(module) is not None]
