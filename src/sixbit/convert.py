@@ -27,6 +27,7 @@ from .methods.default_precision import DefaultPrecision
 from .methods.registry import methods
 from .methods.stabilize import StabilizeConfig
 from .models import spec_for, transformer_of
+from .parallel.wrapped import wrapper_of
 from .presets import ConvertConfig, for_device, resolve
 from .runtime import hooks
 from .runtime.blocks import quant_linears
@@ -108,6 +109,9 @@ def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict
     per-call ``extra`` method configs, e.g. ``{"stabilize": StabilizeConfig()}``) selects, with
     their configs."""
     spec_for(transformer)  # unsupported architectures fail here
+    if wrapper_of(transformer) is not None:  # its layers are cut into per-rank shards, its hooks split calls
+        raise ValueError("convert the model before wrapping it in a TensorParallelWrapper (every rank converts "
+                         "it the same way, then wraps)")
     chosen = selected(config, extra or {})
     check(transformer, config, chosen)
     if conversion_of(transformer) is not None or quant_linears(transformer):

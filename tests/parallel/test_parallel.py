@@ -95,5 +95,9 @@ def test_one_rank_wraps_runs_and_refuses_misuse(one_rank, tmp_path):
     path = sixbit.save(wrapped, tmp_path / "m.safetensors")
     with pytest.raises(ValueError, match="before wrapping"):
         sixbit.load(path, pipe)
+    layers = dict(pipe.transformer.named_modules())
+    with pytest.raises(ValueError, match="convert the model before wrapping"):  # issue 48: it broke the split
+        sixbit.convert_model(pipe, None, "w8a8")
+    assert dict(pipe.transformer.named_modules()) == layers and sixbit.conversion_of(pipe) is None
     with pytest.raises(ValueError, match="device_ids names 2 devices for 1 ranks"):
         TensorParallelWrapper(load_pipeline("cogvideox"), device_ids=[0, 1])
