@@ -185,3 +185,23 @@ def test_set_adapters_with_an_unknown_name_is_an_error_and_changes_nothing():
     assert layer.loras == {"style": 1.0}
     pipe.transformer.set_adapters("style", 0.25)
     assert layer.loras == {"style": 0.25}
+
+
+def test_a_lora_loaded_before_a_conversion_or_a_load_is_not_silently_dropped(tmp_path):
+    """Before, convert_model and sixbit.load replaced the layers a LoRA was attached to: the LoRA
+    was still listed but no longer acted. Both now refuse before anything changes."""
+    pipe, layer, lora = _converted_with_one_lora()
+    path = sixbit.save(pipe, tmp_path / "w8a8.safetensors")
+    fresh = load_pipeline("wan")
+    name = next(n for n, m in pipe.transformer.named_modules() if m is layer)
+    target = fresh.transformer.get_submodule(name)
+    sixbit.load_lora(fresh, {k: v for k, v in lora().items()}, adapter_name="early")
+    with pytest.raises(ValueError, match=r"LoRA\(s\) \['early'\] are attached to: unload them first"):
+        sixbit.convert_model(fresh, None, "w8a8")
+    with pytest.raises(ValueError, match=r"sixbit.load replaces the layers that LoRA\(s\) \['early'\]"):
+        sixbit.load(path, fresh)
+    assert fresh.transformer.get_submodule(name) is target and sixbit.conversion_of(fresh) is None
+    sixbit.unload_lora(fresh)
+    sixbit.load(path, fresh)
+    sixbit.load_lora(fresh, lora(), adapter_name="late")  # the documented order works
+    assert sixbit.loras(fresh) == ["late"]

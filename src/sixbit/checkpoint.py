@@ -48,6 +48,7 @@ from .io import (
     read_safetensors,
     read_safetensors_header,
 )
+from .lora import check_no_loras
 from .memory import resident_weights
 from .methods.registry import extensions
 from .models import transformer_of
@@ -239,6 +240,7 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     if wrapper_of(model) is not None:
         raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
                          "(every rank loads the whole file, then wraps)")
+    check_no_loras(model, "sixbit.load")
     path = Path(path)
     header, tensors = _open(path)
     stored, ext_tensors = _extension_parts(path, header, tensors)

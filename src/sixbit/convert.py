@@ -22,7 +22,7 @@ from .builder import quantize
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
 from .conversion import Conversion, check, conversion_of, install, remove_methods, selected
-from .lora import attach_diffusers_methods
+from .lora import attach_diffusers_methods, check_no_loras
 from .methods.default_precision import DefaultPrecision
 from .methods.registry import methods
 from .methods.stabilize import StabilizeConfig
@@ -112,6 +112,7 @@ def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict
     if wrapper_of(transformer) is not None:  # its layers are cut into per-rank shards, its hooks split calls
         raise ValueError("convert the model before wrapping it in a TensorParallelWrapper (every rank converts "
                          "it the same way, then wraps)")
+    check_no_loras(transformer, "convert_model")
     chosen = selected(config, extra or {})
     check(transformer, config, chosen)
     if conversion_of(transformer) is not None or quant_linears(transformer):

@@ -194,6 +194,14 @@ def loras(model_or_pipe) -> list[str]:
     return list(_factors(transformer_of(model_or_pipe)))
 
 
+def check_no_loras(model: nn.Module, action: str) -> None:
+    """Refuse ``action`` (a conversion or a checkpoint load) on a model with LoRAs loaded: it
+    replaces the layers they are attached to, and they would silently stop acting."""
+    if loras(model):
+        raise ValueError(f"{action} replaces the layers that LoRA(s) {loras(model)} are attached to: unload them "
+                         "first (sixbit.unload_lora) and load them again afterwards")
+
+
 def _adapters(model: nn.Module, adapter_name: str | None) -> list[str]:
     names = loras(model) if adapter_name is None else [adapter_name]
     missing = [n for n in names if n not in _factors(model)]
