@@ -177,6 +177,27 @@ def test_an_unrepeatable_run_is_refused(tiny):
         Tuner(tiny.model, lambda: sample(tiny, steps=1) + next(calls), base=BASE, formats=FORMATS, progress=False)
 
 
+def test_a_run_that_never_calls_the_tuned_model_is_refused(tiny):
+    """Issue 48: a callable generating with another model scored 100 dB for every assignment, and
+    the tuner picked the fewest bits for every layer without a word."""
+    other = build_tiny("cogvideox", seed=1)
+    with pytest.raises(ValueError, match="never called the tuned model's layers"):
+        Tuner(tiny.model, lambda: sample(other, steps=1), base=BASE, formats=FORMATS, progress=False)
+    assert not any(type(m).__name__ == "QuantLinear" for m in tiny.model.modules())
+
+
+def test_videos_that_do_not_depend_on_the_tuned_layers_are_refused(tiny):
+    """The model runs, but the videos returned come from elsewhere: no layer changes them."""
+    other = build_tiny("cogvideox", seed=1)
+
+    def run():
+        sample(tiny, steps=1)
+        return sample(other, steps=1)
+
+    with pytest.raises(ValueError, match="do not change when any tuned layer is quantized"):
+        Tuner(tiny.model, run, base=BASE, formats=FORMATS, progress=False)
+
+
 def test_an_unreachable_psnr_is_said_so(tuner, caplog):
     report = tuner.search(min_psnr=150, generations=1, population=4)  # above even all-16-bit's cap
     assert "NOT reached" in report.config.description and "no assignment reached 150.00 dB" in caplog.text

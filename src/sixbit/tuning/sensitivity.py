@@ -88,7 +88,17 @@ class Evaluator:
     def __init__(self, library: Library, run: Callable[[], object]):
         self.library, self.run = library, run
         self.library.restore()
-        self.reference = as_videos(run())
+        calls = []
+        counters = [m.register_forward_pre_hook(lambda *_: calls.append(1)) for m in library.originals.values()]
+        try:
+            self.reference = as_videos(run())
+        finally:
+            for counter in counters:
+                counter.remove()
+        if not calls:  # every assignment would score the cap, and the search would pick the fewest bits
+            raise ValueError("the calibration run never called the tuned model's layers (does it generate with "
+                             "another pipeline or model?): pass a callable that runs this model, e.g. "
+                             "lambda: pipe(prompts, generator=torch.Generator().manual_seed(0))")
         self.results: dict[tuple[int, ...], torch.Tensor] = {}
         self.seconds = 0.0
 
@@ -193,6 +203,9 @@ def measure(evaluator: Evaluator, stats: dict[str, hessians.InputStats], progres
         mse.append(row_mse)
         proxy.append(row_proxy)
     bar.close()
+    if total and not any(float(m.sum()) for row in mse for m in row):
+        raise ValueError("the calibration videos do not change when any tuned layer is quantized: the run's "
+                         "output does not depend on this model (does it return another model's videos?)")
     pairs = [(p, float(m.sum())) for row_p, row_m in zip(proxy, mse) for p, m in zip(row_p, row_m)
              if p == p and p > 0]
     return Sensitivity(mse, proxy, spearman([p for p, _ in pairs], [m for _, m in pairs]), time.perf_counter() - start,
