@@ -159,8 +159,12 @@ def test_unknown_format_version(saved, tmp_path):
     bad = _rewrite_header(path, tmp_path / "v99.safetensors", format_version=99)
     model = build(0)
     snap = snapshot(model)
-    with pytest.raises(ValueError, match="format version 99"):
+    with pytest.raises(ValueError, match="format version 99.*written by a newer sixbit: upgrade sixbit"):
         sixbit.load(bad, model)
+    assert_untouched(model, snap)
+    old = _rewrite_header(path, tmp_path / "v1.safetensors", format_version=1)  # issue 48: the fix offered was impossible
+    with pytest.raises(ValueError, match="format version 1;.*convert the model again from its full-precision weights"):
+        sixbit.load(old, model)
     assert_untouched(model, snap)
 
 

@@ -87,3 +87,13 @@ def test_packed_int8_layers_are_dropped_when_moved_or_cut():
     assert sixbit.keep_int8_weights(torch.nn.Sequential(layer)) == (32 * (64 + 4) if amx_int8() else 0)
     layer.to(torch.float32)
     assert layer.converted_nbytes() == 0
+
+
+def test_keep_int8_weights_takes_a_pipeline():
+    """Issue 48: keep_int8_weights(pipe) raised AttributeError; every other entry point takes pipelines."""
+    from sixbit.zoo.shapes import load_pipeline
+
+    pipe = load_pipeline("cogvideox")
+    sixbit.convert_model(pipe, None, "w4a8-rtn")
+    extra = sixbit.keep_int8_weights(pipe)
+    assert extra > 0 and sixbit.summary(pipe.transformer).converted_bytes == extra

@@ -183,10 +183,8 @@ def _read_header(path: Path) -> tuple[dict, dict, int]:
         raise ValueError(f"{str(path)!r} has a corrupted sixbit header: not a JSON object")
     version = header.get("format_version")
     if header.get("format") != "sixbit" or version != FORMAT_VERSION:
-        raise ValueError(
-            f"{str(path)!r} has checkpoint format version {repr(version)[:40]}; this sixbit "
-            f"({__version__}) reads version {FORMAT_VERSION}: upgrade sixbit, or re-save the model with this one"
-        )
+        raise ValueError(f"{str(path)!r} has checkpoint format version {repr(version)[:40]}; this sixbit "
+                         f"({__version__}) reads version {FORMAT_VERSION}: {_format_fix(version)}")
     problems = field_problems("", header, _HEADER_FIELDS)
     if isinstance(header.get("layers"), dict):
         for name, cfg in header["layers"].items():
@@ -216,6 +214,16 @@ def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if digest != header["sha256"]:
         raise ValueError(f"{str(path)!r} is corrupted or was edited: its tensors or header do not match the stored checksum")
     return header, read_safetensors(path, "checkpoint")[1]
+
+
+def _format_fix(version) -> str:
+    """What a user can do with a file of another checkpoint format version."""
+    if isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION:
+        return ("files of older versions are not read (format 1's checksum did not cover its header); convert "
+                "the model again from its full-precision weights (convert_model or `sixbit convert`) and save it")
+    if isinstance(version, int) and not isinstance(version, bool):
+        return "it was written by a newer sixbit: upgrade sixbit (pip install -U sixbit-diffusion)"
+    return "the header is damaged or the file was not written by sixbit.save"
 
 
 def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:

@@ -10,7 +10,7 @@ from torch import nn
 
 from . import kernels
 from .conversion import conversion_of
-from .models import spec_for
+from .models import spec_for, transformer_of
 from .nn import QuantLinear, execution
 from .runtime.fusion import fuse_activations
 
@@ -149,6 +149,7 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     Example:
         >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP
     """
+    model = transformer_of(model)  # a pipeline's transformer, as every other entry point takes
     # weight-only layers never multiply in INT8; static W8A8 layers use their quantizer's weights
     layers = [m for m in model.modules()
               if isinstance(m, QuantLinear) and not m.weight_only and not execution.is_static(m)]

@@ -53,7 +53,6 @@ def _generate(pipe, steps=4):
 def test_attention_quant_per_block_and_step_and_removal(arch):
     pipe = load_pipeline(arch)
     reference = _generate(pipe)
-    blocks = len(list(pipe.transformer.modules()))  # any large bound
     state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(blocks=(1, None), steps=(2, None)))
     video = _generate(pipe)
     assert state.path.startswith("emulated") and attention_quant_of(pipe.transformer) is state
@@ -61,8 +60,8 @@ def test_attention_quant_per_block_and_step_and_removal(arch):
     assert state.quantized_calls > 0 and state.full_precision_calls > state.quantized_calls // 2
     assert state.unsupported_calls == 0
     assert not np.array_equal(video, reference) and np.abs(video - reference).max() < 0.2
-    # nothing selected: bit-identical to full precision
-    state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(blocks=(blocks, None)))
+    # no step selected (a range of blocks past the model is refused: see below): bit-identical to full precision
+    state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(steps=(1000, None)))
     assert np.array_equal(_generate(pipe), reference) and state.quantized_calls == 0
     remove_attention_quant(pipe.transformer)
     assert attention_quant_of(pipe.transformer) is None and np.array_equal(_generate(pipe), reference)
@@ -100,3 +99,17 @@ def test_int8_attention_path_names_the_kernel_each_device_runs(monkeypatch):
     monkeypatch.setattr(attention, "sageattention_installed", lambda: True)
     assert attention.int8_attention_path("cuda").startswith("real: sageattention")
     assert attention.int8_attention_path("cpu").startswith("emulated")
+
+
+def test_a_pipeline_is_accepted_and_blocks_beyond_the_model_are_refused():
+    """Issue 48: apply_attention_quant(pipe) raised AttributeError from diffusers, and a block
+    range past the model's last block was accepted and quantized nothing."""
+    pipe = load_pipeline("wan")
+    count = len(pipe.transformer.blocks)
+    with pytest.raises(ValueError, match=rf"blocks=\({count}, None\) selects none of .* {count} blocks"):
+        apply_attention_quant(pipe, AttentionQuantConfig(blocks=(count, None)))
+    assert attention_quant_of(pipe.transformer) is None
+    state = apply_attention_quant(pipe, AttentionQuantConfig(blocks=(count - 1, None)))
+    assert attention_quant_of(pipe.transformer) is state
+    remove_attention_quant(pipe)
+    assert attention_quant_of(pipe.transformer) is None

@@ -36,6 +36,10 @@ class AttentionQuantConfig(Serializable):
     def selects(self, block: int, step: int) -> bool:
         return _within(self.blocks, block) and _within(self.steps, step)
 
+    def selects_block(self, block: int) -> bool:
+        """Whether ``block`` is quantized on some step."""
+        return _within(self.blocks, block)
+
     def describe(self) -> str:
         """Where attention is quantized, in words: ``"blocks all, steps 2–end"``."""
         return f"blocks {_span(self.blocks)}, steps {_span(self.steps)}"

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...config.attention import AttentionQuantConfig
 from ...kernels.attention import int8_attention, int8_attention_path
-from ...models import iter_blocks, spec_for
+from ...models import iter_blocks, spec_for, transformer_of
 from ...runtime import hooks
 from ...runtime.context import track_steps
 
@@ -101,11 +101,18 @@ def attention_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
 
 
 def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None = None) -> AttentionQuantState:
-    """Quantize the attention of ``model``'s blocks where ``config`` selects (default: everywhere)."""
+    """Quantize the attention of ``model``'s blocks (or a pipeline's transformer's) where
+    ``config`` selects (default: everywhere). A block range that selects no block of the model
+    is refused."""
+    model = transformer_of(model)
     config = config or AttentionQuantConfig()
     if not isinstance(config, AttentionQuantConfig):
         raise ValueError(f"config must be an AttentionQuantConfig, got {type(config).__name__}")
     modules = attention_modules(model)
+    count = len(list(iter_blocks(model)))
+    if not any(config.selects_block(index) for index in range(count)):
+        raise ValueError(f"blocks={config.blocks} selects none of {type(model).__name__}'s {count} blocks "
+                         f"(0–{count - 1}): choose a range within them, or blocks=None for all")
     remove_attention_quant(model)
     state = AttentionQuantState(config, int8_attention_path(next(model.parameters()).device))
     tracker = track_steps(model)
@@ -123,7 +130,7 @@ def _hooks(model: nn.Module):
 
 def remove_attention_quant(model: nn.Module) -> None:
     """Run attention in full precision again (a no-op where it was not quantized)."""
-    for module, _ in list(_hooks(model)):
+    for module, _ in list(_hooks(transformer_of(model))):
         hooks.remove(module, HOOK_NAME)
 
 
