@@ -205,3 +205,11 @@ def test_a_lora_loaded_before_a_conversion_or_a_load_is_not_silently_dropped(tmp
     sixbit.load(path, fresh)
     sixbit.load_lora(fresh, lora(), adapter_name="late")  # the documented order works
     assert sixbit.loras(fresh) == ["late"]
+
+
+def test_a_save_with_a_lora_says_the_lora_is_not_stored(tmp_path, caplog):
+    pipe, layer, lora = _converted_with_one_lora()
+    sixbit.load_lora(pipe, lora(), adapter_name="style")
+    with caplog.at_level("WARNING", logger="sixbit.checkpoint"):
+        sixbit.save(pipe, tmp_path / "m.safetensors")
+    assert "LoRA(s) ['style'] are not stored" in caplog.text

@@ -35,9 +35,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import types
 from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -48,7 +50,7 @@ from .io import (
     read_safetensors,
     read_safetensors_header,
 )
-from .lora import check_no_loras
+from .lora import check_no_loras, loras
 from .memory import resident_weights
 from .methods.registry import extensions
 from .models import transformer_of
@@ -56,6 +58,8 @@ from .nn import QuantLinear
 from .parallel.wrapped import wrapper_of
 from .validate import field_problems
 from .version import __version__
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 2: the checksum covers the header
 _META_KEY = "sixbit"
@@ -145,6 +149,8 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
     if isinstance(model, QuantLinear):  # load() replaces layers inside a model, never the model itself
         raise ValueError("a bare QuantLinear could be saved but never loaded back: save the model that holds it, "
                          "or wrap it, e.g. sixbit.save(torch.nn.Sequential(layer), path)")
+    if loras(model):  # LoRA factors are 16-bit side branches, never part of the packed checkpoint
+        logger.warning("the LoRA(s) %s are not stored in %s: load them again after sixbit.load", loras(model), path)
     wrapper = wrapper_of(model)  # split across processes: rank 0 writes the whole model
     with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:
         if not writes:
