@@ -26,6 +26,7 @@ from .presets import PRESETS, ConvertConfig  # noqa: E402
 from .streaming import StreamedConversion, convert_pretrained, load_pretrained  # noqa: E402
 from .runtime import track_steps  # noqa: E402
 from .tuning import tune, tune_model  # noqa: E402
+from .integrations.diffusers import SixbitConfig  # noqa: E402  (registers the diffusers backend)
 
 __all__ = [
     "ActMode",
@@ -39,6 +40,7 @@ __all__ = [
     "QuantConfig",
     "QuantLinear",
     "Role",
+    "SixbitConfig",
     "StaticW8A8Config",
     "StreamedConversion",
     "__version__",

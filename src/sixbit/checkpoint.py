@@ -43,12 +43,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint_layers import LAYER_FIELDS, build_layers
+from .checkpoint_layers import LAYER_FIELDS
+from .checkpoint_restore import EXTENSION_SEPARATOR, restore
 from .io import (
     SafetensorsWriter,
     file_chunks,
     read_safetensors,
     read_safetensors_header,
+    tensor_bytes,
 )
 from .lora import check_no_loras, loras
 from .memory import resident_weights
@@ -63,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 2: the checksum covers the header
 _META_KEY = "sixbit"
-_EXT_SEP = "::"
+EXTENSION_SEPARATOR = "::"
 
 
 def _digest(items, header: dict) -> str:
@@ -114,7 +116,7 @@ class CheckpointWriter:
         checksum; move the file into place."""
         for name, (_, extra) in stored.items():
             for key, t in extra.items():
-                self._writer.add(f"{name}{_EXT_SEP}{key}", t)
+                self._writer.add(f"{name}{EXTENSION_SEPARATOR}{key}", t)
         entries = self._writer.entries
         header = {
             "format": "sixbit",
@@ -155,14 +157,36 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
     with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:
         if not writes:
             return Path(path)
-        stored = {}
-        for name, ext in extensions().items():
-            payload = ext.export(model)
-            if payload is not None:
-                stored[name] = payload
         with CheckpointWriter(path, type(model).__name__) as writer:
             writer.add(model)
-            return writer.finish(stored)
+            return writer.finish(_exports(model))
+
+
+def _exports(model: nn.Module) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
+    """``{extension: (meta, tensors)}`` of every runtime method with state on ``model``."""
+    return {name: payload for name, ext in extensions().items() if (payload := ext.export(model)) is not None}
+
+
+def contents(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``(header, tensors)``: what :func:`save` writes for ``model`` (a transformer whose weights
+    are resident), in memory, the header sealed with the checksum of exactly these tensors. A
+    diffusers folder stores them in shards (:mod:`sixbit.integrations.diffusers`)."""
+    stored = _exports(model)
+    tensors = dict(model.state_dict())
+    for name, (_, extra) in stored.items():
+        tensors.update({f"{name}{EXTENSION_SEPARATOR}{key}": t for key, t in extra.items()})
+    header = {
+        "format": "sixbit",
+        "format_version": FORMAT_VERSION,
+        "sixbit_version": __version__,
+        "model_class": type(model).__name__,
+        "layers": {name: m.config() for name, m in model.named_modules() if isinstance(m, QuantLinear)},
+    }
+    if stored:
+        header["extensions"] = {name: meta for name, (meta, _) in stored.items()}
+    header = json.loads(json.dumps(header))
+    header["sha256"] = _digest(((n, tensors[n].dtype, [tensor_bytes(tensors[n])]) for n in sorted(tensors)), header)
+    return header, tensors
 
 
 def read_header(path: str | os.PathLike) -> dict:
@@ -185,11 +209,17 @@ def _read_header(path: Path) -> tuple[dict, dict, int]:
         header = json.loads(metadata[_META_KEY])
     except (ValueError, RecursionError) as e:
         raise ValueError(f"{str(path)!r} has a corrupted sixbit header: {str(e)[:100]}") from None
+    check_header(header, str(path))
+    return header, entries, data_start
+
+
+def check_header(header, source: str) -> None:
+    """Refuse a header that is not a valid one of this format version, naming ``source``."""
     if not isinstance(header, dict):
-        raise ValueError(f"{str(path)!r} has a corrupted sixbit header: not a JSON object")
+        raise ValueError(f"{source!r} has a corrupted sixbit header: not a JSON object")
     version = header.get("format_version")
     if header.get("format") != "sixbit" or version != FORMAT_VERSION:
-        raise ValueError(f"{str(path)!r} has checkpoint format version {repr(version)[:40]}; this sixbit "
+        raise ValueError(f"{source!r} has checkpoint format version {repr(version)[:40]}; this sixbit "
                          f"({__version__}) reads version {FORMAT_VERSION}: {_format_fix(version)}")
     problems = field_problems("", header, _HEADER_FIELDS)
     if isinstance(header.get("layers"), dict):
@@ -205,9 +235,14 @@ def _read_header(path: Path) -> tuple[dict, dict, int]:
     if not isinstance(ext, dict) or not all(isinstance(v, dict) for v in ext.values()):
         problems.append("extensions is not an object of objects")
     if problems:
-        raise ValueError(f"{str(path)!r} has a malformed sixbit header: {'; '.join(problems[:5])}"
+        raise ValueError(f"{source!r} has a malformed sixbit header: {'; '.join(problems[:5])}"
                          + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
-    return header, entries, data_start
+
+
+def check_tensors(header: dict, tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse ``tensors`` (read from ``source``) unless they and ``header`` match its checksum."""
+    if _digest(((n, tensors[n].dtype, [tensor_bytes(tensors[n])]) for n in sorted(tensors)), header) != header["sha256"]:
+        raise ValueError(f"{source!r} is corrupted or was edited: its tensors or header do not match the stored checksum")
 
 
 def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -255,39 +290,26 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
                          "(every rank loads the whole file, then wraps)")
     check_no_loras(model, "sixbit.load")
-    path = Path(path)
-    header, tensors = _open(path)
-    stored, ext_tensors = _extension_parts(path, header, tensors)
-    if header["model_class"] != type(model).__name__:
-        raise ValueError(
-            f"{str(path)!r} was saved from a {header['model_class']}, not a {type(model).__name__}"
-        )
-    new_layers = build_layers(path, header["layers"], dict(model.named_modules()), tensors)
-    own = _check_remaining(path, model, new_layers, tensors)
-    known = extensions()
-    modules = {**dict(model.named_modules()), **new_layers}
-    installs = []
-    for name in [n for n in known if n in stored]:
-        try:
-            installs.append(known[name].prepare(model, modules, stored[name], ext_tensors[name]))
-        except (KeyError, TypeError, IndexError, AttributeError) as e:
-            raise ValueError(f"{str(path)!r}: the stored {name} state is malformed: {e}") from None
-        except ValueError as e:
-            raise ValueError(f"{str(path)!r}: {e}") from None
-    _swap_in(model, new_layers, own)
-    for ext in known.values():  # the file's runtime methods replace the model's
-        if ext.clear is not None:
-            ext.clear(model)
-    for install in installs:
-        install()
+    header, tensors = _open(Path(path))
+    restore(model, header, tensors, str(path))
     attach_save(model)
     if target is not model:
         attach_save(target)
     return target
 
 
+_SAVE_METHODS: list = []
+
+
+def register_save_method(attach) -> None:
+    """``attach(transformer)`` runs on every converted or loaded transformer, beside ``.save``: how
+    :mod:`sixbit.integrations.diffusers` gives it a ``save_pretrained`` that writes a converted folder."""
+    _SAVE_METHODS.append(attach)
+
+
 def attach_save(obj) -> None:
-    """Give a model (or its pipeline) ``.save(path)``: :func:`save` of the transformer."""
+    """Give a model (or its pipeline) ``.save(path)``: :func:`save` of the transformer; and the
+    transformer the save methods registered by integrations (:func:`register_save_method`)."""
     transformer = transformer_of(obj)
 
     def save_method(self, path: str | os.PathLike) -> Path:
@@ -295,82 +317,5 @@ def attach_save(obj) -> None:
         return save(transformer, path)
 
     obj.save = types.MethodType(save_method, obj)
-
-
-def _extension_parts(path: Path, header: dict, tensors: dict[str, torch.Tensor]):
-    """(meta, tensors) per extension the file stores; its tensors are taken out of ``tensors``."""
-    stored = header.get("extensions", {})
-    unknown = [n for n in stored if n not in extensions()]
-    if unknown:
-        raise ValueError(
-            f"{str(path)!r} stores state of runtime method(s) {unknown} that this sixbit ({__version__}) does not "
-            "know: load it with the sixbit version that wrote it, or upgrade"
-        )
-    ext_tensors = {n: {} for n in stored}
-    for key in [k for k in tensors if _EXT_SEP in k]:
-        ext, _, sub = key.partition(_EXT_SEP)
-        if ext not in ext_tensors:
-            raise ValueError(f"{str(path)!r} holds tensor {key!r} of no declared extension")
-        ext_tensors[ext][sub] = tensors.pop(key)
-    return stored, ext_tensors
-
-
-def _check_remaining(path: Path, model: nn.Module, new_layers: dict, tensors) -> dict[str, torch.Tensor]:
-    """The file's full-precision tensors, checked to fit ``model`` exactly (names, shapes, dtypes)."""
-    expected = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[0] not in new_layers}
-    own = {k: v for k, v in tensors.items() if k.rsplit(".", 1)[0] not in new_layers}
-    problems = [f"missing {k}" for k in sorted(set(expected) - set(own))]
-    problems += [f"unexpected {k}" for k in sorted(set(own) - set(expected))]
-    # a model built on the meta device takes the file's dtypes (an empty model is fp32 whatever
-    # dtype its checkpoint was converted from); a materialized one must match them
-    problems += [
-        f"{k}: file {tuple(v.shape)} {v.dtype} vs model {tuple(expected[k].shape)} {expected[k].dtype}"
-        for k, v in own.items()
-        if k in expected and (v.shape != expected[k].shape
-                              or (v.dtype != expected[k].dtype and expected[k].device.type != "meta"))
-    ]
-    if problems:
-        wrong_dtype = [v.dtype for k, v in own.items() if k in expected and v.shape == expected[k].shape
-                       and v.dtype != expected[k].dtype and expected[k].device.type != "meta"]
-        hint = ""
-        if len(wrong_dtype) == len(problems) and len(set(wrong_dtype)) == 1:  # only the dtype differs
-            dtype = str(wrong_dtype[0]).removeprefix("torch.")
-            hint = (f": the file holds {dtype} tensors; build the model in {dtype} "
-                    f"(from_pretrained(..., torch_dtype=torch.{dtype}) or model.to(torch.{dtype})) and load again")
-        raise ValueError(f"{str(path)!r} does not fit this model: {problems[:10]}{hint}")
-    left_on_meta = [
-        n for n, t in [*model.named_parameters(), *model.named_buffers()]
-        if t.device.type == "meta" and n not in own and n.rsplit(".", 1)[0] not in new_layers
-    ]
-    if left_on_meta:
-        raise ValueError(
-            f"{left_on_meta[:5]} are on the meta device and {str(path)!r} does not hold them (non-persistent "
-            "buffers): build the model with accelerate.init_empty_weights(), which keeps buffers, not under "
-            "torch.device('meta')"
-        )
-    return own
-
-
-def _swap_in(model: nn.Module, new_layers: dict[str, QuantLinear], own: dict[str, torch.Tensor]) -> None:
-    """Everything checked: swap the layers in, then copy (or, on meta, assign) the remaining tensors."""
-    modules = dict(model.named_modules())
-    for name, layer in new_layers.items():
-        old = modules[name]
-        ref = next(iter(old.parameters()), None)
-        if ref is None:
-            ref = next(iter(old.buffers()), None)
-        if ref is not None and ref.device.type != "meta":
-            layer.to(ref.device)
-        parent_name, _, child = name.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, child, layer)
-    with torch.no_grad():
-        state = model.state_dict()
-        on_meta = {k: v for k, v in own.items() if state[k].device.type == "meta"}
-        for k, v in own.items():
-            if k not in on_meta:
-                state[k].copy_(v)
-        if on_meta:  # built with empty weights: take the file's tensors as the parameters
-            # Copied out of the file's mapping into ordinary (aligned) memory: a mapped tensor
-            # starts wherever the file puts it, and CPU matmul kernels round differently on
-            # unaligned inputs. The packed weights stay mapped (read when used, never copied).
-            model.load_state_dict({k: v.clone() for k, v in on_meta.items()}, strict=False, assign=True)
+    for attach in _SAVE_METHODS:
+        attach(transformer)

@@ -131,11 +131,14 @@ def _quantize_and_fit(transformer: nn.Module, config: ConvertConfig, chosen: dic
     if config.weights is not None:
         logger.info("quantizing weights%s", " (GPTQ: one calibration run per block)" if config.weights.gptq else "")
         quantize(transformer, config.weights, calibration=run)
-    applied = {}
-    for spec in methods():
-        if spec.name in chosen:
-            applied[spec.name] = chosen[spec.name] if spec.fit is None else spec.fit(transformer, chosen[spec.name], run, calibration)
-    return applied
+    return fit_methods(transformer, chosen, run, calibration)
+
+
+def fit_methods(transformer: nn.Module, chosen: dict, run, calibration: dict | None) -> dict:
+    """What each ``chosen`` method is applied with: its config, or what its fit returns
+    (``run``: the calibration, ``None`` when no chosen method needs one)."""
+    return {spec.name: chosen[spec.name] if spec.fit is None else spec.fit(transformer, chosen[spec.name], run, calibration)
+            for spec in methods() if spec.name in chosen}
 
 
 def convert_model(
@@ -212,4 +215,5 @@ def convert_model(
     return model
 
 
-__all__ = ["Conversion", "DefaultPrecision", "calibration_runner", "check_convertible", "conversion_of", "convert_model"]
+__all__ = ["Conversion", "DefaultPrecision", "calibration_runner", "check_convertible", "conversion_of", "convert_model",
+           "fit_methods"]

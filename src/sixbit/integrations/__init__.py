@@ -1,0 +1,1 @@
+"""sixbit inside other libraries: :mod:`sixbit.integrations.diffusers` (the quantization backend)."""

@@ -1,0 +1,57 @@
+"""sixbit as a diffusers quantization backend.
+
+``import sixbit`` registers the backend ``"sixbit"`` with diffusers (and with transformers when
+it is installed, which diffusers' ``PipelineQuantizationConfig`` asks for), so that:
+
+- ``XTransformer3DModel.from_pretrained(folder, quantization_config=SixbitConfig("w8a8"))``
+  quantizes while loading (:mod:`.quantizer`);
+- ``PipelineQuantizationConfig(quant_backend="sixbit", quant_kwargs={"preset_or_config": "w8a8"},
+  components_to_quantize=["transformer"])`` does the same inside ``DiffusionPipeline.from_pretrained``;
+- every converted transformer's ``save_pretrained`` writes a diffusers folder (:mod:`.folder`)
+  that a plain ``from_pretrained(folder)`` restores in any process that imported sixbit.
+
+diffusers has no plugin entry point: third-party backends add themselves to its
+``AUTO_QUANTIZER_MAPPING`` / ``AUTO_QUANTIZATION_CONFIG_MAPPING``, as done here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+
+from diffusers.quantizers import auto
+
+from ...checkpoint import register_save_method
+from .config import SixbitConfig
+from .folder import save_folder
+from .quantizer import SixbitQuantizer, calibration_free
+
+BACKEND = "sixbit"
+
+
+def _attach_save_pretrained(transformer) -> None:
+    """A converted diffusers transformer's ``save_pretrained`` writes a converted folder."""
+    if hasattr(transformer, "save_config") and hasattr(transformer, "to_json_string"):
+        def save_pretrained(self, save_directory, **kwargs):
+            """Write this converted model as a diffusers folder (:func:`sixbit.integrations.diffusers.folder.save_folder`)."""
+            return save_folder(self, save_directory, **kwargs)
+
+        transformer.save_pretrained = types.MethodType(save_pretrained, transformer)
+
+
+def register() -> None:
+    """Make ``"sixbit"`` a quantization backend of diffusers (and transformers, if installed)."""
+    auto.AUTO_QUANTIZER_MAPPING[BACKEND] = SixbitQuantizer
+    auto.AUTO_QUANTIZATION_CONFIG_MAPPING[BACKEND] = SixbitConfig
+    if importlib.util.find_spec("transformers") is not None:
+        # PipelineQuantizationConfig(quant_backend=...) checks transformers' table too; a
+        # transformers model (text encoder) given this config is refused by transformers itself.
+        from transformers.quantizers import auto as transformers_auto
+
+        transformers_auto.AUTO_QUANTIZATION_CONFIG_MAPPING.setdefault(BACKEND, SixbitConfig)
+
+
+register()
+register_save_method(_attach_save_pretrained)
+
+__all__ = ["BACKEND", "SixbitConfig", "SixbitQuantizer", "calibration_free", "register", "save_folder"]

@@ -1,0 +1,203 @@
+"""``SixbitQuantizer``: diffusers' ``from_pretrained`` with ``quantization_config=SixbitConfig(...)``.
+
+Two ways in, both through the hooks diffusers gives every quantization backend:
+
+- **Quantize while loading** (a full-precision folder and a calibration-free config). Before the
+  weights load, the layers to quantize are planned on the empty (meta) model as
+  :func:`sixbit.convert_model` plans them. Each planned linear's weight and bias are taken as
+  their shard arrives and the layer is built at once (:func:`sixbit.builder.quantized_linear`)
+  and swapped in, so the full-precision model is never resident. After loading, the config's
+  runtime methods are installed as ``convert_model`` installs them: the result equals
+  ``from_pretrained`` then ``convert_model``, bit for bit.
+- **A converted folder** (``config.json`` carries the checkpoint header,
+  :mod:`.folder`). Every tensor of the folder is taken as it arrives, unconverted, and the whole
+  checkpoint is checked and restored as :func:`sixbit.load` restores a file
+  (:func:`sixbit.checkpoint_restore.restore`): checksum, layers, weights, runtime methods.
+  ``torch_dtype`` then applies to the full-precision parameters; packed weights keep their
+  stored form.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from accelerate.utils import set_module_tensor_to_device
+from diffusers.quantizers.base import DiffusersQuantizer
+from torch import nn
+
+from ...builder import LayerSwap, plan_layers, quantized_linear
+from ...checkpoint import attach_save, check_header, check_tensors
+from ...checkpoint_restore import restore
+from ...config import ConvertConfig
+from ...conversion import check, install, selected
+from ...convert import fit_methods
+from ...lora import attach_diffusers_methods
+from ...nn import QuantLinear
+from ...presets import PRESETS, for_device, resolve
+from .config import SixbitConfig
+from .placeholders import Placeholders
+
+logger = logging.getLogger(__name__)
+
+
+def calibration_free() -> list[str]:
+    """The presets that quantize while loading (no calibration)."""
+    return [name for name in PRESETS if not resolve(name).needs_calibration]
+
+
+class SixbitQuantizer(DiffusersQuantizer):
+    """The diffusers quantization backend ``"sixbit"`` (registered on ``import sixbit``)."""
+
+    requires_calibration = False
+    use_keep_in_fp32_modules = False
+
+    def __init__(self, quantization_config: SixbitConfig, **kwargs):
+        super().__init__(quantization_config, **kwargs)
+        if self.pre_quantized and not quantization_config.pre_quantized:
+            raise ValueError("this folder's config.json names quant_method 'sixbit' but holds no checkpoint header: "
+                             "it was not written by a converted model's save_pretrained; convert the model again")
+        if not self.pre_quantized and quantization_config.pre_quantized:
+            raise ValueError("this SixbitConfig describes an already converted folder: load that folder with "
+                             "from_pretrained(folder), without quantization_config")
+        self.requested_dtype: torch.dtype | None = None
+        self.plan: dict[str, tuple[str, int | None, str]] = {}
+        self.pending: dict[str, dict[str, torch.Tensor]] = {}
+        self.received: dict[str, torch.Tensor] = {}
+        self.placeholders: Placeholders | None = None
+        self.config: ConvertConfig | None = None
+        self.hardware: str | None = None
+
+    # -- what diffusers asks before loading -------------------------------------------------
+    def validate_environment(self, *args, **kwargs):
+        if kwargs.get("from_flax"):
+            raise ValueError("sixbit quantizes PyTorch weights: load the PyTorch checkpoint, not a Flax one")
+
+    def update_torch_dtype(self, torch_dtype):
+        if self.pre_quantized:  # tensors arrive as stored (the checksum covers their bytes); cast afterwards
+            self.requested_dtype = torch_dtype
+            return None
+        return torch_dtype
+
+    def check_quantized_param_shape(self, param_name, current_param, loaded_param):
+        return self.placeholders is not None and self.placeholders.fits(param_name, loaded_param)
+
+    def _process_model_before_weight_loading(self, model, device_map=None, keep_in_fp32_modules=None, **kwargs):
+        if self.pre_quantized:
+            check_header(self.quantization_config.checkpoint, "quantization_config of config.json")
+            self.placeholders = Placeholders(model, self.quantization_config.checkpoint,
+                                             self.quantization_config.tensors)
+            return model
+        config, self.hardware = for_device(self.quantization_config.convert_config, _device_of(device_map))
+        if config.needs_calibration:
+            raise ValueError(
+                f"{config.calibration_reason()} needs calibration, which from_pretrained cannot run: load the model, "
+                "then sixbit.convert_model(pipe, calibration_data, ...) (or `sixbit convert`), or quantize while "
+                f"loading with a calibration-free config: {calibration_free()} (w4a16: SixbitConfig('w4a16', gptq=False))"
+            )
+        self.config = config
+        self.chosen = selected(config, {})
+        self.plan = plan_layers(model, config.weights) if config.weights is not None else {}
+        return model
+
+    # -- each tensor as its shard arrives ---------------------------------------------------
+    def check_if_quantized_param(self, model, param_value, param_name, state_dict, **kwargs) -> bool:
+        if self.pre_quantized:
+            return self.placeholders is not None and param_name in self.placeholders.table
+        layer, _, leaf = param_name.rpartition(".")
+        return layer in self.plan and leaf in ("weight", "bias")
+
+    def create_quantized_param(self, model, param_value, param_name, target_device, state_dict=None,
+                               unexpected_keys=None, **kwargs):
+        if self.pre_quantized:
+            self.placeholders.check(param_name, param_value)
+            self.received[param_name] = param_value
+            return
+        layer, _, leaf = param_name.rpartition(".")
+        self.pending.setdefault(layer, {})[leaf] = param_value
+        linear = model.get_submodule(layer)
+        if "weight" in self.pending[layer] and (linear.bias is None or "bias" in self.pending[layer]):
+            self._build(model, layer, self.pending.pop(layer), target_device)
+
+    def _build(self, model: nn.Module, name: str, parts: dict[str, torch.Tensor], device) -> None:
+        weight = parts["weight"]
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in parts, device="meta", dtype=weight.dtype)
+        device = "cpu" if device in (None, "disk") else device
+        for leaf, value in parts.items():
+            set_module_tensor_to_device(linear, leaf, device, value=value)
+        fmt, hadamard_block, role = self.plan[name]
+        LayerSwap(model).put({name: quantized_linear(linear, fmt, hadamard_block, self.config.weights, role)})
+
+    # -- after the last shard ---------------------------------------------------------------
+    def _process_model_after_weight_loading(self, model, **kwargs):
+        if self.pre_quantized:
+            self._restore(model)
+        else:
+            self._finish(model)
+        attach_save(model)
+        attach_diffusers_methods(model)
+        return model
+
+    def _finish(self, model: nn.Module) -> None:
+        missing = sorted(set(self.plan) - {n for n, m in model.named_modules() if isinstance(m, QuantLinear)})
+        if missing or self.pending:
+            raise ValueError(f"the checkpoint lacks the weights of {sorted(set(missing) | set(self.pending))[:5]}: "
+                             "is the folder complete?")
+        check(model, self.config, self.chosen)
+        install(model, self.config, fit_methods(model, self.chosen, None, None), None, self.hardware)
+
+    def _restore(self, model: nn.Module) -> None:
+        header = self.quantization_config.checkpoint
+        source = f"{type(model).__name__} folder"
+        self.placeholders.remove()
+        missing = sorted(set(self.placeholders.table) - set(self.received))
+        if missing:
+            raise ValueError(f"{source}: the weight files lack {len(missing)} tensor(s) config.json lists, e.g. "
+                             f"{missing[:3]}: a shard is missing or belongs to another save; copy the whole folder again")
+        check_tensors(header, self.received, source)
+        restore(model, header, self.received, source)
+        self.received = {}
+        if self.requested_dtype is not None:
+            _cast_full_precision(model, self.requested_dtype)
+
+    # -- what diffusers asks about the result -----------------------------------------------
+    def update_missing_keys(self, model, missing_keys, prefix):
+        if self.pre_quantized and self.placeholders is not None:
+            return [k for k in missing_keys if k not in self.placeholders.replaced]
+        return missing_keys
+
+    @property
+    def supports_parallel_loading(self) -> bool:  # create_quantized_param keeps per-layer state
+        return False
+
+    @property
+    def is_serializable(self) -> bool:
+        return True
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+def _device_of(device_map) -> torch.device:
+    if isinstance(device_map, dict) and device_map:
+        device_map = next(iter(device_map.values()))
+    if device_map in (None, "auto", "balanced", "sequential", "disk"):
+        return torch.device("cpu")
+    return torch.device(device_map if not isinstance(device_map, int) else f"cuda:{device_map}")
+
+
+def _cast_full_precision(model: nn.Module, dtype: torch.dtype) -> None:
+    """``torch_dtype`` for everything but the packed layers, which keep their stored form."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            continue
+        for store in (module._parameters, module._buffers):
+            for key, t in store.items():
+                if t is not None and t.is_floating_point() and t.dtype != dtype:
+                    converted = t.detach().to(dtype)
+                    store[key] = nn.Parameter(converted, requires_grad=False) if isinstance(t, nn.Parameter) else converted
