@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from typing import Any
 
 from diffusers.quantizers.quantization_config import QuantizationConfigMixin
@@ -79,6 +80,10 @@ class SixbitConfig(QuantizationConfigMixin):
             data["checkpoint"] = self.checkpoint
             data["tensors"] = self.tensors
         return data
+
+    def to_json_string(self, use_diff: bool = True) -> str:
+        """The JSON of :meth:`to_dict` (every field: a sixbit config has no library-wide defaults to diff against)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_dict(cls, config_dict: dict, return_unused_kwargs: bool = False, **kwargs):

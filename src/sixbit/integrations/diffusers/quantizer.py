@@ -50,7 +50,7 @@ class SixbitQuantizer(DiffusersQuantizer):
     """The diffusers quantization backend ``"sixbit"`` (registered on ``import sixbit``)."""
 
     requires_calibration = False
-    use_keep_in_fp32_modules = False
+    use_keep_in_fp32_modules = True  # the model's float32 modules stay float32, as without a quantizer
 
     def __init__(self, quantization_config: SixbitConfig, **kwargs):
         super().__init__(quantization_config, **kwargs)
@@ -67,6 +67,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         self.placeholders: Placeholders | None = None
         self.config: ConvertConfig | None = None
         self.hardware: str | None = None
+        self.keep_in_fp32: list[str] = []
 
     # -- what diffusers asks before loading -------------------------------------------------
     def validate_environment(self, *args, **kwargs):
@@ -83,6 +84,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         return self.placeholders is not None and self.placeholders.fits(param_name, loaded_param)
 
     def _process_model_before_weight_loading(self, model, device_map=None, keep_in_fp32_modules=None, **kwargs):
+        self.keep_in_fp32 = list(keep_in_fp32_modules or [])
         if self.pre_quantized:
             check_header(self.quantization_config.checkpoint, "quantization_config of config.json")
             self.placeholders = Placeholders(model, self.quantization_config.checkpoint,
@@ -158,7 +160,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         restore(model, header, self.received, source)
         self.received = {}
         if self.requested_dtype is not None:
-            _cast_full_precision(model, self.requested_dtype)
+            _cast_full_precision(model, self.requested_dtype, self.keep_in_fp32)
 
     # -- what diffusers asks about the result -----------------------------------------------
     def update_missing_keys(self, model, missing_keys, prefix):
@@ -191,13 +193,19 @@ def _device_of(device_map) -> torch.device:
     return torch.device(device_map if not isinstance(device_map, int) else f"cuda:{device_map}")
 
 
-def _cast_full_precision(model: nn.Module, dtype: torch.dtype) -> None:
-    """``torch_dtype`` for everything but the packed layers, which keep their stored form."""
-    for module in model.modules():
+def _cast_full_precision(model: nn.Module, dtype: torch.dtype, keep_in_fp32: list[str]) -> None:
+    """``torch_dtype`` for everything but the packed layers, which keep their stored form, and the
+    tensors the model keeps in float32 (diffusers' ``_keep_in_fp32_modules``, matched as diffusers
+    matches them: a part of the tensor's name)."""
+    for name, module in model.named_modules():
         if isinstance(module, QuantLinear):
             continue
         for store in (module._parameters, module._buffers):
             for key, t in store.items():
-                if t is not None and t.is_floating_point() and t.dtype != dtype:
-                    converted = t.detach().to(dtype)
-                    store[key] = nn.Parameter(converted, requires_grad=False) if isinstance(t, nn.Parameter) else converted
+                full = f"{name}.{key}" if name else key
+                if (t is None or not t.is_floating_point() or t.dtype == dtype
+                        or key in module._non_persistent_buffers_set  # built by the model, as diffusers leaves them
+                        or any(keep in full.split(".") for keep in keep_in_fp32)):
+                    continue
+                converted = t.detach().to(dtype)
+                store[key] = nn.Parameter(converted, requires_grad=False) if isinstance(t, nn.Parameter) else converted
