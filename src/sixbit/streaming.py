@@ -49,7 +49,7 @@ from .calibration import hessians
 from .conversion import Conversion, conversion_state
 from .io import SafetensorsFolder
 from .models import iter_blocks, spec_for
-from .presets import resolve
+from .presets import calibration_free, resolve
 from .rounding import refine
 
 logger = logging.getLogger(__name__)
@@ -298,7 +298,7 @@ def _checked_config(quant_config, calibration):
     if config.needs_calibration and not callable(calibration):
         raise ValueError(
             f"{config.calibration_reason()} needs calibration=<callable that runs generations with the transformer it "
-            "is given>; or choose a calibration-free preset (e.g. 'w4a8-rtn', 'w8a8')"
+            f"is given>; or choose a calibration-free preset ({', '.join(calibration_free())})"
         )
     if not config.needs_calibration and calibration is not None:
         logger.info("calibration is not used by %r", quant_config)
