@@ -54,15 +54,14 @@ class SafetensorsWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if self.path.suffix != ".safetensors":
-            raise ValueError(f"path must end in .safetensors, got {str(self.path)!r}")
-        if self.path.is_dir():
-            raise ValueError(f"{str(self.path)!r} is a folder: give a file path ending in .safetensors")
-        # a symlink stays a symlink: the file it points to is replaced
-        self._target = Path(os.path.realpath(self.path)) if self.path.is_symlink() else self.path
-        self._target.parent.mkdir(parents=True, exist_ok=True)
-        _remove_orphans(self._target)
-        fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target), suffix=".data")
+        self._target = _target_of(self.path)
+        try:
+            self._target.parent.mkdir(parents=True, exist_ok=True)
+            _remove_orphans(self._target)
+            fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target),
+                                                   suffix=".data")
+        except OSError as e:
+            raise _unwritable(self.path, self._target.parent, e) from None
         self._data = os.fdopen(fd, "w+b")
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}  # dtype, shape, start, end
         self._size = 0
@@ -120,6 +119,40 @@ class SafetensorsWriter:
             self._data = None
         if os.path.exists(self._data_path):
             os.unlink(self._data_path)
+
+
+def _target_of(path: Path) -> Path:
+    """The file a save to ``path`` replaces (a symlink stays a symlink: the file it points to is
+    replaced), refused when ``path`` cannot name a safetensors file."""
+    if path.suffix != ".safetensors":
+        raise ValueError(f"path must end in .safetensors, got {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a folder: give a file path ending in .safetensors")
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _unwritable(path: Path, folder: Path, error: OSError) -> ValueError:
+    return ValueError(f"cannot write {str(path)!r}: no file can be created in the folder {str(folder)!r} "
+                      f"({error.strerror or error}); write to a folder you can write to, or make this one writable")
+
+
+def check_can_write(path: str | os.PathLike) -> Path:
+    """Refuse, before any work, a ``.safetensors`` ``path`` that :class:`SafetensorsWriter` could
+    not write; returns ``path``. Nothing is left behind: the check creates a nameless file in
+    the folder (or, where folders are missing, in the nearest existing one, where they would be
+    made) and closes it, so permissions, read-only file systems and root's privileges all
+    answer as they will for the write itself."""
+    path = Path(path)
+    target = _target_of(path)
+    folder = next((p for p in (target.parent, *target.parent.parents) if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise ValueError(f"cannot write {str(path)!r}: {str(folder)!r} is a file, not a folder; choose another path")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise _unwritable(path, folder, e) from None
+    return path
 
 
 def _temp_prefix(path: Path) -> str:
