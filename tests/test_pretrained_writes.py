@@ -1,13 +1,19 @@
 """Where a streamed conversion writes: an output folder it cannot write to is refused before
-any block is read (issue 48: a raw OSError naming the temporary file, after the work)."""
+any block is read (issue 48: a raw OSError naming the temporary file, after the work), and a
+SIGTERM mid-stream leaves no temporary file, as SIGINT does not."""
 
 import os
+import pathlib
+import signal
 import stat
+import subprocess
+import sys
+import threading
 
 import pytest
 
 import sixbit
-from sixbit import io, streaming
+from sixbit import checkpoint, io, streaming, tempfiles
 from fixtures.tiny_models import build_tiny
 
 
@@ -82,3 +88,94 @@ def test_the_writer_itself_refuses_an_unwritable_folder_in_one_line(tmp_path, mo
     with pytest.raises(ValueError, match=f"no file can be created in the folder {str(locked)!r}"):
         io.SafetensorsWriter(locked / "q.safetensors")
     assert os.listdir(locked) == []
+
+
+# ---- SIGTERM mid-stream: no temporary file left (issue 48: a hidden ~25 MB data file stayed; SIGINT left none) ----
+
+# The child converts and sends itself SIGTERM at a chosen moment: after a block was appended to
+# the data file ("blocks"), or while the finished file is copied into place ("install").
+_CHILD = """
+import os, shutil, signal, sys
+import sixbit
+from sixbit import checkpoint
+
+folder, out, moment = sys.argv[1:]
+if moment == "blocks":
+    real_add, added = checkpoint.CheckpointWriter.add, []
+
+    def add(self, *args, **kwargs):
+        real_add(self, *args, **kwargs)
+        added.append(1)
+        if len(added) == 2:  # the layers outside the blocks and the first block are in the data file
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    checkpoint.CheckpointWriter.add = add
+else:
+    real_copy = shutil.copyfileobj
+
+    def copy(src, dst, length=0):
+        dst.write(src.read(1000))
+        dst.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+        real_copy(src, dst, length)
+
+    shutil.copyfileobj = copy
+sixbit.convert_pretrained(folder, "w8a8", out, progress=False)
+print("finished")
+"""
+
+
+@pytest.mark.parametrize("moment", ["blocks", "install"])
+def test_sigterm_mid_stream_leaves_no_temporary_file(moment, model_folder, tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "q.safetensors"
+    out.write_bytes(b"previous")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(sixbit.__file__).parents[1]),
+                                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(model_folder), str(out), moment], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]  # ended by SIGTERM, as without sixbit
+    assert "finished" not in proc.stdout
+    assert os.listdir(out_dir) == ["q.safetensors"]  # no hidden .q.safetensors.<pid>.*.data / .tmp
+    assert out.read_bytes() == b"previous"  # never half-written
+
+
+def test_sigterm_handling_lasts_only_while_writing_and_never_replaces_a_callers_handler(model_folder, tmp_path,
+                                                                                      monkeypatch):
+    seen = []
+    real_add = checkpoint.CheckpointWriter.add
+    monkeypatch.setattr(checkpoint.CheckpointWriter, "add",
+                        lambda self, *a, **k: (seen.append(signal.getsignal(signal.SIGTERM)), real_add(self, *a, **k)))
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        sixbit.convert_pretrained(model_folder, "w8a8", tmp_path / "a.safetensors", progress=False)
+        assert seen and all(getattr(h, "__module__", None) == tempfiles.__name__ for h in seen)  # installed while the data file exists
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # and the default is back afterwards
+
+        def mine(signum, frame):
+            raise SystemExit(1)
+
+        for handler in (mine, signal.SIG_IGN):
+            seen.clear()
+            signal.signal(signal.SIGTERM, handler)
+            sixbit.convert_pretrained(model_folder, "w8a8", tmp_path / "b.safetensors", progress=False)
+            assert seen and all(h is handler for h in seen) and signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_conversion_on_another_thread_leaves_the_signal_handlers_alone(model_folder, tmp_path):
+    before, errors = signal.getsignal(signal.SIGTERM), []
+
+    def run():
+        try:
+            sixbit.convert_pretrained(model_folder, "w8a8", tmp_path / "q.safetensors", progress=False)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert errors == [] and (tmp_path / "q.safetensors").is_file()
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -16,6 +16,8 @@ from typing import BinaryIO, Callable, Iterator
 import torch
 from safetensors import safe_open
 
+from . import tempfiles
+
 # torch dtype → the safetensors header's name for it
 _DTYPE_NAMES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -39,8 +41,8 @@ class SafetensorsWriter:
     Tensors are appended to a temporary data file as they come (only the one being written is
     in memory); :meth:`finish` writes the header and the data into a second temporary file in
     the target folder, fsyncs it and renames it over ``path``. On any error (or :meth:`abort`,
-    or leaving the ``with`` block by an exception) both temporary files are removed and a file
-    already at ``path`` is left as it was.
+    or leaving the ``with`` block by an exception, or SIGTERM: :mod:`sixbit.tempfiles`) both
+    temporary files are removed and a file already at ``path`` is left as it was.
 
     Example:
         >>> import torch, tempfile, os
@@ -62,6 +64,7 @@ class SafetensorsWriter:
                                                    suffix=".data")
         except OSError as e:
             raise _unwritable(self.path, self._target.parent, e) from None
+        tempfiles.track(self._data_path)  # a SIGTERM removes it (SIGINT: __exit__ does)
         self._data = os.fdopen(fd, "w+b")
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}  # dtype, shape, start, end
         self._size = 0
@@ -119,6 +122,7 @@ class SafetensorsWriter:
             self._data = None
         if os.path.exists(self._data_path):
             os.unlink(self._data_path)
+        tempfiles.untrack(self._data_path)
 
 
 def _target_of(path: Path) -> Path:
@@ -190,8 +194,10 @@ def _mode_for(path: Path) -> int:
 
 def _write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None:
     """``write(file)`` into a temporary file beside ``target`` (``target``'s permissions), fsync,
-    rename over ``target``: a failure leaves any previous file intact and no partial file."""
+    rename over ``target``: a failure (an exception, SIGINT or SIGTERM) leaves any previous file
+    intact and no partial file."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp")
+    tempfiles.track(tmp)
     try:
         with os.fdopen(fd, "wb") as out:
             os.fchmod(out.fileno(), _mode_for(target))
@@ -203,6 +209,8 @@ def _write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    finally:
+        tempfiles.untrack(tmp)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
