@@ -16,6 +16,8 @@ from typing import BinaryIO, Callable, Iterator
 import torch
 from safetensors import safe_open
 
+from . import tempfiles
+
 # torch dtype → the safetensors header's name for it
 _DTYPE_NAMES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -39,8 +41,8 @@ class SafetensorsWriter:
     Tensors are appended to a temporary data file as they come (only the one being written is
     in memory); :meth:`finish` writes the header and the data into a second temporary file in
     the target folder, fsyncs it and renames it over ``path``. On any error (or :meth:`abort`,
-    or leaving the ``with`` block by an exception) both temporary files are removed and a file
-    already at ``path`` is left as it was.
+    or leaving the ``with`` block by an exception, or SIGTERM: :mod:`sixbit.tempfiles`) both
+    temporary files are removed and a file already at ``path`` is left as it was.
 
     Example:
         >>> import torch, tempfile, os
@@ -54,15 +56,15 @@ class SafetensorsWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if self.path.suffix != ".safetensors":
-            raise ValueError(f"path must end in .safetensors, got {str(self.path)!r}")
-        if self.path.is_dir():
-            raise ValueError(f"{str(self.path)!r} is a folder: give a file path ending in .safetensors")
-        # a symlink stays a symlink: the file it points to is replaced
-        self._target = Path(os.path.realpath(self.path)) if self.path.is_symlink() else self.path
-        self._target.parent.mkdir(parents=True, exist_ok=True)
-        _remove_orphans(self._target)
-        fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target), suffix=".data")
+        self._target = _target_of(self.path)
+        try:
+            self._target.parent.mkdir(parents=True, exist_ok=True)
+            _remove_orphans(self._target)
+            fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target),
+                                                   suffix=".data")
+        except OSError as e:
+            raise _unwritable(self.path, self._target.parent, e) from None
+        tempfiles.track(self._data_path)  # a SIGTERM removes it (SIGINT: __exit__ does)
         self._data = os.fdopen(fd, "w+b")
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}  # dtype, shape, start, end
         self._size = 0
@@ -120,6 +122,41 @@ class SafetensorsWriter:
             self._data = None
         if os.path.exists(self._data_path):
             os.unlink(self._data_path)
+        tempfiles.untrack(self._data_path)
+
+
+def _target_of(path: Path) -> Path:
+    """The file a save to ``path`` replaces (a symlink stays a symlink: the file it points to is
+    replaced), refused when ``path`` cannot name a safetensors file."""
+    if path.suffix != ".safetensors":
+        raise ValueError(f"path must end in .safetensors, got {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a folder: give a file path ending in .safetensors")
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _unwritable(path: Path, folder: Path, error: OSError) -> ValueError:
+    return ValueError(f"cannot write {str(path)!r}: no file can be created in the folder {str(folder)!r} "
+                      f"({error.strerror or error}); write to a folder you can write to, or make this one writable")
+
+
+def check_can_write(path: str | os.PathLike) -> Path:
+    """Refuse, before any work, a ``.safetensors`` ``path`` that :class:`SafetensorsWriter` could
+    not write; returns ``path``. Nothing is left behind: the check creates a nameless file in
+    the folder (or, where folders are missing, in the nearest existing one, where they would be
+    made) and closes it, so permissions, read-only file systems and root's privileges all
+    answer as they will for the write itself."""
+    path = Path(path)
+    target = _target_of(path)
+    folder = next((p for p in (target.parent, *target.parent.parents) if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise ValueError(f"cannot write {str(path)!r}: {str(folder)!r} is a file, not a folder; choose another path")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise _unwritable(path, folder, e) from None
+    return path
 
 
 def _temp_prefix(path: Path) -> str:
@@ -157,8 +194,10 @@ def _mode_for(path: Path) -> int:
 
 def _write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None:
     """``write(file)`` into a temporary file beside ``target`` (``target``'s permissions), fsync,
-    rename over ``target``: a failure leaves any previous file intact and no partial file."""
+    rename over ``target``: a failure (an exception, SIGINT or SIGTERM) leaves any previous file
+    intact and no partial file."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp")
+    tempfiles.track(tmp)
     try:
         with os.fdopen(fd, "wb") as out:
             os.fchmod(out.fileno(), _mode_for(target))
@@ -170,6 +209,8 @@ def _write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    finally:
+        tempfiles.untrack(tmp)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -27,6 +27,14 @@ def shapes_arch(pipe) -> str | None:
     return SHAPES_CLASSES.get(type(pipe).__name__)
 
 
+def is_transformer_folder(model: str) -> bool:
+    """Whether ``model`` is a bare diffusers model folder (``config.json``, no ``model_index.json``),
+    such as a pipeline's ``transformer/``: it converts (calibration-free presets stream from it)
+    but cannot generate, which needs the whole pipeline."""
+    path = Path(model)
+    return (path / "config.json").is_file() and not (path / "model_index.json").is_file()
+
+
 def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: bool = False, **components):
     """A diffusers pipeline for ``model`` (a shipped name, a ``save_pretrained`` folder or a hub id).
 
@@ -44,6 +52,12 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: 
     path = Path(model)
     if path.exists():
         index = path / "model_index.json"
+        if is_transformer_folder(model):
+            raise ValueError(
+                f"{model!r} is a transformer folder (config.json, no model_index.json), not a pipeline: generating and "
+                "calibrating need the whole pipeline (text encoder, VAE, scheduler); pass the pipeline folder that "
+                "save_pretrained wrote (model_index.json beside transformer/)"
+            )
         if not index.is_file():
             raise ValueError(f"{model!r} is not a diffusers pipeline folder (no model_index.json); save one with save_pretrained")
         try:

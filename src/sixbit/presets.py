@@ -35,7 +35,7 @@ from .config import (
     StaticW8A8Config,
 )
 from .config.io import from_json_dict, read_json, resolve
-from .config.presets import PRESETS, W4_RECIPE, preset
+from .config.presets import PRESETS, W4_RECIPE, calibration_free, preset
 from .kernels import fp4_supported
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "DeltaCacheConfig",
     "QuantConfig",
     "StaticW8A8Config",
+    "calibration_free",
     "for_device",
     "from_json_dict",
     "preset",

@@ -47,9 +47,9 @@ from . import checkpoint
 from .builder import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of, plan_layers, quantized_linear
 from .calibration import hessians
 from .conversion import Conversion, conversion_state
-from .io import SafetensorsFolder
+from .io import SafetensorsFolder, check_can_write
 from .models import iter_blocks, spec_for
-from .presets import resolve
+from .presets import calibration_free, resolve
 from .rounding import refine
 
 logger = logging.getLogger(__name__)
@@ -298,7 +298,7 @@ def _checked_config(quant_config, calibration):
     if config.needs_calibration and not callable(calibration):
         raise ValueError(
             f"{config.calibration_reason()} needs calibration=<callable that runs generations with the transformer it "
-            "is given>; or choose a calibration-free preset (e.g. 'w4a8-rtn', 'w8a8')"
+            f"is given>; or choose a calibration-free preset ({', '.join(calibration_free())})"
         )
     if not config.needs_calibration and calibration is not None:
         logger.info("calibration is not used by %r", quant_config)
@@ -317,7 +317,8 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
             or static-W8A8 ones, see the module doc), a JSON file, a ``ConvertConfig`` or a
             ``QuantConfig`` (see :func:`sixbit.convert_model`).
         output: the ``.safetensors`` checkpoint to write (atomically; an existing file is
-            replaced only if the conversion succeeds).
+            replaced only if the conversion succeeds; a folder where it cannot be written is
+            refused before any block is read).
         calibration: for GPTQ presets, a callable ``calibration(transformer)`` that runs a few
             generations with the transformer it is given (e.g. your sampling loop, or
             ``lambda t: pipe(prompts, num_inference_steps=8)`` with ``pipe`` built around ``t``).
@@ -334,6 +335,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
     config = _checked_config(quant_config, calibration)
+    check_can_write(output)  # before any block is read, not when the checkpoint is moved into place
     folder = model_folder(model)
     shards = SafetensorsFolder(folder)
     net = empty_model(folder)

@@ -18,18 +18,45 @@ import torch
 from .. import checkpoint
 from ..footprint import summary
 from ..convert import conversion_of, convert_model
-from ..pipelines import SHIPPED, load_pipeline, shapes_arch
+from ..pipelines import SHIPPED, is_transformer_folder, load_pipeline, shapes_arch
 from ..methods.attention import AttentionQuantConfig
 from ..methods.delta_cache import DeltaCacheConfig, enable_delta_cache
 from ..config import Activations
-from ..presets import PRESETS, for_device, resolve
+from ..presets import PRESETS, calibration_free, for_device, resolve
 from .args import (DEFAULT_SEED, MAX_SCALE, MAX_STEPS, calibration, call_kwargs, check_output_file, float_in,
                    guidance_type, int_in, read_prompts, seed_type, steps_type)
 
+_PIPELINE = "the pipeline folder that holds it (model_index.json beside transformer/)"
+
+
 def _streamable(args, config) -> bool:
-    """A local model folder converted with a calibration-free preset streams block by block."""
-    return (not config.needs_calibration and not args.stabilize_frames and Path(args.model).is_dir()
-            and args.model not in SHIPPED and args.calib is None)
+    """A local model folder converted with a calibration-free preset streams block by block; a
+    bare transformer folder can only stream (calibration and generation need its pipeline), so
+    what it cannot convert is refused here, naming what it can."""
+    if args.model in SHIPPED or not Path(args.model).is_dir():
+        return False
+    if not is_transformer_folder(args.model):
+        return not config.needs_calibration and not args.stabilize_frames and args.calib is None
+    where = f"--model {args.model!r} is a transformer folder (config.json, no model_index.json)"
+    if config.needs_calibration:
+        raise ValueError(
+            f"{where}: only calibration-free presets stream from it ({', '.join(calibration_free())}), and "
+            f"{args.config!r} needs calibration ({config.calibration_reason()}); pass {_PIPELINE} to calibrate on its "
+            "generations, or choose one of those presets"
+        )
+    if args.stabilize_frames:
+        raise ValueError(f"{where}: --stabilize-frames does not stream from it; pass {_PIPELINE} to convert in memory, "
+                         "or drop the flag")
+    return True
+
+
+def _refuse_transformer_folder(args) -> None:
+    """A transformer folder cannot generate: the text encoder, VAE and scheduler are in its pipeline."""
+    if is_transformer_folder(args.model):
+        raise ValueError(
+            f"--model {args.model!r} is a transformer folder (config.json, no model_index.json), which cannot generate "
+            f"on its own: pass {_PIPELINE}" + (", with the same --quantized checkpoint" if args.quantized else "")
+        )
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -42,6 +69,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         from ..streaming import convert_pretrained
 
         print(f"streaming {args.model} block by block with {args.config!r}: {config.description}")
+        if args.calib is not None:
+            print(f"--calib is not used: {args.config!r} needs no calibration")
         result = convert_pretrained(args.model, config, output)
         print(f"converted in {result.seconds:.1f} s ({max(result.part_seconds.values()):.1f} s for the slowest part)")
         print(f"source weights {result.source_bytes / 2**20:.1f} MiB -> checkpoint {result.checkpoint_bytes / 2**20:.1f} MiB "
@@ -112,6 +141,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ..eval.media import write_video
 
     check_output_file(args.output, video=True)  # before the pipeline loads
+    _refuse_transformer_folder(args)
     pipe = _prepare(args)
     t0 = time.perf_counter()
     video = _frames(pipe, [args.prompt], args.seed, call_kwargs(args))[0]
@@ -134,6 +164,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if (args.quantized is None) == (args.config is None):
         raise ValueError("give exactly one of --quantized FILE (a converted checkpoint) or --config PRESET (convert now)")
+    _refuse_transformer_folder(args)
     prompts = read_prompts(args.prompts_file) if args.prompts_file else None
     reference = load_pipeline(args.model)
     arch = shapes_arch(reference)
@@ -225,7 +256,7 @@ def register(sub) -> None:
                        description="Quantize and calibrate a diffusers video model, then save the converted transformer. "
                        "A local model or pipeline folder with a calibration-free preset (w8a8, w4a8-rtn, ...) is converted "
                        "block by block straight from its safetensors shards: memory stays near one block, whatever the "
-                       "model's size.")
+                       "model's size. A bare transformer folder (no model_index.json) takes only those presets.")
     p.add_argument("--model", required=True, help=model_help)
     p.add_argument("--config", default="balanced", help=f"preset ({', '.join(PRESETS)}) or a .json file (default balanced)")
     p.add_argument("--calib", help="calibration: a text file with one prompt per line or a folder of videos "

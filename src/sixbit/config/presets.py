@@ -91,3 +91,9 @@ def preset(name: str) -> ConvertConfig:
 
 
 PRESETS: tuple[str, ...] = tuple(_PRESETS)
+
+
+def calibration_free() -> tuple[str, ...]:
+    """The presets that convert without calibration generations, in :data:`PRESETS` order: the
+    ones :func:`sixbit.convert_pretrained` streams from a bare transformer folder."""
+    return tuple(name for name in _PRESETS if not preset(name).needs_calibration)
