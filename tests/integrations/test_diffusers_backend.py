@@ -13,7 +13,8 @@ from diffusers import PipelineQuantizationConfig
 
 import sixbit
 from fixtures.tiny_models import TINY_BUILDERS, build_tiny, sample
-from sixbit.integrations.diffusers import SixbitConfig, calibration_free
+from sixbit.integrations.diffusers import SixbitConfig
+from sixbit.presets import calibration_free
 from sixbit.nn import QuantLinear
 from sixbit.zoo.shapes import load_pipeline, pipeline_class
 

@@ -24,7 +24,7 @@ from diffusers.quantizers import auto
 from ...checkpoint import register_save_method
 from .config import SixbitConfig
 from .folder import save_folder
-from .quantizer import SixbitQuantizer, calibration_free
+from .quantizer import SixbitQuantizer
 
 BACKEND = "sixbit"
 
@@ -57,4 +57,4 @@ def register() -> None:
 register()
 register_save_method(_attach_save_pretrained)
 
-__all__ = ["BACKEND", "SixbitConfig", "SixbitQuantizer", "calibration_free", "register", "save_folder"]
+__all__ = ["BACKEND", "SixbitConfig", "SixbitQuantizer", "register", "save_folder"]

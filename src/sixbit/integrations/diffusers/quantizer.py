@@ -34,16 +34,11 @@ from ...conversion import check, install, selected
 from ...convert import fit_methods
 from ...lora import attach_diffusers_methods
 from ...nn import QuantLinear
-from ...presets import PRESETS, for_device, resolve
+from ...presets import calibration_free, for_device
 from .config import SixbitConfig
 from .placeholders import Placeholders
 
 logger = logging.getLogger(__name__)
-
-
-def calibration_free() -> list[str]:
-    """The presets that quantize while loading (no calibration)."""
-    return [name for name in PRESETS if not resolve(name).needs_calibration]
 
 
 class SixbitQuantizer(DiffusersQuantizer):
@@ -95,7 +90,7 @@ class SixbitQuantizer(DiffusersQuantizer):
             raise ValueError(
                 f"{config.calibration_reason()} needs calibration, which from_pretrained cannot run: load the model, "
                 "then sixbit.convert_model(pipe, calibration_data, ...) (or `sixbit convert`), or quantize while "
-                f"loading with a calibration-free config: {calibration_free()} (w4a16: SixbitConfig('w4a16', gptq=False))"
+                f"loading with a calibration-free config: {list(calibration_free())} (w4a16: SixbitConfig('w4a16', gptq=False))"
             )
         self.config = config
         self.chosen = selected(config, {})
