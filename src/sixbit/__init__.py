@@ -6,71 +6,86 @@ Example:
     >>> layer = QuantLinear.from_linear(torch.nn.Linear(64, 64), weight_format="nvfp4")
     >>> sixbit.formats.get("nvfp4").bits_per_element
     4.5
+
+Names are imported when first used (PEP 562 ``__getattr__``), so ``import sixbit`` is quick and
+loads neither torch nor diffusers: the ``sixbit`` command configures logging before diffusers
+and torchao are imported, and a program that only reads ``sixbit.__version__`` pays nothing.
+``from sixbit import quantize`` and ``sixbit.quantize`` work as with eager imports, and so does
+any submodule as an attribute (``sixbit.optimize``).
 """
 
-from .version import __version__  # noqa: E402
-from . import formats, reports  # noqa: E402
-from .builder import quantize  # noqa: E402
-from .calibration import CalibrationData, calibrate  # noqa: E402
-from .checkpoint import load, read_header, save  # noqa: E402
-from .config import QuantConfig, Role  # noqa: E402
-from .convert import Conversion, conversion_of, convert_model  # noqa: E402
-from .footprint import keep_int8_weights, summary  # noqa: E402
-from .lora import load_lora, loras, set_lora_scale, unload_lora  # noqa: E402
-from .methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant  # noqa: E402
-from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache  # noqa: E402
-from .methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq  # noqa: E402
-from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info  # noqa: E402
-from .nn import ActMode, QuantLinear, debug_checks  # noqa: E402
-from .presets import PRESETS, ConvertConfig  # noqa: E402
-from .streaming import StreamedConversion, convert_pretrained, load_pretrained  # noqa: E402
-from .runtime import track_steps  # noqa: E402
-from .tuning import tune, tune_model  # noqa: E402
-from .integrations.diffusers import SixbitConfig  # noqa: E402  (registers the diffusers backend)
+from __future__ import annotations
 
-__all__ = [
-    "ActMode",
-    "AttentionQuantConfig",
-    "CalibrationData",
-    "Conversion",
-    "ConvertConfig",
-    "DMPQConfig",
-    "DeltaCacheConfig",
-    "PRESETS",
-    "QuantConfig",
-    "QuantLinear",
-    "Role",
-    "SixbitConfig",
-    "StaticW8A8Config",
-    "StreamedConversion",
-    "__version__",
-    "apply_attention_quant",
-    "apply_dmpq",
-    "apply_static_w8a8",
-    "calibrate",
-    "conversion_of",
-    "convert_model",
-    "convert_pretrained",
-    "debug_checks",
-    "disable_delta_cache",
-    "enable_delta_cache",
-    "fit_dmpq",
-    "formats",
-    "keep_int8_weights",
-    "load",
-    "load_lora",
-    "load_pretrained",
-    "loras",
-    "quantize",
-    "range_parameters",
-    "read_header",
-    "remove_attention_quant",
-    "save",
-    "set_lora_scale",
-    "static_w8a8_info",
-    "summary",
-    "track_steps",
-    "tune",
-    "tune_model",
-    "unload_lora",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+from .version import __version__
+
+# Every public name and the module that defines it: the one list to extend.
+_EXPORTS = {
+    "builder": ["quantize"],
+    "calibration": ["CalibrationData", "calibrate"],
+    "checkpoint": ["load", "read_header", "save"],
+    "config": ["QuantConfig", "Role"],
+    "convert": ["Conversion", "conversion_of", "convert_model"],
+    "footprint": ["keep_int8_weights", "summary"],
+    "integrations.diffusers": ["SixbitConfig"],
+    "lora": ["load_lora", "loras", "set_lora_scale", "unload_lora"],
+    "methods.attention": ["AttentionQuantConfig", "apply_attention_quant", "remove_attention_quant"],
+    "methods.delta_cache": ["DeltaCacheConfig", "disable_delta_cache", "enable_delta_cache"],
+    "methods.dmpq": ["DMPQConfig", "apply_dmpq", "fit_dmpq"],
+    "methods.static_w8a8": ["StaticW8A8Config", "apply_static_w8a8", "range_parameters", "static_w8a8_info"],
+    "nn": ["ActMode", "QuantLinear", "debug_checks"],
+    "presets": ["PRESETS", "ConvertConfig"],
+    "streaming": ["StreamedConversion", "convert_pretrained", "load_pretrained"],
+    "runtime": ["track_steps"],
+    "tuning": ["tune", "tune_model"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted([*_MODULE_OF, "__version__", "formats", "reports"])
+
+if TYPE_CHECKING:  # what type checkers and editors see; mirrors _EXPORTS (tests/test_lazy_import.py checks)
+    from . import formats, reports
+    from .builder import quantize
+    from .calibration import CalibrationData, calibrate
+    from .checkpoint import load, read_header, save
+    from .config import QuantConfig, Role
+    from .convert import Conversion, conversion_of, convert_model
+    from .footprint import keep_int8_weights, summary
+    from .integrations.diffusers import SixbitConfig
+    from .lora import load_lora, loras, set_lora_scale, unload_lora
+    from .methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant
+    from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache
+    from .methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq
+    from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info
+    from .nn import ActMode, QuantLinear, debug_checks
+    from .presets import PRESETS, ConvertConfig
+    from .streaming import StreamedConversion, convert_pretrained, load_pretrained
+    from .runtime import track_steps
+    from .tuning import tune, tune_model
+
+
+from .integrations import register_on_import  # noqa: E402
+
+register_on_import()  # diffusers reads sixbit folders and takes quant_backend="sixbit" (sixbit.integrations)
+
+
+def __getattr__(name: str):
+    """Import ``name`` on first use: a public name from its module, or a submodule."""
+    module = _MODULE_OF.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if not name.startswith("_"):
+        try:
+            return importlib.import_module(f".{name}", __name__)  # binds sixbit.<name> itself
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":  # the submodule exists but one of its imports is missing
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -7,6 +7,7 @@ must be bit-identical (``torch.equal``) to the same setup without memory optimiz
 
 import copy
 import functools
+import logging
 
 import pytest
 import torch
@@ -156,11 +157,10 @@ def test_prefetch_window_bounds_resident_groups(depth, tmp_path):
 
 
 def test_vae_tiling_uses_tile_size_and_is_restored():
-    from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
+    from diffusers import AutoencoderKLCogVideoX
 
     pipe = load_pipeline("wan")
-    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
-                           latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+    vae = _tiny_wan_vae()
     pipe.register_modules(vae=vae)
     memory = enable_memory_optimization(pipe, tile_size=128, mode="none")
     assert vae.use_tiling and (vae.tile_sample_min_height, vae.tile_sample_stride_width) == (128, 96)
@@ -176,6 +176,42 @@ def test_vae_tiling_uses_tile_size_and_is_restored():
     assert cog.use_tiling and (cog.tile_sample_min_width, cog.tile_latent_min_width) == (64, 32)
     disable_memory_optimization(pipe)
     assert not cog.use_tiling
+
+
+def _tiny_wan_vae():
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
+                            latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="with an accelerator the seed's call offloads to CPU memory")
+def test_seed_call_on_a_cpu_only_machine_tiles_and_says_offloading_was_skipped(caplog):
+    def seed_call(model):  # seed 000, as written
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="sixbit.memory"):
+            memory = enable_memory_optimization(model, tile_size=256, prefetch_depth=4)
+        (message,) = [r.getMessage() for r in caplog.records if r.name.startswith("sixbit.memory")]
+        assert "offloading and prefetch skipped: torch sees no accelerator" in message and "\n" not in message
+        assert "offload_device=<folder>" in message
+        assert memory.mode is MemoryMode.NONE and memory.stats is None and "skipped" in memory.offload
+        assert not _hooked_blocks(pipe.transformer)
+        return memory, message
+
+    pipe = load_pipeline("wan")
+    reference = _generate(pipe)
+    memory, message = seed_call(pipe.transformer)
+    assert "VAE tiling skipped: no VAE" in message
+    assert torch.equal(_generate(pipe), reference)
+    memory.disable()
+
+    vae = _tiny_wan_vae()  # the shapes pipelines are pixel-space: a VAE only to see it tiled
+    pipe.register_modules(vae=vae)
+    memory, message = seed_call(pipe)
+    assert "VAE tiling on AutoencoderKLWan" in message
+    assert vae.use_tiling and (vae.tile_sample_min_height, vae.tile_sample_stride_width) == (256, 192)
+    memory.disable()
+    assert not vae.use_tiling
 
 
 @pytest.mark.parametrize(

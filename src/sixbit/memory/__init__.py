@@ -37,8 +37,15 @@ video transformer:
        diffusers' group offloading with ``num_blocks_per_group > 1``, where a cache skipping a
        group's first block leaves the group on placeholder weights for its other blocks.
 
-       On a CPU-only machine offloading to ``"cpu"`` would move nothing; pass a folder
-       (``offload_device="/tmp/offload"``): weights are written once to a fresh subfolder.
+       On a CPU-only machine offloading to ``"cpu"`` would move nothing. With the device
+       defaults (the seed's ``enable_memory_optimization(model, tile_size=256,
+       prefetch_depth=4)``) offloading is skipped with one logged warning and tiling still
+       applies; ``onload_device="cpu", offload_device="cpu"`` asked for explicitly is refused.
+       For disk offload pass a folder (``offload_device="/data/offload"``): weights are written
+       once to a fresh subfolder. Disk is not the CPU default: it writes the whole transformer
+       out (the only copy of its weights, see below) and reads every block back on every call,
+       trading memory for disk traffic on a disk the user should choose (``/tmp`` is often
+       memory-backed, which would save nothing).
        What counts as a folder: a ``pathlib.Path``, or a string with a path separator, a
        leading ``~`` or ``.``, or naming an existing directory; a string torch reads as a
        device is a device, and anything else (``"cpu0"``) or an existing *file* is refused
@@ -73,7 +80,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import inspect
 import logging
 import shutil
 import tempfile
@@ -97,6 +103,7 @@ from .offload import (
     block_groups,
     release,
 )
+from .tiling import tile_vae
 from .weights import offload_problem, resident_weights
 
 __all__ = [
@@ -204,29 +211,6 @@ def _check_no_foreign_offload(model: nn.Module) -> None:
             )
 
 
-def _tile(vae, tile_size: int) -> tuple[str, dict | None]:
-    if vae is None:
-        return "VAE tiling skipped: no VAE (a bare transformer or a pixel-space pipeline)", None
-    if not callable(getattr(vae, "enable_tiling", None)):
-        return f"VAE tiling skipped: {type(vae).__name__} has no enable_tiling", None
-    accepted = inspect.signature(vae.enable_tiling).parameters
-    # Overlap: CogVideoX keeps its default overlap factors (1/6, 1/5); VAEs that take a stride get
-    # 3/4 of the tile, diffusers' Wan default ratio (256 → 192).
-    wanted = {
-        "tile_sample_min_height": tile_size,
-        "tile_sample_min_width": tile_size,
-        "tile_sample_stride_height": tile_size * 3 // 4,
-        "tile_sample_stride_width": tile_size * 3 // 4,
-    }
-    kwargs = {k: v for k, v in wanted.items() if k in accepted}
-    saved = {k: v for k, v in vars(vae).items() if k == "use_tiling" or k.startswith("tile_")}
-    vae.enable_tiling(**kwargs)
-    if not kwargs:
-        return f"VAE tiling on {type(vae).__name__} at its default tile size (its enable_tiling takes no size)", saved
-    sizes = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-    return f"VAE tiling on {type(vae).__name__}: {sizes}", saved
-
-
 def enable_memory_optimization(
     model_or_pipe,
     tile_size: int = 256,
@@ -250,6 +234,7 @@ def enable_memory_optimization(
             the module docstring.
         onload_device (default None: the accelerator if torch sees one, else "cpu"): where blocks
             compute; a device this torch can use (``"cuda"`` on a CPU-only build is refused).
+            Left at None without an accelerator, offloading to ``"cpu"`` is skipped with a warning.
         offload_device (default "cpu"): where blocks wait — ``"cpu"``, or a folder for disk
             offload: a ``Path``, or a string with a path separator, a leading ``~``/``.``, or
             naming an existing directory (``"cpu0"`` is a typo, not a folder; an existing file
@@ -264,8 +249,8 @@ def enable_memory_optimization(
     Raises:
         ValueError: an unknown mode, a bad size, an object that is no model or pipeline, an
             ``offload_device`` that is neither a device nor a usable folder, an ``onload_device``
-            this torch lacks, a mode that would change nothing on this machine (``cpu`` → ``cpu``;
-            CPU offload without an accelerator) or a model already under another offloading
+            this torch lacks, a mode that would change nothing on this machine (``cpu`` → ``cpu``
+            asked for explicitly; CPU offload without an accelerator) or a model already under another offloading
             scheme. Nothing is changed.
         OffloadedWeightsLost: the model's previous disk offload lost its folder (its
             ``disable()`` raises; reload the model).
@@ -289,12 +274,14 @@ def enable_memory_optimization(
     _check_sizes(tile_size, prefetch_depth, blocks_per_group)
     pipe, model, vae = _split(model_or_pipe)
     onload, offload, folder = _devices(onload_device, offload_device)
-    _check_mode(mode, pipe, model, onload, offload, folder)
+    skipped = _check_mode(mode, pipe, model, onload, offload, folder, auto_onload=onload_device is None)
     if model is not None and model in _HANDLES:
         _HANDLES[model].disable()
-    tiling, saved = _tile(vae, tile_size)
-    handle = MemoryOptimization(mode, tiling, "no weight offloading", _model=model, _pipe=pipe, _vae=vae,
-                                _saved_tiling=saved)
+    tiling, saved = tile_vae(vae, tile_size)
+    if skipped:
+        logger.warning("enable_memory_optimization: %s; %s", skipped, tiling)
+    handle = MemoryOptimization(MemoryMode.NONE if skipped else mode, tiling, skipped or "no weight offloading",
+                                _model=model, _pipe=pipe, _vae=vae, _saved_tiling=saved)
     try:
         _offload(handle, onload, offload, folder, blocks_per_group, prefetch_depth)
     except BaseException:
@@ -333,14 +320,18 @@ def _mode(mode) -> MemoryMode:
         raise ValueError(f"unknown mode {mode!r}; valid: {[m.value for m in MemoryMode]}") from None
 
 
-def _check_mode(mode: MemoryMode, pipe, model, onload, offload, folder) -> None:
-    """Refuse a mode that cannot apply to what was passed, or would change nothing here."""
+def _check_mode(mode: MemoryMode, pipe, model, onload, offload, folder, auto_onload: bool) -> str | None:
+    """Refuse a mode that cannot apply to what was passed, or would change nothing here; return why
+    offloading is skipped when the device defaults meet a machine without an accelerator."""
     accelerator = _accelerator()
     if mode is MemoryMode.GROUP:
         if model is None:
             raise ValueError(f"mode='group' offloads a transformer, but this {type(pipe).__name__} has none; use mode='none' for tiling only")
         spec_for(model)  # raises a ValueError naming the fix when the blocks cannot be found
         if folder is None and offload == onload:
+            if auto_onload and accelerator is None:  # the seed's call on a CPU-only machine
+                return ("weight offloading and prefetch skipped: torch sees no accelerator, so blocks would wait "
+                        "and compute in the same CPU memory; pass offload_device=<folder> to offload to disk")
             raise ValueError(
                 f"mode='group' with onload_device={str(onload)!r} and offload_device={str(offload)!r} moves nothing "
                 f"(torch sees {'no accelerator' if accelerator is None else accelerator}); pass a folder path as "
@@ -358,6 +349,7 @@ def _check_mode(mode: MemoryMode, pipe, model, onload, offload, folder) -> None:
             )
         if folder is not None:
             raise ValueError(f"mode={mode.value!r} offloads to CPU memory only; for disk offload use mode='group'")
+    return None
 
 
 def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.device, offload,

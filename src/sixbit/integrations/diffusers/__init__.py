@@ -16,20 +16,18 @@ diffusers has no plugin entry point: third-party backends add themselves to its
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 import types
 
 from diffusers.quantizers import auto
 
-from ...checkpoint import register_save_method
 from .config import SixbitConfig
 from .folder import save_folder
 from .quantizer import SixbitQuantizer
+from .. import BACKEND
 
-BACKEND = "sixbit"
 
-
-def _attach_save_pretrained(transformer) -> None:
+def attach_save_pretrained(transformer) -> None:
     """A converted diffusers transformer's ``save_pretrained`` writes a converted folder."""
     if hasattr(transformer, "save_config") and hasattr(transformer, "to_json_string"):
         def save_pretrained(self, save_directory, is_main_process=True, safe_serialization=True, variant=None,
@@ -43,18 +41,16 @@ def _attach_save_pretrained(transformer) -> None:
 
 
 def register() -> None:
-    """Make ``"sixbit"`` a quantization backend of diffusers (and transformers, if installed)."""
+    """Make ``"sixbit"`` a quantization backend of diffusers (and of transformers' table, if it is
+    imported: diffusers' ``PipelineQuantizationConfig`` looks there too), replacing the light
+    entries :func:`sixbit.integrations.register_on_import` put there."""
     auto.AUTO_QUANTIZER_MAPPING[BACKEND] = SixbitQuantizer
     auto.AUTO_QUANTIZATION_CONFIG_MAPPING[BACKEND] = SixbitConfig
-    if importlib.util.find_spec("transformers") is not None:
-        # PipelineQuantizationConfig(quant_backend=...) checks transformers' table too; a
-        # transformers model (text encoder) given this config is refused by transformers itself.
-        from transformers.quantizers import auto as transformers_auto
-
-        transformers_auto.AUTO_QUANTIZATION_CONFIG_MAPPING.setdefault(BACKEND, SixbitConfig)
+    transformers_auto = sys.modules.get("transformers.quantizers.auto")
+    if transformers_auto is not None:
+        transformers_auto.AUTO_QUANTIZATION_CONFIG_MAPPING[BACKEND] = SixbitConfig
 
 
 register()
-register_save_method(_attach_save_pretrained)
 
-__all__ = ["BACKEND", "SixbitConfig", "SixbitQuantizer", "register", "save_folder"]
+__all__ = ["BACKEND", "SixbitConfig", "SixbitQuantizer", "attach_save_pretrained", "register", "save_folder"]

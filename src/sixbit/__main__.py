@@ -1,0 +1,7 @@
+"""``python -m sixbit``: the ``sixbit`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
