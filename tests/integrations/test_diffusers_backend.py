@@ -149,16 +149,17 @@ def test_torch_dtype_casts_the_full_precision_parameters_and_keeps_the_packed_on
     assert torch.isfinite(_run(tm, reloaded, torch.float32)).all()
 
 
-def test_a_fresh_process_reloads_with_plain_from_pretrained(tmp_path):
+@pytest.mark.parametrize("imports", ["import torch, sixbit\nfrom diffusers import WanTransformer3DModel",
+                                     "import torch\nfrom diffusers import WanTransformer3DModel\nimport sixbit"])
+def test_a_fresh_process_reloads_with_plain_from_pretrained(imports, tmp_path):
+    """sixbit imported before or after diffusers' model classes: the backend is known either way."""
     tm = build_tiny("wan")
     model = type(tm.model).from_pretrained(_fp_folder(tm, tmp_path), torch_dtype=BF16)
     sixbit.convert_model(model, quant_config="w8a8")
     model.save_pretrained(tmp_path / "q")
     torch.save(_run(tm, model), tmp_path / "expected.pt")
     torch.save(tm.inputs(1), tmp_path / "inputs.pt")
-    script = f"""
-        import torch, sixbit
-        from diffusers import WanTransformer3DModel
+    script = imports + textwrap.dedent(f"""
         model = WanTransformer3DModel.from_pretrained({str(tmp_path / 'q')!r}, torch_dtype=torch.bfloat16)
         kwargs = torch.load({str(tmp_path / 'inputs.pt')!r})
         kwargs = {{k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kwargs.items()}}
@@ -166,8 +167,8 @@ def test_a_fresh_process_reloads_with_plain_from_pretrained(tmp_path):
             out = model(**kwargs)[0]
         assert torch.equal(out, torch.load({str(tmp_path / 'expected.pt')!r})), "outputs differ"
         print("ok", type(model.hf_quantizer).__name__)
-    """
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ok SixbitQuantizer" in done.stdout
 
