@@ -30,7 +30,7 @@ def _folder(tm, tmp_path, shard="8KB", dtype=None):
     return folder
 
 
-@pytest.mark.parametrize("name", ["cogvideox", "wan"])
+@pytest.mark.parametrize("name", ["cogvideox", "wan", "sana-video"])  # sana-video: pointwise-conv feed-forward
 @pytest.mark.parametrize("preset", ["w4a8-rtn", "w8a8"])
 def test_streamed_conversion_writes_the_in_memory_checkpoint(name, preset, tmp_path):
     tm = build_tiny(name)
@@ -129,7 +129,7 @@ def test_cli_streams_a_model_folder(tmp_path, capsys):
     assert checkpoint.read_header(out)["model_class"] == "WanTransformer3DModel"
 
 
-@pytest.mark.parametrize("name", ["cogvideox", "wan"])
+@pytest.mark.parametrize("name", ["cogvideox", "wan", "sana-video"])
 def test_streamed_gptq_matches_the_in_memory_first_block_and_stays_close(name, tmp_path):
     """Block 0's Hessians come from the same full-precision calls in both conversions, so its
     layers are bit-identical; later blocks see the full-precision trajectory (streamed) instead

@@ -8,7 +8,8 @@ bit-exactly. The safetensors metadata key ``"sixbit"`` carries a JSON header::
      "model_class": "CogVideoXTransformer3DModel",
      "layers": {"blocks.0.attn1.to_q": {in_features, out_features, weight_format,
                                        hadamard_block, bias, weight_meta, input_divisor,
-                                       lowrank_rank, lowrank_dtype, weight_only}, ...},
+                                       lowrank_rank, lowrank_dtype, weight_only}, ...
+                "blocks.0.ff.conv_point": {..., "kind": "pointwise_conv2d"}},
      "sha256": "<digest of every tensor's name, dtype and bytes, and of the rest of this header>"}
 
 The checksum covers every field of the header too (a hand-edited ``hadamard_block`` changes the
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint_layers import LAYER_FIELDS
+from .checkpoint_layers import LAYER_FIELDS, OPTIONAL_LAYER_FIELDS
 from .checkpoint_restore import EXTENSION_SEPARATOR, restore
 from .io import (
     SafetensorsWriter,
@@ -228,7 +229,9 @@ def check_header(header, source: str) -> None:
                 problems.append(f"layers[{name[:100]!r}] is not an object")
                 continue
             problems += field_problems(f"layers[{name[:100]!r}].", cfg, LAYER_FIELDS)
-            unknown = sorted(set(cfg) - set(LAYER_FIELDS))
+            optional = {k: tp for k, tp in OPTIONAL_LAYER_FIELDS.items() if k in cfg}
+            problems += field_problems(f"layers[{name[:100]!r}].", cfg, optional)
+            unknown = sorted(set(cfg) - set(LAYER_FIELDS) - set(OPTIONAL_LAYER_FIELDS))
             if unknown:
                 problems.append(f"layers[{name[:100]!r}] has unknown fields {unknown[:5]}")
     ext = header.get("extensions", {})
@@ -270,12 +273,13 @@ def _format_fix(version) -> str:
 def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     """Restore a checkpoint written by :func:`save` into ``model`` (same architecture).
 
-    ``model`` may be freshly built in full precision: its ``nn.Linear`` layers named in the
-    file are replaced by ``QuantLinear``. Every check runs before anything changes, so on any
-    error (missing, truncated or corrupted file, unknown format version, another
-    architecture) ``model`` is left untouched. The runtime methods' state stored in the file
-    (:func:`extensions`: static W8A8's parameters, the conversion) is restored last; a file
-    naming an extension this sixbit does not know is refused up front. Returns ``model``.
+    ``model`` may be freshly built in full precision: its ``nn.Linear`` layers (and pointwise
+    convs) named in the file are replaced by ``QuantLinear`` (``QuantPointwiseConv``). Every
+    check runs before anything changes, so on any error (missing, truncated or corrupted file,
+    unknown format version, another architecture) ``model`` is left untouched. The runtime
+    methods' state stored in the file (:func:`extensions`: static W8A8's parameters, the
+    conversion) is restored last; a file naming an extension this sixbit does not know is
+    refused up front. Returns ``model``.
 
     ``model`` may be a pipeline (its ``.transformer`` is loaded; the pipeline is returned), and
     it may have been built on the meta device (``accelerate.init_empty_weights()``): its

@@ -1,9 +1,14 @@
 """The quantized layers of a checkpoint: their header entries and the ``QuantLinear`` rebuilt from them.
 
-Each quantized layer has an entry in the header's ``"layers"`` (:data:`LAYER_FIELDS`) and its
-packed tensors under ``"<layer>.weight_<part>"``. :func:`build_layers` rebuilds every layer of
-a file, checked against the layers of the model it replaces and against the packed layout its
-format implies (:func:`expected_layout`), before the model changes.
+Each quantized layer has an entry in the header's ``"layers"`` (:data:`LAYER_FIELDS`, and the
+optional :data:`OPTIONAL_LAYER_FIELDS`) and its packed tensors under ``"<layer>.weight_<part>"``.
+``"kind"`` says what the layer replaces: absent (every file written before pointwise convs were
+quantized, and every linear since) for an ``nn.Linear``, ``"pointwise_conv2d"`` etc. for a
+pointwise conv (:data:`sixbit.nn.pointwise_conv.KINDS`), rebuilt as a
+:class:`~sixbit.nn.QuantPointwiseConv`; the packed tensors are the same either way.
+:func:`build_layers` rebuilds every layer of a file, checked against the layers of the model
+it replaces and against the packed layout its format implies (:func:`expected_layout`), before
+the model changes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from torch import nn
 
 from . import formats
 from .nn import QuantLinear
+from .nn.pointwise_conv import KINDS, features, is_quantizable, kind_of, quantized_layer_class
 
 # every field of a layer entry and the JSON types it may take
 LAYER_FIELDS = {
@@ -23,9 +29,15 @@ LAYER_FIELDS = {
     "bias": bool, "source_dtype": str, "weight_meta": dict, "input_divisor": bool, "lowrank_rank": int,
     "lowrank_dtype": str | None, "weight_only": bool,
 }
+# fields a layer entry may hold, and their types: "kind" is written for pointwise convs only, so
+# a file of linears stays readable by a sixbit that predates it
+OPTIONAL_LAYER_FIELDS = {"kind": str}
+
 
 def build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> QuantLinear:
     fmt = formats.get(cfg["weight_format"])
+    if cfg.get("kind", "linear") not in KINDS:
+        raise ValueError(f"layer {name!r}: unknown kind {cfg['kind']!r}; this sixbit knows {sorted(KINDS)}")
     if min(cfg["in_features"], cfg["out_features"]) < 1:
         raise ValueError(f"layer {name!r}: in_features and out_features must be ≥ 1")
     layout, meta = expected_layout(fmt.name, cfg["out_features"], cfg["in_features"])
@@ -51,8 +63,9 @@ def build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quant
         dtype = getattr(torch, str(cfg.get("lowrank_dtype")), None)
         if any(t is None or tuple(t.shape) != e or t.dtype != dtype for t, e in zip(lowrank, expected)):
             raise ValueError(f"layer {name!r}: the rank-{rank} low-rank branch tensors are missing or malformed")
-    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype, input_divisor=divisor,
-                        lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
+    layer = quantized_layer_class(cfg.get("kind", "linear"))(
+        weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype, input_divisor=divisor,
+        lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
     if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
         raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
     for field, ref in layout.items():
@@ -96,15 +109,17 @@ def build_layers(path: Path, layers: dict, modules: dict[str, nn.Module], tensor
         if not name:
             raise ValueError("a bare QuantLinear cannot be loaded in place: wrap it in a module")
         old = modules.get(name)
-        if not isinstance(old, (nn.Linear, QuantLinear)):
-            raise ValueError(
-                f"{str(path)!r} quantizes layer {name!r}, which this model "
-                f"{'lacks' if old is None else f'has as a {type(old).__name__}'}: was it saved from another model?"
-            )
-        if (old.in_features, old.out_features) != (cfg["in_features"], cfg["out_features"]):
+        kind = cfg.get("kind", "linear")
+        replaceable = is_quantizable(old) or isinstance(old, QuantLinear)
+        if not replaceable or kind_of(old) != kind:
+            found = "lacks" if old is None else f"has as a {type(old).__name__}"
+            found += f" ({kind_of(old)})" if replaceable else ""
+            raise ValueError(f"{str(path)!r} quantizes layer {name!r} ({kind}), which this model {found}: "
+                             "was it saved from another model?")
+        if features(old) != (cfg["in_features"], cfg["out_features"]):
             raise ValueError(
                 f"layer {name!r} is {cfg['in_features']}→{cfg['out_features']} in {str(path)!r} but "
-                f"{old.in_features}→{old.out_features} in the model: was it saved from another model config?"
+                f"{features(old)[0]}→{features(old)[1]} in the model: was it saved from another model config?"
             )
         try:
             new_layers[name] = build_layer(name, cfg, tensors)
@@ -113,4 +128,4 @@ def build_layers(path: Path, layers: dict, modules: dict[str, nn.Module], tensor
     return new_layers
 
 
-__all__ = ["LAYER_FIELDS", "build_layer", "build_layers", "expected_layout"]
+__all__ = ["LAYER_FIELDS", "OPTIONAL_LAYER_FIELDS", "build_layer", "build_layers", "expected_layout"]

@@ -27,6 +27,7 @@ from .methods.default_precision import DefaultPrecision
 from .methods.registry import methods
 from .methods.stabilize import StabilizeConfig
 from .models import spec_for, transformer_of
+from .nn.pointwise_conv import is_quantizable
 from .parallel.wrapped import wrapper_of
 from .presets import ConvertConfig, for_device, resolve
 from .runtime import hooks
@@ -197,7 +198,7 @@ def convert_model(
     stabilize = StabilizeConfig.from_argument(stabilize_frames)
     chosen = check_convertible(config, transformer, {} if stabilize is None else {"stabilize": stabilize})
     run, calibration = _calibration(config, chosen, calibration_data, pipe, calibration_kwargs)
-    originals = {name: m for name, m in transformer.named_modules() if isinstance(m, nn.Linear)}
+    originals = {name: m for name, m in transformer.named_modules() if is_quantizable(m)}
     tracked = tracker_of(transformer) is not None  # a step tracker the caller installed survives a rollback
     try:
         applied = _quantize_and_fit(transformer, config, chosen, run, calibration)

@@ -12,6 +12,7 @@ from . import kernels
 from .conversion import conversion_of
 from .models import spec_for, transformer_of
 from .nn import QuantLinear, execution
+from .nn.pointwise_conv import features, is_quantizable
 from .runtime.fusion import fuse_activations
 
 
@@ -185,9 +186,9 @@ def summary(model: nn.Module) -> Summary:
             before = mod.in_features * mod.out_features * torch.finfo(mod.source_dtype).bits // 8
             rows.append(LayerInfo(name, spec.role_of(name).value, mod.weight_format, mod.in_features,
                                   mod.out_features, before, mod.weight_nbytes(), mod.execution()))
-        elif isinstance(mod, nn.Linear):
+        elif is_quantizable(mod):  # an nn.Linear or a pointwise conv left in full precision
             size = mod.weight.numel() * mod.weight.element_size()
-            rows.append(LayerInfo(name, spec.role_of(name).value, "fp", mod.in_features, mod.out_features,
+            rows.append(LayerInfo(name, spec.role_of(name).value, "fp", *features(mod),
                                   size, size, f"{str(mod.weight.dtype).removeprefix('torch.')} (not quantized)"))
     converted = sum(m.converted_nbytes() for m in model.modules() if isinstance(m, QuantLinear))
     conversion = conversion_of(model)

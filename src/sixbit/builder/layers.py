@@ -1,6 +1,10 @@
 """Which linears a conversion quantizes (:func:`plan_layers`) and how one is built
 (:func:`quantized_linear`): the format, the Hadamard block or smoothing, the rounding
-(:mod:`sixbit.rounding`: scale search, GPTQ) and the 16-bit low-rank branch."""
+(:mod:`sixbit.rounding`: scale search, GPTQ) and the 16-bit low-rank branch.
+
+"Linears" are ``nn.Linear`` layers and pointwise (1×1) convolutions, which are linear layers
+applied to each position's channels (:mod:`sixbit.nn.pointwise_conv`): both are planned and
+built alike, a conv into a :class:`~sixbit.nn.QuantPointwiseConv`."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from ..calibration import hessians
 from ..config import QuantConfig
 from ..models import block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
+from ..nn.pointwise_conv import features, is_quantizable, kind_of, quantized_layer_class, weight_2d
 from ..rounding import quantize_weight, supports
 from ..transforms import hadamard, smoothquant
 from ..transforms.hadamard import BLOCK_SIZES
@@ -44,7 +49,7 @@ def _check_layer_names(model: nn.Module, config: QuantConfig) -> None:
     ``exclude`` leave out: a per-layer choice that silently did nothing would be a wrong model."""
     if not config.layer_formats:
         return
-    linears = {name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
+    linears = {name for name, mod in model.named_modules() if is_quantizable(mod)}
     problems = []
     for name in config.layer_formats:
         if name not in linears:
@@ -59,14 +64,15 @@ def _check_layer_names(model: nn.Module, config: QuantConfig) -> None:
 
 
 def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None, str]]:
-    """``{layer name: (format, hadamard block, role)}`` for every linear to quantize."""
+    """``{layer name: (format, hadamard block, role)}`` for every linear (``nn.Linear`` or pointwise
+    conv) to quantize."""
     spec = spec_for(model)
     blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
     n_blocks = max(blocks.values()) + 1
     _check_layer_names(model, config)
     plan = {}
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.Linear):
+        if not is_quantizable(mod):
             continue
         if config.include and not any(re.fullmatch(p, name) for p in config.include):
             continue
@@ -83,13 +89,14 @@ def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, i
             fmt = config.boundary_format
         if fmt is None:
             continue
-        if not format_fits(fmt, mod.in_features):
+        in_features = features(mod)[0]
+        if not format_fits(fmt, in_features):
             logger.warning(
                 "%s: in_features=%d is not a multiple of %s's block %d; kept in full precision",
-                name, mod.in_features, fmt, formats.get(fmt).block_size,
+                name, in_features, fmt, formats.get(fmt).block_size,
             )
             continue
-        plan[name] = (fmt, _hadamard_block(config.hadamard_block, mod.in_features), role.value)
+        plan[name] = (fmt, _hadamard_block(config.hadamard_block, in_features), role.value)
     return plan
 
 
@@ -97,17 +104,19 @@ def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, i
 _BRANCH_MAX_BITS = 4
 
 
-def quantized_linear(linear: nn.Linear, fmt: str, hadamard_block: int | None, config: QuantConfig, role: str,
+def quantized_linear(linear: nn.Module, fmt: str, hadamard_block: int | None, config: QuantConfig, role: str,
                      stats: hessians.InputStats | None = None) -> QuantLinear:
-    """The :class:`QuantLinear` for ``linear`` as ``config`` says (``stats``: its inputs, or ``None``)."""
+    """The :class:`QuantLinear` for ``linear`` (an ``nn.Linear``, or a pointwise conv: then a
+    :class:`~sixbit.nn.QuantPointwiseConv`) as ``config`` says (``stats``: its inputs, features
+    last, or ``None``)."""
     weight_only = role in config.weight_only_roles
     # The branch goes on the 4-bit compute layers. Measured on the shipped CogVideoX (W4A16, GPTQ +
     # MSE scales, 4 held-out pairs): a branch on the weight-only modulation layers too cost 4.4 dB.
     branched = formats.get(fmt).element_bits <= _BRANCH_MAX_BITS and not weight_only
-    rank = config.lowrank_rank_for(linear.in_features, linear.out_features) if branched else 0
+    rank = config.lowrank_rank_for(*features(linear)) if branched else 0
     divisor = None
     if rank and config.smooth_alpha is not None and stats is not None:
-        divisor = smoothquant.smoothing_factors(stats.amax, smoothquant.weight_channel_amax(linear.weight),
+        divisor = smoothquant.smoothing_factors(stats.amax, smoothquant.weight_channel_amax(weight_2d(linear)),
                                                 config.smooth_alpha)
         hadamard_block = None  # smoothing replaces the rotation
     w = QuantLinear.stored_weight(linear, hadamard_block, divisor)
@@ -124,5 +133,6 @@ def quantized_linear(linear: nn.Linear, fmt: str, hadamard_block: int | None, co
         w, fmt, config.scale_rule if searchable else "absmax", hessian, use_gptq,
         config.gptq_damp, rank, config.lowrank_iterations,
     )
-    return QuantLinear(q, fmt, linear.bias, hadamard_block, config.act_mode, source_dtype=linear.weight.dtype,
-                       input_divisor=divisor, lowrank=branch, weight_only=weight_only)
+    return quantized_layer_class(kind_of(linear))(
+        q, fmt, linear.bias, hadamard_block, config.act_mode, source_dtype=linear.weight.dtype, input_divisor=divisor,
+        lowrank=branch, weight_only=weight_only)

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..models import Role, block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
+from ..nn.pointwise_conv import features_last
 from ..runtime import blocks
 from ..runtime.blocks import relative_l1
 from ..runtime.context import StepTracker, track_steps
@@ -124,7 +125,7 @@ class _Collector(blocks.BlockMethod):
         def hook(module, args):
             self.note_step()
             per = self.data.layers.setdefault(name, {})
-            for branch, x in _split(args[0], self.tracker):
+            for branch, x in _split(features_last(module, args[0]), self.tracker):  # batch stays first
                 key = (self.tracker.info.step, branch)
                 if key not in per:
                     per[key] = LayerStats(torch.zeros(x.shape[-1]))

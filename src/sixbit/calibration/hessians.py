@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..nn.pointwise_conv import features_last
+
 
 @dataclasses.dataclass
 class InputStats:
@@ -35,7 +37,7 @@ class _Accumulator:
 
 
 def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Module]) -> dict[str, InputStats]:
-    """Run ``run()`` once with hooks on ``layers`` (``{name: linear}``, inside ``model``) and
+    """Run ``run()`` once with hooks on ``layers`` (``{name: linear or pointwise conv}``, inside ``model``) and
     return the :class:`InputStats` of each layer that ran (a layer the generations never call
     is left out). Hooks are removed even if ``run`` raises.
 
@@ -50,11 +52,11 @@ def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Mo
 
     def hook_for(name: str):
         def hook(module, args):
-            x = args[0]
-            if shared.get("x") is not x:
+            x = features_last(module, args[0])  # a pointwise conv's channels are its features
+            if shared.get("x") is not args[0]:
                 xf = x.detach().reshape(-1, x.shape[-1]).float()
                 amax = xf.abs().amax(0) if xf.shape[0] else torch.zeros(xf.shape[1], device=xf.device)
-                shared.update(x=x, xtx=(xf.T @ xf).double(), amax=amax, rows=xf.shape[0])
+                shared.update(x=args[0], xtx=(xf.T @ xf).double(), amax=amax, rows=xf.shape[0])
             a = acc.get(name)
             if a is None:
                 a = acc[name] = _Accumulator(x.shape[-1], x.device)

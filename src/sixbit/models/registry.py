@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 from torch import nn
 
 from ..nn import QuantLinear
+from ..nn.pointwise_conv import features, is_quantizable
 from .roles import Role
 
 
@@ -158,9 +159,11 @@ def registered() -> dict[str, ModelSpec]:
 
 def _linear_weights(module: nn.Module) -> int:
     """Weights of the linear layers inside ``module``, counted as ``in × out`` whether a layer is
-    still an ``nn.Linear`` or already a packed :class:`~sixbit.nn.QuantLinear` (whose codes are
-    buffers, not parameters): the measure is the same before and after quantization."""
-    return sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, (nn.Linear, QuantLinear)))
+    still an ``nn.Linear`` (or pointwise conv) or already a packed :class:`~sixbit.nn.QuantLinear`
+    (whose codes are buffers, not parameters): the measure is the same before and after
+    quantization."""
+    return sum(features(m)[0] * features(m)[1] for m in module.modules()
+               if is_quantizable(m) or isinstance(m, QuantLinear))
 
 
 def _generic_spec(model: nn.Module) -> ModelSpec | None:

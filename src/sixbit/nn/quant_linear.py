@@ -162,13 +162,15 @@ class QuantLinear(nn.Module):
         )
 
     @staticmethod
-    def stored_weight(linear: nn.Linear, hadamard_block: int | None = None,
+    def stored_weight(linear: nn.Module, hadamard_block: int | None = None,
                       input_divisor: torch.Tensor | None = None) -> torch.Tensor:
         """``linear``'s fp32 weight in the space the layer stores it: rotated (``W·H``) and/or
-        scaled (``W·diag(s)``), before quantization."""
+        scaled (``W·diag(s)``), before quantization. ``linear``: an ``nn.Linear`` or a pointwise
+        conv, whose ``(out, in, 1, …)`` weight is the linear's ``(out, in)``."""
         w = linear.weight.detach().float()
+        w = w.reshape(w.shape[0], -1)
         if hadamard_block is not None:
-            hadamard.check_block(linear.in_features, hadamard_block)
+            hadamard.check_block(w.shape[1], hadamard_block)
             w = hadamard.rotate(w, hadamard_block)
         if input_divisor is not None:
             w = w * input_divisor.detach().float().reshape(1, -1)

@@ -26,6 +26,7 @@ from .. import formats
 from ..builder import format_fits, plan_layers, quantized_linear
 from ..calibration import hessians
 from ..models import Role, block_index_of, iter_blocks, swap_layers
+from ..nn.pointwise_conv import features, is_quantizable
 from ..presets import ConvertConfig
 
 #: The formats searched by default: INT3 with a scale per 64 weights (3.5 bits + the base recipe's
@@ -148,13 +149,13 @@ def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str
     bar = tqdm(total=len(tuned) * len(candidates), desc="building candidates", disable=not progress, leave=False)
     for name, (hb, role) in tuned.items():
         linear = model.get_submodule(name)
-        numel = linear.in_features * linear.out_features
+        numel = features(linear)[0] * features(linear)[1]
         variants = []
         for fmt in candidates:
             bar.update()
             if fmt is None:
                 variants.append(Variant(None, linear, FULL_PRECISION_BITS))
-            elif format_fits(fmt, linear.in_features):
+            elif format_fits(fmt, features(linear)[0]):
                 q = quantized_linear(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None)
                 variants.append(Variant(fmt, q, 8 * q.weight_nbytes() / numel))
         variants.sort(key=lambda v: v.bits)
@@ -176,11 +177,11 @@ def _converted_bytes(model: nn.Module, config: ConvertConfig) -> int:
     total = 0
     for name, module in model.named_modules():
         own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        if isinstance(module, nn.Linear) and name in plan and name not in tuned:
+        if is_quantizable(module) and name in plan and name not in tuned:
             fmt = formats.get(plan[name][0])
             total += int(module.weight.numel() * fmt.bits_per_element / 8)
             own = [t for t in own if t is not module.weight]
-        elif isinstance(module, nn.Linear) and name in tuned:
+        elif is_quantizable(module) and name in tuned:
             total += 2 * module.weight.numel()
             own = [t for t in own if t is not module.weight]
         total += sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for t in own)

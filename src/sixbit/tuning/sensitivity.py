@@ -25,6 +25,7 @@ import torch
 
 from ..calibration import hessians
 from ..nn import QuantLinear
+from ..nn.pointwise_conv import features, weight_2d
 from ..nn.precision import ActMode
 from .library import Library
 
@@ -159,18 +160,20 @@ class Sensitivity:
         return float(self.mse[layer][variant].sum())
 
 
-def proxy_error(variant: torch.nn.Module, original: torch.nn.Linear, stats: hessians.InputStats | None) -> float:
+def proxy_error(variant: torch.nn.Module, original: torch.nn.Module, stats: hessians.InputStats | None) -> float:
     """``E‖x·(Ŵ − W)ᵀ‖²`` over the recorded inputs (``nan`` without them; 0 for the original)."""
     if variant is original:
         return 0.0
     if stats is None or not isinstance(variant, QuantLinear):
         return math.nan
-    eye = torch.eye(original.in_features, device=original.weight.device)
+    eye = torch.eye(features(original)[0], device=original.weight.device)
     with torch.no_grad():
-        effective = variant(eye, mode=ActMode.FP).float()  # (K, N): x·Ŵᵀ (+ b) for each basis vector
+        # (K, N): x·Ŵᵀ (+ b) for each basis vector; QuantLinear's own forward, which takes rows
+        # whatever layout the layer takes (a pointwise conv's: channels first)
+        effective = QuantLinear.forward(variant, eye, mode=ActMode.FP).float()
         if variant.bias is not None:
             effective = effective - variant.bias.float()
-        delta = effective - original.weight.float().T
+        delta = effective - weight_2d(original).float().T
         return float(((stats.hessian.float() @ delta) * delta).sum())
 
 

@@ -19,6 +19,7 @@ Two ways in, both through the hooks diffusers gives every quantization backend:
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
@@ -112,18 +113,18 @@ class SixbitQuantizer(DiffusersQuantizer):
             return
         layer, _, leaf = param_name.rpartition(".")
         self.pending.setdefault(layer, {})[leaf] = param_value
-        linear = model.get_submodule(layer)
-        if "weight" in self.pending[layer] and (linear.bias is None or "bias" in self.pending[layer]):
+        if "weight" in self.pending[layer] and (model.get_submodule(layer).bias is None or "bias" in self.pending[layer]):
             self._build(model, layer, self.pending.pop(layer), target_device)
 
     def _build(self, model: nn.Module, name: str, parts: dict[str, torch.Tensor], device) -> None:
-        weight = parts["weight"]
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in parts, device="meta", dtype=weight.dtype)
+        """The planned layer ``name`` (a linear or a pointwise conv, still empty) with its arrived
+        tensors, quantized and swapped in."""
+        layer = copy.deepcopy(model.get_submodule(name))  # on the meta device: costs nothing
         device = "cpu" if device in (None, "disk") else device
         for leaf, value in parts.items():
-            set_module_tensor_to_device(linear, leaf, device, value=value)
+            set_module_tensor_to_device(layer, leaf, device, value=value)
         fmt, hadamard_block, role = self.plan[name]
-        LayerSwap(model).put({name: quantized_linear(linear, fmt, hadamard_block, self.config.weights, role)})
+        LayerSwap(model).put({name: quantized_linear(layer, fmt, hadamard_block, self.config.weights, role)})
 
     # -- after the last shard ---------------------------------------------------------------
     def _process_model_after_weight_loading(self, model, **kwargs):
