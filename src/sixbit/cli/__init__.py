@@ -4,7 +4,8 @@ One package: :mod:`.commands` (convert, generate, eval, info), :mod:`.tune`, :mo
 :mod:`.args`, the argument types and checks they share.
 
 Commands print; the library logs. Errors are one line on stderr (``--debug`` shows the
-traceback) with exit code 2 for bad input, 1 for anything unexpected.
+traceback) with exit code 2 for bad input, 1 for anything unexpected; ``sixbit tune`` exits
+with 3 when its ``--min-psnr`` is not reached (it writes the best config found all the same).
 """
 
 from __future__ import annotations
