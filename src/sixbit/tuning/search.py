@@ -36,6 +36,13 @@ from .library import Library
 from .sensitivity import Evaluator, Sensitivity, psnr_bound, psnr_of
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past float's range: no budget can be compared with it
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class Constraint:
     """Exactly one of: ``max_bits`` (average stored bits per tuned weight), ``max_bytes``
@@ -51,7 +58,7 @@ class Constraint:
         if len(given) != 1:
             raise ValueError(f"give exactly one of max_bits, max_bytes, min_psnr (got {given or 'none'})")
         value = getattr(self, given[0])
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value <= 0:
             raise ValueError(f"{given[0]} must be a finite number > 0, got {show(value)}")
 
     @property

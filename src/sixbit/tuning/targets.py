@@ -40,6 +40,8 @@ def candidates(formats) -> tuple[str | None, ...]:
     for f in formats:
         if f is not None and not isinstance(f, str):
             raise ValueError(f"formats must hold format names (strings) or None (16-bit), got {show(f)} in it")
+        if f is not None and len(f) > 60:
+            raise ValueError(f"formats: unknown format {show(f)}; sixbit.formats.available() lists the names")
         if f is not None:
             try:
                 formats_.get(f)
