@@ -180,3 +180,75 @@ def test_mutated_configs_resolve_or_are_refused_cleanly():
         else:
             assert resolve(config.to_dict()) == config, what
     assert refused > 150
+
+
+# ---- tuning targets (issue 48): refused by name before the model runs, or accepted -------------------------------
+
+TUNING_HOSTILE = {
+    "max_bits": [float("nan"), float("inf"), -float("inf"), -1, 0, 1, 2, 1e-300, 1e308, 10**400, "5", True, [], 6.0, 16],
+    "max_bytes": [float("nan"), float("inf"), -1, 0, 1000, 1.5, 2**63, 10**400, "1e6", False, {}, 10**9],
+    "min_psnr": [float("nan"), float("inf"), -5, 0, 1e-9, 99, 150, 1e308, "30", True, [30], 30.0],
+    "population": [float("nan"), -1, 0, 2, 3, 4.0, "12", True, None, 2**63, 12, 1000],
+    "generations": [0, -3, 1.5, "8", False, 10**6, 1, 8],
+    "seed": [1.5, "0", None, float("nan"), [], -7, 2**70],
+    "time_budget_s": [0, -1, float("nan"), -float("inf"), "60", True, float("inf"), 1e-3],
+    "formats": [[], (), [None], None, "int8", 5, [1], [float("nan")], [["int8"]], ["int9"], ["x" * 10_000], [""],
+                ["int4-g256"], ["int4-g64"], ["int4-g256", "int8"], {"int8": 1}, {"int8"}, ["int8", "int8", None],
+                ["nvfp4", None]],
+}
+TUNING_ARGS = tuple(TUNING_HOSTILE)
+
+
+class _Ran(Exception):
+    """The calibration run was called: the arguments were accepted."""
+
+
+@pytest.fixture(scope="module")
+def tiny_tuned():
+    from fixtures.tiny_models import build_tiny
+
+    return build_tiny("cogvideox")
+
+
+def _tuning_trials(rng: random.Random, combos: int):
+    """Every hostile value of every argument alone (with the target ``max_bits=8``), then
+    ``combos`` random draws of two or three arguments at once (none, one or two targets)."""
+    for name, values in TUNING_HOSTILE.items():
+        for value in values:
+            yield {name: value} if name in TUNING_ARGS[:3] else {"max_bits": 8, name: value}
+    for _ in range(combos):
+        kwargs = {name: rng.choice(TUNING_HOSTILE[name]) for name in rng.sample(TUNING_ARGS, rng.randrange(2, 4))}
+        if rng.random() < 0.7 and not any(n in kwargs for n in TUNING_ARGS[:3]):
+            kwargs["max_bits"] = 8
+        yield kwargs
+
+
+def test_hostile_tuning_targets_are_refused_by_name_before_the_model_runs(tiny_tuned):
+    """Hostile targets, search sizes and format lists: each gets a ValueError/TypeError that names
+    a tuning argument, with the model never run, or is accepted (its first calibration run is
+    reached); no other exception."""
+    from sixbit.tuning import tune_model
+
+    base = sixbit.ConvertConfig(weights=sixbit.QuantConfig(weight_format="int4-g16"), activations="fp")
+    outcomes = {"refused": 0, "accepted": 0}
+    for kwargs in _tuning_trials(random.Random(3), combos=40):
+        kwargs = {"formats": ["int4-g16", "int8"], **copy.deepcopy(kwargs)}
+        runs = []
+
+        def run():
+            runs.append(1)
+            raise _Ran
+
+        try:
+            tune_model(tiny_tuned.model, run, base=base, progress=False, **kwargs)
+        except _Ran:
+            outcomes["accepted"] += 1
+        except (ValueError, TypeError) as e:
+            outcomes["refused"] += 1
+            assert not runs, (kwargs, e)
+            assert any(name in str(e) for name in TUNING_ARGS), (kwargs, e)  # names the argument
+            assert len(str(e)) < 3000 and "x" * 100 not in str(e), kwargs  # named, not echoed back whole
+        else:
+            raise AssertionError(f"{kwargs}: neither refused nor run")
+        assert sixbit.conversion_of(tiny_tuned.model) is None
+    assert outcomes["refused"] > 80 and outcomes["accepted"] > 20, outcomes

@@ -63,6 +63,28 @@ def test_seed_shape_reports_every_problem():
     assert "attention.bits" in msg and '"residual"' in msg and '"threshold"' in msg
 
 
+def test_seed_shape_reports_unknown_keys_with_the_other_problems_at_once(tmp_path):
+    """Issue 48: the short shape stopped at its first unknown key, so a file with a misspelt
+    top-level key, a misspelt nested key and a wrong value took three runs to fix."""
+    path = tmp_path / "quant_config.json"
+    path.write_text(json.dumps({"attention": {"bits": 3.5, "symetric": True}, "treshold": -1}))
+    with pytest.raises(ValueError) as e:
+        resolve(path)
+    msg = str(e.value)
+    assert "unknown keys 'treshold' (did you mean 'threshold'?)" in msg
+    assert "\"attention\": unknown keys 'symetric' (did you mean 'symmetric'?)" in msg
+    assert '"attention.bits" must be an integer 2…8, got 3.5' in msg
+    with pytest.raises(ValueError) as e:
+        resolve({"attention": {"bits": 4, "symmetric": "no"}, "residual": {"bits": [4], "group_sise": 64},
+                 "threshold": float("inf")})
+    msg = str(e.value)
+    assert '"attention.symmetric" must be true or false' in msg
+    assert "\"residual\": unknown keys 'group_sise' (did you mean 'group_size'?)" in msg
+    assert '"threshold" must be a finite number ≥ 0, got inf' in msg
+    with pytest.raises(ValueError, match='"residual" must be one of'):  # an unhashable value: was a TypeError
+        resolve({"residual": {"bits": [4]}})
+
+
 def test_full_schema_reports_every_problem_at_once_including_unknown_keys(tmp_path):
     bad = {
         "weights": {"weight_format": "nvfp5", "bogus": 1},

@@ -153,7 +153,7 @@ def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs, message):
 
 def test_a_run_that_returns_no_videos_is_a_clear_error(tiny):
     with pytest.raises(ValueError, match="must return them"):
-        tune(tiny.model, lambda: [sample(tiny, steps=1), None][1], max_bits=5, base=BASE, formats=FORMATS, progress=False)
+        tune(tiny.model, lambda: [sample(tiny, steps=1), None][1], max_bits=7, base=BASE, formats=FORMATS, progress=False)
     assert not any(type(m).__name__ == "QuantLinear" for m in tiny.model.modules())
 
 

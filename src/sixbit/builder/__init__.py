@@ -11,8 +11,8 @@
 """
 
 from .in_memory import quantize, quantize_layers
-from .layers import format_fits, plan_layers, quantized_linear
+from .layers import branch_rank, format_fits, plan_layers, quantized_linear, stored_bits
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
-__all__ = ["OUTSIDE", "LayerSwap", "Part", "Recipe", "build", "format_fits", "parts_of", "plan_layers", "quantize",
-           "quantize_layers", "quantized_linear"]
+__all__ = ["OUTSIDE", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "format_fits", "parts_of", "plan_layers",
+           "quantize", "quantize_layers", "quantized_linear", "stored_bits"]

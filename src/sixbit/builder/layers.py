@@ -22,7 +22,7 @@ from ..config import QuantConfig
 from ..models import block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
 from ..nn.pointwise_conv import features, is_quantizable, kind_of, quantized_layer_class, weight_2d
-from ..rounding import quantize_weight, supports
+from ..rounding import BRANCH_DTYPE, quantize_weight, supports
 from ..transforms import hadamard, smoothquant
 from ..transforms.hadamard import BLOCK_SIZES
 
@@ -104,16 +104,32 @@ def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, i
 _BRANCH_MAX_BITS = 4
 
 
+def branch_rank(linear: nn.Module, fmt: str, config: QuantConfig, role: str) -> int:
+    """Rank of the low-rank branch :func:`quantized_linear` gives ``linear`` in ``fmt`` (0: none)."""
+    # The branch goes on the 4-bit compute layers. Measured on the shipped CogVideoX (W4A16, GPTQ +
+    # MSE scales, 4 held-out pairs): a branch on the weight-only modulation layers too cost 4.4 dB.
+    if formats.get(fmt).element_bits > _BRANCH_MAX_BITS or role in config.weight_only_roles:
+        return 0
+    return config.lowrank_rank_for(*features(linear))
+
+
+def stored_bits(linear: nn.Module, fmt: str, config: QuantConfig, role: str) -> float:
+    """Bits per weight :func:`quantized_linear` stores for ``linear`` in ``fmt`` (codes, scales and
+    the low-rank branch), known from the shapes alone, before anything is built: a format's packed
+    size grows by the same bytes per row, so one and two rows of zeros give it for every row count."""
+    k, n = features(linear)
+    one, two = (formats.get(fmt).quantize(torch.zeros(rows, k)).nbytes for rows in (1, 2))
+    branch = branch_rank(linear, fmt, config, role) * (k + n) * BRANCH_DTYPE.itemsize
+    return 8 * (one + (n - 1) * (two - one) + branch) / (k * n)
+
+
 def quantized_linear(linear: nn.Module, fmt: str, hadamard_block: int | None, config: QuantConfig, role: str,
                      stats: hessians.InputStats | None = None) -> QuantLinear:
     """The :class:`QuantLinear` for ``linear`` (an ``nn.Linear``, or a pointwise conv: then a
     :class:`~sixbit.nn.QuantPointwiseConv`) as ``config`` says (``stats``: its inputs, features
     last, or ``None``)."""
     weight_only = role in config.weight_only_roles
-    # The branch goes on the 4-bit compute layers. Measured on the shipped CogVideoX (W4A16, GPTQ +
-    # MSE scales, 4 held-out pairs): a branch on the weight-only modulation layers too cost 4.4 dB.
-    branched = formats.get(fmt).element_bits <= _BRANCH_MAX_BITS and not weight_only
-    rank = config.lowrank_rank_for(*features(linear)) if branched else 0
+    rank = branch_rank(linear, fmt, config, role)
     divisor = None
     if rank and config.smooth_alpha is not None and stats is not None:
         divisor = smoothquant.smoothing_factors(stats.amax, smoothquant.weight_channel_amax(weight_2d(linear)),

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from ..tuning.search import MAX_GENERATIONS, MAX_POPULATION, MIN_POPULATION
 from .args import calibration, call_kwargs, check_output_file, float_in, int_in, seed_type, steps_type
+
+#: The exit code of a run whose --min-psnr was not reached (the best config found is written all the same).
+NOT_REACHED = 3
+
+_EPILOG = (f"exit codes: 0 the target was met and the config written; {NOT_REACHED} --min-psnr was not reached: the "
+           "best config found is written all the same, its description marked \"(NOT reached)\"; 2 bad input "
+           "(nothing written); 1 an unexpected error.")
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -38,6 +47,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         plot_tuned_formats(report, args.plot)
         print(f"wrote {args.plot}")
     print(f"wrote {args.output}: sixbit convert --model {args.model} --config {args.output} -o model.safetensors")
+    if not report.reached:
+        print(f"sixbit: --min-psnr {args.min_psnr:g} dB was NOT reached (the best assignment found reaches "
+              f"{report.best['psnr_bound']:.2f} dB, mean − 1 SE); {args.output} holds it all the same, marked "
+              f"\"(NOT reached)\"; exit code {NOT_REACHED}", file=sys.stderr)
+        return NOT_REACHED
     return 0
 
 
@@ -47,12 +61,13 @@ def register(sub) -> None:
         "tune", help="find per-layer weight formats for a bit, size or PSNR target; write a config",
         description="Measure what each attention and feed-forward linear costs the calibration videos in each "
         "candidate format, then search per-layer formats (greedy, then a genetic search on measured PSNR) for one "
-        "target. Writes a ConvertConfig JSON for `sixbit convert --config`.")
+        "target. Writes a ConvertConfig JSON for `sixbit convert --config`.", epilog=_EPILOG)
     p.add_argument("--model", required=True, help="shapes-cogvideox, shapes-wan, a save_pretrained folder or a Hub id")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--max-bits", type=float_in(1.0, 32.0), help="best PSNR at ≤ this many average bits per weight")
     target.add_argument("--min-psnr", type=float_in(1.0, 99.0), help="fewest bits whose calibration videos' mean PSNR minus one "
-                        "standard error reaches this (dB): a margin for other prompts")
+                        f"standard error reaches this (dB): a margin for other prompts. Not reached: the best config "
+                        f"found is written, exit code {NOT_REACHED}")
     target.add_argument("--max-mib", type=float_in(0.001, 1e7), help="best PSNR whose transformer fits in this many MiB")
     p.add_argument("--calib", help="a text file with one prompt per line (default for the shapes models: 8 of theirs)")
     p.add_argument("--prompts", type=int_in(1, 10_000), default=4, help="use the first N calibration prompts (default 4)")
@@ -62,8 +77,9 @@ def register(sub) -> None:
                    "(default int3-g64,nvfp4,int6,int8,16-bit)")
     p.add_argument("--seed", type=seed_type, default=0, help="the search's seed (default 0)")
     p.add_argument("--time-budget", type=float_in(1.0, 1e7), help="stop the search after about this many seconds")
-    p.add_argument("--population", type=int_in(4, 1000), default=12, help="assignments per generation (default 12)")
-    p.add_argument("--generations", type=int_in(1, 1000), default=8, help="generations (default 8)")
+    p.add_argument("--population", type=int_in(MIN_POPULATION, MAX_POPULATION), default=12,
+                   help="assignments per generation (default 12)")
+    p.add_argument("--generations", type=int_in(1, MAX_GENERATIONS), default=8, help="generations (default 8)")
     p.add_argument("--plot", help="also write the layer × format map as a PNG")
     p.add_argument("-o", "--output", required=True, help="the .json config to write")
     p.set_defaults(func=_cmd_tune)

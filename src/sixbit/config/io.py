@@ -42,43 +42,69 @@ from .quant import QuantConfig
 
 _SEED_KEYS = {"attention", "residual", "threshold"}
 _SEED_ATTENTION_KEYS = {"bits", "symmetric"}
+_SEED_RESIDUAL_KEYS = {"bits", "group_size"}
 _RESIDUAL_FORMATS = {(4, 64): "int4-g64", (8, None): "int8", (16, None): "fp", (32, None): "fp"}
 
 
+def _seed_attention(attention: Any, problems: list[str]) -> str | None:
+    """The attention weights' format of the short shape's ``"attention"`` object, or ``None``
+    with every problem of it (unknown keys, ``bits``, ``symmetric``) added to ``problems``."""
+    if not isinstance(attention, dict):
+        problems.append(f'"attention" must be {{"bits": 2…8, "symmetric": true|false}}, got {show(attention)}')
+        return None
+    before = len(problems)
+    if set(attention) - _SEED_ATTENTION_KEYS:
+        problems.append(f'"attention": {unknown_keys(set(attention) - _SEED_ATTENTION_KEYS, _SEED_ATTENTION_KEYS)}')
+    bits, symmetric = attention.get("bits", 8), attention.get("symmetric", True)
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        problems.append(f'"attention.bits" must be an integer 2…8, got {show(bits)}')
+    if not isinstance(symmetric, bool):
+        problems.append(f'"attention.symmetric" must be true or false, got {show(symmetric)}')
+    return None if len(problems) > before else f"int{bits}" + ("" if symmetric else "-asym")
+
+
+def _seed_residual(residual: Any, problems: list[str]) -> str | None:
+    """The delta cache's storage format of the short shape's ``"residual"`` object, or ``None``
+    with its problems added to ``problems``."""
+    choices = ('{"bits": 4, "group_size": 64}, {"bits": 8}, {"bits": 16}, {"bits": 32}')
+    if not isinstance(residual, dict):
+        problems.append(f'"residual" must be one of {choices}, got {show(residual)}')
+        return None
+    if set(residual) - _SEED_RESIDUAL_KEYS:
+        problems.append(f'"residual": {unknown_keys(set(residual) - _SEED_RESIDUAL_KEYS, _SEED_RESIDUAL_KEYS)}')
+        return None
+    key = (residual.get("bits"), residual.get("group_size"))
+    fmt = next((f for k, f in _RESIDUAL_FORMATS.items() if k == key and all(type(a) is type(b) for a, b in zip(k, key))),
+               None)  # compared, not hashed (a list is not hashable), and 4.0 or true is not 4
+    if fmt is None:
+        problems.append(f'"residual" must be one of {choices}, got {show(residual)}')
+    return fmt
+
+
 def _from_seed_shape(data: dict[str, Any]) -> ConvertConfig:
+    """The ``"balanced"`` preset edited by the short shape ``data``; every problem (unknown keys
+    with the closest valid one, at the top and inside ``attention``/``residual``, types, ranges)
+    in one ``ValueError``."""
     problems = []
+    if set(data) - _SEED_KEYS:
+        problems.append(unknown_keys(set(data) - _SEED_KEYS, _SEED_KEYS))
     cfg = preset("balanced")
-    attention = data.get("attention")
-    if attention is not None:
-        if not isinstance(attention, dict) or set(attention) - {"bits", "symmetric"}:
-            problems.append(f'"attention" must be {{"bits": 2…8, "symmetric": true|false}}, got {attention!r}')
-        else:
-            bits, symmetric = attention.get("bits", 8), attention.get("symmetric", True)
-            if not isinstance(bits, int) or not 2 <= bits <= 8:
-                problems.append(f'"attention.bits" must be an integer 2…8, got {bits!r}')
-            elif not isinstance(symmetric, bool):
-                problems.append(f'"attention.symmetric" must be true or false, got {symmetric!r}')
-            else:
-                cfg.weights.role_formats["attention"] = f"int{bits}" + ("" if symmetric else "-asym")
-    residual = data.get("residual")
-    if residual is not None:
-        ok = isinstance(residual, dict) and not set(residual) - {"bits", "group_size"}
-        key = (residual.get("bits"), residual.get("group_size")) if ok else None
-        if key not in _RESIDUAL_FORMATS:
-            problems.append(
-                f'"residual" must be one of {{"bits": 4, "group_size": 64}}, {{"bits": 8}}, {{"bits": 16}}, '
-                f"{{\"bits\": 32}}, got {residual!r}"
-            )
-        else:
-            cfg.cache.cache_format = _RESIDUAL_FORMATS[key]
+    if data.get("attention") is not None:
+        attention = _seed_attention(data["attention"], problems)
+        if attention is not None:
+            cfg.weights.role_formats["attention"] = attention
+    if data.get("residual") is not None:
+        residual = _seed_residual(data["residual"], problems)
+        if residual is not None:
+            cfg.cache.cache_format = residual
     if "threshold" in data:
         t = data["threshold"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
-            problems.append(f'"threshold" must be a number ≥ 0, got {t!r}')
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+            problems.append(f'"threshold" must be a finite number ≥ 0, got {show(t)}')
         else:
             cfg.cache.threshold = float(t)
     if problems:
-        raise ValueError(report("invalid conversion config", problems))
+        raise ValueError(report("invalid conversion config (short shape)", problems))
     cfg.description = "from the short JSON shape: " + json.dumps(data, sort_keys=True)
     try:  # re-validate the edited parts
         QuantConfig.from_dict(cfg.weights.to_dict())
@@ -99,14 +125,11 @@ def from_json_dict(data: Any) -> ConvertConfig:
     if not data:
         raise ValueError(f"the conversion config is empty: name a preset ({', '.join(PRESETS)}), or give at "
                          "least \"weights\" and \"activations\" (preset(name).to_dict() shows complete ones)")
-    keys = set(data)
     seed, full = _shape_keys(data)
     if seed and full:
         raise ValueError(f"the config mixes the short shape's keys {sorted(seed)} with the full "
                          f"schema's {sorted(full)}: use one shape")
     if seed:
-        if keys - _SEED_KEYS:
-            raise ValueError(f"invalid conversion config (short shape): {unknown_keys(keys - _SEED_KEYS, _SEED_KEYS)}")
         return _from_seed_shape(data)
     return ConvertConfig.from_dict(data)
 

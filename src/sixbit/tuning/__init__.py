@@ -51,7 +51,6 @@ from collections import Counter
 
 import torch
 
-from .. import formats as formats_
 from ..convert import calibration_runner, check_convertible, convert_model
 from ..models import transformer_of
 from ..config import Activations
@@ -62,9 +61,12 @@ from .library import (
     build_library,
     fixed_layers,
     input_stats,
+    plan_candidates,
     tuned_layers,
 )
-from .search import Constraint, SearchResult, genetic, greedy
+from .search import Constraint, SearchResult, check_size, genetic, greedy
+from .targets import candidates as check_candidates
+from .targets import check_plan, check_seed, fit_notes, target
 from .sensitivity import Evaluator, Sensitivity, measure, psnr_bound, psnr_of
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,13 @@ class TuneReport:
     search: SearchResult
     seconds: dict[str, float]
     calibration: dict
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def reached(self) -> bool:
+        """Whether the target was met: a budget always is (one below every assignment is
+        refused); ``min_psnr`` when the pick's mean PSNR minus one standard error reaches it."""
+        return self.constraint.min_psnr is None or self.best["psnr_bound"] >= self.constraint.min_psnr
 
     def summary(self) -> str:
         """A few lines: target, result, the greedy and uniform baselines, the format counts."""
@@ -123,6 +132,7 @@ class TuneReport:
         lines.append("  formats: " + ", ".join(f"{label} × {n}" for label, n in counts.most_common()))
         lines.append(f"  sensitivity proxy vs measured error: Spearman {self.sensitivity.spearman:+.2f}")
         lines.append("  time: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()))
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -138,22 +148,6 @@ def _base(base) -> ConvertConfig:
     if problems:
         raise ValueError(f"the base config cannot be tuned: {'; '.join(problems)}. Use e.g. base='w4a8' or 'w4a16'")
     return config
-
-
-def _target(max_bits, min_psnr, max_bytes, time_budget_s) -> Constraint:
-    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
-                                      or not time_budget_s > 0):
-        raise ValueError(f"time_budget_s must be a number of seconds > 0, got {time_budget_s!r}")
-    return Constraint(max_bits, max_bytes, min_psnr)
-
-
-def _candidates(formats) -> tuple[str | None, ...]:
-    if isinstance(formats, str) or not formats:
-        raise ValueError(f"formats must be a non-empty list of format names (None: 16-bit), got {formats!r}")
-    for f in formats:
-        if f is not None:
-            formats_.get(f)  # a clear error for an unknown name
-    return tuple(dict.fromkeys([*formats, None]))  # full precision is always the reference
 
 
 def _with_formats(config: ConvertConfig, layer_formats: dict, calibration_inputs: str,
@@ -185,21 +179,32 @@ class Tuner:
     Building it records the input statistics, builds every candidate and measures the
     sensitivity (the expensive part); :meth:`search` runs stage 2 for one target. The model is
     unchanged between calls (candidates are swapped in only while a run is measured, and a
-    converted copy stands in for it only while it runs). Arguments as :func:`tune`."""
+    converted copy stands in for it only while it runs). Arguments as :func:`tune`, plus
+    ``target``: a :class:`~.search.Constraint` checked against the candidates before stage 1
+    (a budget below every assignment they allow is refused before anything runs).
+
+    A candidate format that fits none of the tuned layers (its block does not divide their
+    ``in_features``) is refused; one that fits only some is logged as a warning naming the
+    layers, and kept in ``notes`` (and the report's summary)."""
 
     def __init__(self, model, calibration_data, *, base="w4a8", formats=DEFAULT_FORMATS, pipeline=None,
-                 calibration_kwargs: dict | None = None, progress: bool = True):
+                 calibration_kwargs: dict | None = None, progress: bool = True, target: Constraint | None = None):
         transformer = transformer_of(model)
         pipe = model if transformer is not model else None
         self.transformer, self.config = transformer, _base(base)
-        candidates = _candidates(formats)
+        candidates = check_candidates(formats)
         check_convertible(self.config, transformer)
+        self.plan = plan_candidates(transformer, self.config, candidates)  # shapes only: nothing runs
+        check_plan(self.plan, target)
         run, self.calibration = calibration_runner(calibration_data, pipe if pipe is not None else pipeline,
                                                     dict(calibration_kwargs or {}))
         self.run = run
         if self.calibration["source"] == "videos":
             raise ValueError("tuning compares generated videos with full precision: pass prompts or a callable "
                              "that runs the sampling loop and returns the videos, not a folder of videos")
+        self.notes = fit_notes(self.plan)
+        for note in self.notes:
+            logger.warning("%s", note)
         self.progress = progress
         self._sequential: dict[tuple[int, ...], torch.Tensor] = {}  # genome → converted_error(…, "quantized")
         start = time.perf_counter()
@@ -266,7 +271,10 @@ class Tuner:
         standard error reaches this — a margin for prompts the tuning has not seen; more
         calibration prompts shrink it (:func:`~.sensitivity.psnr_bound`). Other arguments as
         :func:`tune`."""
-        constraint = _target(max_bits, min_psnr, max_bytes, time_budget_s)
+        constraint = target(max_bits, min_psnr, max_bytes, time_budget_s)
+        check_size(population, generations)
+        check_seed(seed)
+        check_plan(self.plan, constraint)
         library, config = self.library, self.config
         with torch.no_grad():
             result = genetic(self.evaluator, self.sensitivity, constraint, seed=seed, population=population,
@@ -292,7 +300,7 @@ class Tuner:
                           [[v.bits for v in layer.variants] for layer in library.layers],
                           self.sensitivity, greedy_found, best, self.uniform, result,
                           {**self.seconds, "search": result.seconds, "pick": time.perf_counter() - start},
-                          self.calibration)
+                          self.calibration, list(self.notes))
 
 
 def tune_model(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
@@ -301,15 +309,19 @@ def tune_model(model, calibration_data, *, max_bits: float | None = None, min_ps
                pipeline=None, calibration_kwargs: dict | None = None,
                progress: bool = True) -> TuneReport:
     """Tune per-layer weight formats; the :class:`TuneReport` (its ``.config`` is what
-    :func:`tune` returns). Arguments as :func:`tune`, plus ``population`` and ``generations``
-    (the search's size: about ``population × generations`` assignments run).
+    :func:`tune` returns). Arguments as :func:`tune`, plus ``population`` (4…1000) and
+    ``generations`` (1…1000): the search's size, about ``population × generations`` assignments run.
+    Every argument that can be checked without running the model is checked first, including a
+    budget below every assignment the candidate formats allow and a format that fits no tuned layer.
 
     ``min_psnr``: the fewest average bits whose calibration videos' mean PSNR minus one standard
     error reaches this — a margin for prompts the tuning has not seen; more calibration prompts
     shrink it."""
-    _target(max_bits, min_psnr, max_bytes, time_budget_s)  # a bad target fails before the expensive part
+    constraint = target(max_bits, min_psnr, max_bytes, time_budget_s)  # bad arguments fail before the expensive part
+    check_size(population, generations)
+    check_seed(seed)
     tuner = Tuner(model, calibration_data, base=base, formats=formats, pipeline=pipeline,
-                  calibration_kwargs=calibration_kwargs, progress=progress)
+                  calibration_kwargs=calibration_kwargs, progress=progress, target=constraint)
     return tuner.search(max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
                         time_budget_s=time_budget_s, population=population, generations=generations)
 
@@ -339,6 +351,9 @@ def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: fl
         base: the preset, JSON path or config whose weight recipe and activations are tuned
             (default ``"w4a8"``); its other layers (modulation, …) keep their formats.
         formats: the candidate formats (default INT3 g64, NVFP4, INT6, INT8 and 16-bit: :data:`DEFAULT_FORMATS`).
+            A format whose block (e.g. ``int4-g256``'s 256) does not divide a layer's ``in_features``
+            cannot quantize that layer: one that fits none of the tuned layers is refused, one that
+            fits only some is logged as a warning naming the others (and kept in the report's notes).
         pipeline, calibration_kwargs: as for :func:`sixbit.convert_model`.
         progress: show progress bars.
 

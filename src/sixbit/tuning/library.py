@@ -23,7 +23,7 @@ from collections.abc import Callable
 from torch import nn
 
 from .. import formats
-from ..builder import format_fits, plan_layers, quantized_linear
+from ..builder import format_fits, plan_layers, quantized_linear, stored_bits
 from ..calibration import hessians
 from ..models import Role, block_index_of, iter_blocks, swap_layers
 from ..nn.pointwise_conv import features, is_quantizable
@@ -118,6 +118,62 @@ def fixed_layers(model: nn.Module, config: ConvertConfig) -> dict[str, tuple[str
     return {name: entry for name, entry in plan_layers(model, config.weights).items() if entry[2] not in TUNED_ROLES}
 
 
+@dataclasses.dataclass
+class CandidatePlan:
+    """What the candidates of a tuning run will cost, known from the layers' shapes before any is
+    built (:func:`plan_candidates`): what a target is checked against before stage 1 runs.
+
+    Attributes:
+        bits: ``{tuned layer: {format: stored bits per weight}}`` of the candidates that fit it
+            (``None``: full precision, 16 bits); the bits :func:`build_library` measures.
+        in_features / numel: ``{tuned layer: in_features / weights}``.
+        candidates: the formats asked for, ``None`` included.
+        other_bytes: the transformer's bytes besides the tuned layers' weights (:class:`Library`).
+    """
+
+    bits: dict[str, dict[str | None, float]]
+    in_features: dict[str, int]
+    numel: dict[str, int]
+    candidates: tuple[str | None, ...]
+    other_bytes: int
+
+    def fewest_bits(self) -> float:
+        """Average bits per tuned weight with every layer in its smallest candidate."""
+        return sum(self.numel[n] * min(b.values()) for n, b in self.bits.items()) / sum(self.numel.values())
+
+    def fewest_bytes(self) -> int:
+        """Transformer bytes with every tuned layer in its smallest candidate."""
+        return self.other_bytes + int(sum(self.numel[n] * min(b.values()) / 8 for n, b in self.bits.items()))
+
+    def unfit(self, fmt: str) -> list[str]:
+        """The tuned layers ``fmt`` does not fit (its block does not divide their ``in_features``)."""
+        return [name for name, bits in self.bits.items() if fmt not in bits]
+
+
+def plan_candidates(model: nn.Module, config: ConvertConfig, candidates: tuple[str | None, ...]) -> CandidatePlan:
+    """The :class:`CandidatePlan` of building ``model``'s tuned layers in ``candidates`` with
+    ``config``'s weight recipe; nothing is built or run (a few bytes quantized per distinct shape)."""
+    weights = dataclasses.replace(config.weights, act_mode=config.activations)
+    tuned = tuned_layers(model, config)
+    if not tuned:
+        raise ValueError(f"{type(model).__name__}: the base config quantizes no attention or feed-forward linear to tune")
+    bits, in_features, numel, known = {}, {}, {}, {}
+    for name, (_, role) in tuned.items():
+        linear = model.get_submodule(name)
+        bits[name] = {}
+        for fmt in candidates:
+            if fmt is None:
+                bits[name][None] = FULL_PRECISION_BITS
+            elif format_fits(fmt, linear.in_features):
+                key = (fmt, linear.in_features, linear.out_features, role)
+                if key not in known:
+                    known[key] = stored_bits(linear, fmt, weights, role)
+                bits[name][fmt] = known[key]
+        in_features[name], numel[name] = linear.in_features, linear.in_features * linear.out_features
+    other = _converted_bytes(model, config) - 2 * sum(numel.values())  # the tuned layers counted at 16 bits
+    return CandidatePlan(bits, in_features, numel, tuple(candidates), other)
+
+
 def input_stats(model: nn.Module, run: Callable[[], object], names: list[str]) -> dict[str, hessians.InputStats]:
     """Input Hessians of ``names`` on the full-precision model, one calibration run per block
     (one block's ``K × K`` sums held at a time)."""
@@ -188,4 +244,5 @@ def _converted_bytes(model: nn.Module, config: ConvertConfig) -> int:
     return total
 
 
-__all__ = ["DEFAULT_FORMATS", "Layer", "Library", "Variant", "build_library", "fixed_layers", "input_stats", "tuned_layers"]
+__all__ = ["DEFAULT_FORMATS", "CandidatePlan", "Layer", "Library", "Variant", "build_library", "fixed_layers", "input_stats",
+           "plan_candidates", "tuned_layers"]

@@ -31,8 +31,16 @@ import math
 import random
 import time
 
+from ..validate import show
 from .library import Library
 from .sensitivity import Evaluator, Sensitivity, psnr_bound, psnr_of
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past float's range: no budget can be compared with it
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +58,8 @@ class Constraint:
         if len(given) != 1:
             raise ValueError(f"give exactly one of max_bits, max_bytes, min_psnr (got {given or 'none'})")
         value = getattr(self, given[0])
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{given[0]} must be a finite number > 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value <= 0:
+            raise ValueError(f"{given[0]} must be a finite number > 0, got {show(value)}")
 
     @property
     def budget(self) -> bool:
@@ -221,14 +229,29 @@ class _Population:
         return sorted(children, key=self.predicted, reverse=True)[:count]
 
 
+#: The genetic search's size limits: a generation keeps 2 elites and breeds the rest from
+#: tournaments of 3, so fewer than 4 assignments leave it nothing to breed from; each assignment
+#: costs a calibration run, so more than 1000 per generation (or 1000 generations) is a mistake.
+MIN_POPULATION, MAX_POPULATION, MAX_GENERATIONS = 4, 1000, 1000
+
+
+def check_size(population, generations) -> None:
+    """Refuse a search size :func:`genetic` cannot work with: one ``ValueError`` naming the argument."""
+    for name, value, low, high, why in (
+            ("population", population, MIN_POPULATION, MAX_POPULATION,
+             " (the search keeps 2 elites and breeds the rest from tournaments of 3)"),
+            ("generations", generations, 1, MAX_GENERATIONS, "")):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name} must be a whole number from {low} to {high}{why}, got {show(value)}")
+
+
 def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, seed: int = 0,
             population: int = 12, generations: int = 8, time_budget_s: float | None = None,
             progress: bool = True) -> SearchResult:
     """Stage 2's genetic search (see the module docstring)."""
     from tqdm.auto import tqdm
 
-    if population < 4 or generations < 1:
-        raise ValueError(f"population must be ≥ 4 and generations ≥ 1, got {population} and {generations}")
+    check_size(population, generations)
     start, before = time.perf_counter(), set(evaluator.results)
     search = _Population(evaluator, sens, constraint, seed)
     bar = tqdm(total=generations, desc="genetic search", disable=not progress, leave=False)
@@ -260,4 +283,5 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
     return SearchResult(ranked[0], search.measured, history, time.perf_counter() - start, stopped)
 
 
-__all__ = ["Constraint", "SearchResult", "genetic", "greedy"]
+__all__ = ["MAX_GENERATIONS", "MAX_POPULATION", "MIN_POPULATION", "Constraint", "SearchResult", "check_size",
+           "genetic", "greedy"]
