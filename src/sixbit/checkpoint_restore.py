@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import conversion  # noqa: F401  (registers the conversion record's extension: a file may store one)
 from .checkpoint_layers import build_layers
 from .methods.registry import extensions
 from .nn import QuantLinear

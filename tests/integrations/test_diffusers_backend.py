@@ -232,3 +232,16 @@ def test_a_converted_folder_config_cannot_be_passed_to_quantize_again(tmp_path):
     with pytest.raises(ValueError, match="without quantization_config"):
         type(tm.model).from_pretrained(folder, quantization_config=SixbitConfig.from_dict(stored))
     assert dataclasses.is_dataclass(SixbitConfig("w8a8").convert_config)
+
+
+def test_a_method_that_cannot_run_on_the_model_is_refused_before_any_weight_loads(tmp_path, monkeypatch):
+    tm = build_tiny("wan")  # 2 blocks
+    folder = _fp_folder(tm, tmp_path)
+    from sixbit.integrations.diffusers.quantizer import SixbitQuantizer
+
+    arrived = []
+    monkeypatch.setattr(SixbitQuantizer, "create_quantized_param", lambda self, *a, **k: arrived.append(a))
+    config = SixbitConfig("w8a8", attention=sixbit.AttentionQuantConfig(blocks=(5, None)))
+    with pytest.raises(ValueError, match="block"):
+        type(tm.model).from_pretrained(folder, quantization_config=config)
+    assert arrived == []

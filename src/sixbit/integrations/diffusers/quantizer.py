@@ -20,7 +20,6 @@ Two ways in, both through the hooks diffusers gives every quantization backend:
 from __future__ import annotations
 
 import copy
-import logging
 
 import torch
 from accelerate.utils import set_module_tensor_to_device
@@ -38,8 +37,6 @@ from ...nn import QuantLinear
 from ...presets import calibration_free, for_device
 from .config import SixbitConfig
 from .placeholders import Placeholders
-
-logger = logging.getLogger(__name__)
 
 
 class SixbitQuantizer(DiffusersQuantizer):
@@ -62,6 +59,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         self.received: dict[str, torch.Tensor] = {}
         self.placeholders: Placeholders | None = None
         self.config: ConvertConfig | None = None
+        self.chosen: dict = {}
         self.hardware: str | None = None
         self.keep_in_fp32: list[str] = []
 
@@ -95,6 +93,7 @@ class SixbitQuantizer(DiffusersQuantizer):
             )
         self.config = config
         self.chosen = selected(config, {})
+        check(model, config, self.chosen)  # each method refuses what it cannot run, before any weight loads
         self.plan = plan_layers(model, config.weights) if config.weights is not None else {}
         return model
 
@@ -141,7 +140,6 @@ class SixbitQuantizer(DiffusersQuantizer):
         if missing or self.pending:
             raise ValueError(f"the checkpoint lacks the weights of {sorted(set(missing) | set(self.pending))[:5]}: "
                              "is the folder complete?")
-        check(model, self.config, self.chosen)
         install(model, self.config, fit_methods(model, self.chosen, None, None), None, self.hardware)
 
     def _restore(self, model: nn.Module) -> None:

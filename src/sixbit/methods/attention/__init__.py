@@ -11,6 +11,7 @@ from .method import (
     apply_attention_quant,
     attention_modules,
     attention_quant_of,
+    check_attention,
     remove_attention_quant,
 )
 
@@ -22,8 +23,8 @@ register_method(MethodSpec(
     select=lambda config, extra: config.attention,
     apply=apply_attention_quant,
     remove=remove_attention_quant,
-    check=lambda model, config, convert_config: attention_modules(model),  # a model without attention processors fails here
+    check=lambda model, config, convert_config: check_attention(model, config),  # no processors, or blocks past the model
 ))
 
 __all__ = ["AttentionQuantConfig", "AttentionQuantState", "apply_attention_quant", "attention_modules",
-           "attention_quant_of", "remove_attention_quant"]
+           "attention_quant_of", "check_attention", "remove_attention_quant"]

@@ -100,6 +100,17 @@ def attention_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
     return modules
 
 
+def check_attention(model: nn.Module, config: AttentionQuantConfig) -> list[tuple[int, nn.Module]]:
+    """``model``'s attention modules (:func:`attention_modules`), after refusing a block range that
+    selects none of its blocks; changes nothing."""
+    modules = attention_modules(model)
+    count = len(list(iter_blocks(model)))
+    if not any(config.selects_block(index) for index in range(count)):
+        raise ValueError(f"blocks={config.blocks} selects none of {type(model).__name__}'s {count} blocks "
+                         f"(0–{count - 1}): choose a range within them, or blocks=None for all")
+    return modules
+
+
 def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None = None) -> AttentionQuantState:
     """Quantize the attention of ``model``'s blocks (or a pipeline's transformer's) where
     ``config`` selects (default: everywhere). A block range that selects no block of the model
@@ -108,11 +119,7 @@ def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None 
     config = config or AttentionQuantConfig()
     if not isinstance(config, AttentionQuantConfig):
         raise ValueError(f"config must be an AttentionQuantConfig, got {type(config).__name__}")
-    modules = attention_modules(model)
-    count = len(list(iter_blocks(model)))
-    if not any(config.selects_block(index) for index in range(count)):
-        raise ValueError(f"blocks={config.blocks} selects none of {type(model).__name__}'s {count} blocks "
-                         f"(0–{count - 1}): choose a range within them, or blocks=None for all")
+    modules = check_attention(model, config)
     remove_attention_quant(model)
     state = AttentionQuantState(config, int8_attention_path(next(model.parameters()).device))
     tracker = track_steps(model)
