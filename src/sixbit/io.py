@@ -54,12 +54,7 @@ class SafetensorsWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if self.path.suffix != ".safetensors":
-            raise ValueError(f"path must end in .safetensors, got {str(self.path)!r}")
-        if self.path.is_dir():
-            raise ValueError(f"{str(self.path)!r} is a folder: give a file path ending in .safetensors")
-        # a symlink stays a symlink: the file it points to is replaced
-        self._target = Path(os.path.realpath(self.path)) if self.path.is_symlink() else self.path
+        self._target = _target_of(self.path)
         self._target.parent.mkdir(parents=True, exist_ok=True)
         _remove_orphans(self._target)
         fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target), suffix=".data")
@@ -92,8 +87,13 @@ class SafetensorsWriter:
         with open(self._data_path, "rb") as f:
             yield from file_chunks(f, start, end)
 
-    def finish(self, metadata: dict[str, str]) -> Path:
-        """Write the header and the data to ``path`` (atomically); returns ``path``."""
+    def finish(self, metadata: dict[str, str], path: str | os.PathLike | None = None) -> Path:
+        """Write the header and the data to ``path`` (atomically); returns ``path``.
+
+        ``path``: another file of the same folder to write instead of the one given at
+        construction (a shard whose name waits for the number of shards)."""
+        if path is not None:
+            self.path, self._target = Path(path), _target_of(Path(path))
         header = {"__metadata__": dict(metadata)}
         for name, (dtype, shape, start, end) in self.entries.items():
             header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [start, end]}
@@ -120,6 +120,15 @@ class SafetensorsWriter:
             self._data = None
         if os.path.exists(self._data_path):
             os.unlink(self._data_path)
+
+
+def _target_of(path: Path) -> Path:
+    """The file a write to ``path`` replaces: a symlink stays a symlink, the file it points to is replaced."""
+    if path.suffix != ".safetensors":
+        raise ValueError(f"path must end in .safetensors, got {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a folder: give a file path ending in .safetensors")
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def _temp_prefix(path: Path) -> str:
@@ -176,6 +185,14 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`_write_atomically`)."""
     target = Path(path)
     _write_atomically(target, lambda out: out.write(text.encode("utf-8")))
+    return target
+
+
+def copy_file_atomic(source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Copy the file ``source`` to ``path`` atomically (see :func:`_write_atomically`)."""
+    target = Path(path)
+    with open(source, "rb") as f:
+        _write_atomically(target, lambda out: shutil.copyfileobj(f, out, _CHUNK))
     return target
 
 
