@@ -1,6 +1,7 @@
 """sixbit convert / generate / eval / info on the shipped model, help texts, one-line errors."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 from sixbit import read_header
 from sixbit.cli import commands
 from sixbit.cli import main
+from sixbit.zoo.shapes import WEIGHTS_DIR
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def test_json_config_file_is_accepted(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["convert", "--model", "shapes-wan", "--config", "nope", "-o", "x.safetensors"], "unknown preset 'nope'"),
     (["convert", "--model", "no/such/dir", "-o", "x.safetensors"], "neither a shipped model"),
-    (["convert", "--model", "shapes-wan", "--config", "w4a8", "-o", "x.bin"], "must be a .safetensors file"),
+    (["convert", "--model", "shapes-wan", "--config", "w4a8", "-o", "x.bin"], "sixbit writes no .bin files"),
     (["info", "missing.safetensors"], "no checkpoint"),
     (["eval", "--model", "shapes-wan"], "exactly one of --quantized"),
 ])
@@ -88,6 +90,76 @@ def test_errors_exit_2_without_traceback_from_the_shell():
     proc = subprocess.run([sys.executable, "-m", "sixbit.cli", "info", "missing.safetensors"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no checkpoint" in proc.stderr
+
+
+# ---- issue 44: convert writes a diffusers folder by default; info reads files and folders ----
+
+
+@pytest.fixture(scope="module")
+def as_file_and_folder(tmp_path_factory):
+    """shapes-wan converted in memory twice: into the single file and into a pipeline folder."""
+    out = tmp_path_factory.mktemp("w8a8")
+    for path in (out / "w8a8.safetensors", out / "pipe"):
+        assert main(["convert", "--model", "shapes-wan", "--config", "w8a8", "-o", str(path)]) == 0
+    return out / "w8a8.safetensors", out / "pipe"
+
+
+def test_convert_writes_a_pipeline_folder_that_info_describes_as_the_file(as_file_and_folder, capsys):
+    file, pipe = as_file_and_folder
+    assert sorted(p.name for p in pipe.iterdir()) == ["model_index.json", "scheduler", "text_encoder", "transformer"]
+    capsys.readouterr()
+    shown = {}
+    for path in (file, pipe, pipe / "transformer"):
+        assert main(["info", str(path)]) == 0
+        first, *rest = capsys.readouterr().out.splitlines()
+        shown[path] = rest
+        assert main(["info", str(path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == read_header(file)
+    assert shown[file] == shown[pipe] == shown[pipe / "transformer"] and "WanTransformer3DModel" in shown[file][0]
+
+
+def test_a_converted_folder_generates_as_a_pipeline_and_as_quantized(as_file_and_folder, tmp_path, monkeypatch):
+    from sixbit.eval import media
+
+    file, pipe = as_file_and_folder
+    videos = []
+    monkeypatch.setattr(media, "write_video", lambda video, path, scale=1: videos.append(video) or path)
+    for argv in (["--model", str(pipe)], ["--model", "shapes-wan", "--quantized", str(pipe / "transformer")],
+                 ["--model", "shapes-wan", "--quantized", str(file)]):
+        assert main(["generate", *argv, "--prompt", "a red circle moving right", "--steps", "2",
+                     "-o", str(tmp_path / "v.mp4")]) == 0
+    assert len(videos) == 3 and (videos[0] == videos[1]).all() and (videos[1] == videos[2]).all()
+
+
+def test_a_pipeline_folder_streams_into_a_pipeline_folder(tmp_path, capsys):
+    source = tmp_path / "wan"
+    shutil.copytree(WEIGHTS_DIR / "wan", source)
+    out = tmp_path / "out"
+    assert main(["convert", "--model", str(source), "--config", "w8a8", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "streaming" in printed and f"sixbit generate --model {out}" in printed
+    assert (out / "model_index.json").is_file() and (out / "text_encoder" / "config.json").is_file()
+    assert main(["info", str(out)]) == 0
+    assert "converted diffusers folder (transformer/)" in capsys.readouterr().out
+
+
+def test_converting_into_the_model_folder_is_refused_before_loading(tmp_path, monkeypatch, capsys):
+    _no_loading(monkeypatch)
+    before = sorted(p.name for p in (WEIGHTS_DIR / "wan").rglob("*"))
+    for out in (WEIGHTS_DIR / "wan", WEIGHTS_DIR / "wan" / "q"):
+        assert main(["convert", "--model", "shapes-wan", "--config", "w8a8", "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "model folder" in err and "choose a folder outside it" in err
+    assert sorted(p.name for p in (WEIGHTS_DIR / "wan").rglob("*")) == before
+
+
+def test_info_on_a_folder_that_holds_no_converted_model(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "WanTransformer3DModel"}))
+    assert main(["info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no sixbit-converted model" in err and "sixbit convert" in err
+    assert main(["info", str(tmp_path / "empty")]) == 2  # neither a file nor a folder
+    assert "no checkpoint" in capsys.readouterr().err
 
 
 # ---- issue 22: an output that cannot be written is refused before the work, and never reported as written ----

@@ -120,13 +120,17 @@ def test_a_failure_mid_stream_leaves_no_file(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["model", "out.safetensors"]  # no temporary file left
 
 
-def test_cli_streams_a_model_folder(tmp_path, capsys):
+def test_cli_streams_a_model_folder_into_a_model_folder_or_a_file(tmp_path, capsys):
     folder = _folder(build_tiny("wan"), tmp_path)
     out = tmp_path / "q.safetensors"
     assert main(["convert", "--model", str(folder), "--config", "w8a8", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "streaming" in text and "wrote" in text
     assert checkpoint.read_header(out)["model_class"] == "WanTransformer3DModel"
+    assert main(["convert", "--model", str(folder), "--config", "w8a8", "-o", str(tmp_path / "q")]) == 0
+    assert "WanTransformer3DModel.from_pretrained" in capsys.readouterr().out
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert config["quantization_config"]["checkpoint"] == checkpoint.read_header(out)
 
 
 @pytest.mark.parametrize("name", ["cogvideox", "wan", "sana-video"])

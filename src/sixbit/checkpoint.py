@@ -89,12 +89,17 @@ class CheckpointWriter:
     """Write a checkpoint one module at a time: :func:`save` writes a whole model through it,
     :func:`sixbit.convert_pretrained` one transformer block after another, so only the block
     being written is in memory. Atomic: nothing appears at ``path`` unless :meth:`finish` succeeds.
+
+    ``path`` is the ``.safetensors`` file to write, or the writer of another layout with
+    :class:`~sixbit.io.SafetensorsWriter`'s ``add``, ``entries``, ``chunks`` and ``__exit__``
+    (a diffusers folder's shards, :mod:`sixbit.integrations.diffusers.folder`, whose writer
+    stores the header :meth:`seal` returns itself).
     """
 
-    def __init__(self, path: str | os.PathLike, model_class: str):
+    def __init__(self, path, model_class: str):
         self.model_class = model_class
         self.layers: dict[str, dict] = {}
-        self._writer = SafetensorsWriter(path)
+        self._writer = SafetensorsWriter(path) if isinstance(path, (str, os.PathLike)) else path
 
     def __enter__(self) -> "CheckpointWriter":
         return self
@@ -112,9 +117,19 @@ class CheckpointWriter:
             if isinstance(m, QuantLinear):
                 self.layers[name] = m.config()
 
+    def write(self, model: nn.Module) -> Path:
+        """Add the whole ``model`` (resident weights) and its runtime methods' state; finish."""
+        self.add(model)
+        return self.finish(_exports(model))
+
     def finish(self, stored: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> Path:
         """Add the runtime methods' state (``{extension: (meta, tensors)}``), the header and the
         checksum; move the file into place."""
+        return self._writer.finish({_META_KEY: json.dumps(self.seal(stored))})
+
+    def seal(self, stored: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> dict:
+        """Add the runtime methods' state (``{extension: (meta, tensors)}``); return the header,
+        sealed with the checksum of every tensor written (in name order) and of the header."""
         for name, (_, extra) in stored.items():
             for key, t in extra.items():
                 self._writer.add(f"{name}{EXTENSION_SEPARATOR}{key}", t)
@@ -130,7 +145,7 @@ class CheckpointWriter:
             header["extensions"] = {name: meta for name, (meta, _) in stored.items()}
         header = json.loads(json.dumps(header))  # hashed as it will be read back (tuples are lists)
         header["sha256"] = _digest(((n, entries[n][0], self._writer.chunks(n)) for n in sorted(entries)), header)
-        return self._writer.finish({_META_KEY: json.dumps(header)})
+        return header
 
 
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
@@ -159,35 +174,12 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         if not writes:
             return Path(path)
         with CheckpointWriter(path, type(model).__name__) as writer:
-            writer.add(model)
-            return writer.finish(_exports(model))
+            return writer.write(model)
 
 
 def _exports(model: nn.Module) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
     """``{extension: (meta, tensors)}`` of every runtime method with state on ``model``."""
     return {name: payload for name, ext in extensions().items() if (payload := ext.export(model)) is not None}
-
-
-def contents(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(header, tensors)``: what :func:`save` writes for ``model`` (a transformer whose weights
-    are resident), in memory, the header sealed with the checksum of exactly these tensors. A
-    diffusers folder stores them in shards (:mod:`sixbit.integrations.diffusers`)."""
-    stored = _exports(model)
-    tensors = dict(model.state_dict())
-    for name, (_, extra) in stored.items():
-        tensors.update({f"{name}{EXTENSION_SEPARATOR}{key}": t for key, t in extra.items()})
-    header = {
-        "format": "sixbit",
-        "format_version": FORMAT_VERSION,
-        "sixbit_version": __version__,
-        "model_class": type(model).__name__,
-        "layers": {name: m.config() for name, m in model.named_modules() if isinstance(m, QuantLinear)},
-    }
-    if stored:
-        header["extensions"] = {name: meta for name, (meta, _) in stored.items()}
-    header = json.loads(json.dumps(header))
-    header["sha256"] = _digest(((n, tensors[n].dtype, [tensor_bytes(tensors[n])]) for n in sorted(tensors)), header)
-    return header, tensors
 
 
 def read_header(path: str | os.PathLike) -> dict:

@@ -94,8 +94,13 @@ class SafetensorsWriter:
         with open(self._data_path, "rb") as f:
             yield from file_chunks(f, start, end)
 
-    def finish(self, metadata: dict[str, str]) -> Path:
-        """Write the header and the data to ``path`` (atomically); returns ``path``."""
+    def finish(self, metadata: dict[str, str], path: str | os.PathLike | None = None) -> Path:
+        """Write the header and the data to ``path`` (atomically); returns ``path``.
+
+        ``path``: another file of the same folder to write instead of the one given at
+        construction (a shard whose name waits for the number of shards)."""
+        if path is not None:
+            self.path, self._target = Path(path), _target_of(Path(path))
         header = {"__metadata__": dict(metadata)}
         for name, (dtype, shape, start, end) in self.entries.items():
             header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [start, end]}
@@ -217,6 +222,14 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`_write_atomically`)."""
     target = Path(path)
     _write_atomically(target, lambda out: out.write(text.encode("utf-8")))
+    return target
+
+
+def copy_file_atomic(source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Copy the file ``source`` to ``path`` atomically (see :func:`_write_atomically`)."""
+    target = Path(path)
+    with open(source, "rb") as f:
+        _write_atomically(target, lambda out: shutil.copyfileobj(f, out, _CHUNK))
     return target
 
 

@@ -5,8 +5,8 @@ folder, and loading a checkpoint into a model that never holds full-precision we
 then, for the layers outside the blocks and for each block in turn, maps that part's tensors
 from the safetensors shards, quantizes its linears (the one build path every conversion runs,
 :func:`sixbit.builder.build`), appends the result to the checkpoint and frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
-the model's size (a 28 GB Wan2.1-14B converts on a 24 GB machine). The checkpoint is the one
-:func:`sixbit.save` writes, moved into place atomically at the end.
+the model's size (a 28 GB Wan2.1-14B converts on a 24 GB machine). It is written as the
+diffusers folder ``save_pretrained`` writes, or as the file :func:`sixbit.save` writes.
 
 **Calibrated weights (GPTQ: ``"w4a8"``, ``"w4a4"``, ``"w4a16"``, ``"aggressive"``).** The
 calibration generations run once on the full-precision model streamed from disk (each block
@@ -47,6 +47,7 @@ from . import checkpoint
 from .builder import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of, plan_layers, quantized_linear
 from .calibration import hessians
 from .conversion import Conversion, conversion_state
+from .integrations.diffusers.folder import checkpoint_writer
 from .io import SafetensorsFolder, check_can_write
 from .models import iter_blocks, spec_for
 from .presets import calibration_free, resolve
@@ -90,10 +91,12 @@ class StreamedConversion:
     """What :func:`convert_pretrained` did.
 
     Attributes:
-        path: the checkpoint written.
+        path: the checkpoint written: the ``.safetensors`` file, or the diffusers folder (the
+            pipeline folder for a pipeline).
         model_class: the transformer's class name.
         source_bytes: bytes of the source weights (the safetensors shards).
-        checkpoint_bytes: bytes of the checkpoint written.
+        checkpoint_bytes: bytes of the converted transformer written (the file, or the folder's
+            weight files).
         seconds: wall time of the whole conversion.
         part_seconds: ``{part: seconds}``: ``"calibration runs"`` (GPTQ presets), ``"outside
             blocks"`` and each block's module name.
@@ -307,8 +310,10 @@ def _checked_config(quant_config, calibration):
 
 def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.PathLike,
                        calibration: Callable[[nn.Module], object] | None = None, *,
-                       torch_dtype: torch.dtype | None = None, progress: bool = True) -> StreamedConversion:
-    """Convert a diffusers transformer from its files, one block at a time, into a checkpoint.
+                       torch_dtype: torch.dtype | None = None, progress: bool = True,
+                       max_shard_size: int | str = "10GB") -> StreamedConversion:
+    """Convert a diffusers transformer from its files, one block at a time, into a diffusers
+    folder or a single-file checkpoint.
 
     Args:
         model: a diffusers model folder (``config.json`` + ``*.safetensors``, sharded or not) or a
@@ -316,9 +321,11 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         quant_config: a preset name (``"w8a8"``, ``"w4a8-rtn"``, ``"w4a8"``, ...; not the DMPQ
             or static-W8A8 ones, see the module doc), a JSON file, a ``ConvertConfig`` or a
             ``QuantConfig`` (see :func:`sixbit.convert_model`).
-        output: the ``.safetensors`` checkpoint to write (atomically; an existing file is
-            replaced only if the conversion succeeds; a folder where it cannot be written is
-            refused before any block is read).
+        output: a folder: the diffusers folder a converted model's ``save_pretrained`` writes (a
+            pipeline folder for a pipeline, its other components copied), which ``from_pretrained``
+            restores once sixbit is imported; or a ``.safetensors`` file: :func:`sixbit.save`'s
+            checkpoint. Files are written atomically (a folder's ``config.json`` last); an output where
+            nothing can be written is refused before any block is read.
         calibration: for GPTQ presets, a callable ``calibration(transformer)`` that runs a few
             generations with the transformer it is given (e.g. your sampling loop, or
             ``lambda t: pipe(prompts, num_inference_steps=8)`` with ``pipe`` built around ``t``).
@@ -326,16 +333,21 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         torch_dtype: dtype the weights are loaded in (default ``None``: as stored). Unquantized
             tensors are written in it.
         progress: a progress bar over the parts (default ``True``).
+        max_shard_size: bytes per weight file of a folder (``"10GB"``, ``"500MB"`` or an int;
+            default ``"10GB"``), filled in the order the blocks are written.
 
-    Load the result with :func:`load_pretrained` (or :func:`sixbit.load` into any model of the
-    same configuration).
+    Load a folder with ``from_pretrained`` (the model class's, or the pipeline's); a file with
+    :func:`load_pretrained` (or :func:`sixbit.load` into any model of the same configuration).
 
     Example:
+        >>> sixbit.convert_pretrained("Wan2.1-T2V-14B-Diffusers", "w8a8", "wan14b-w8a8")  # doctest: +SKIP
+        >>> pipe = diffusers.WanPipeline.from_pretrained("wan14b-w8a8")  # doctest: +SKIP
         >>> sixbit.convert_pretrained("Wan2.1-T2V-14B-Diffusers", "w8a8", "wan14b-w8a8.safetensors")  # doctest: +SKIP
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
     config = _checked_config(quant_config, calibration)
-    check_can_write(output)  # before any block is read, not when the checkpoint is moved into place
+    # before any block is read, not when the checkpoint is moved into place
+    check_can_write(output if Path(output).suffix == ".safetensors" else Path(output) / "diffusion_pytorch_model.safetensors")
     folder = model_folder(model)
     shards = SafetensorsFolder(folder)
     net = empty_model(folder)
@@ -345,7 +357,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     parts = parts_of(net, plan, names)
     streamed = _Streamed(shards, net, torch_dtype)
     start, seconds = time.perf_counter(), {}
-    with checkpoint.CheckpointWriter(output, type(net).__name__) as writer:
+    with checkpoint_writer(output, model, folder, net, max_shard_size) as writer:
         kept, outside_stats = None, {}
         streamed.load(parts[0].keys)
         if config.needs_calibration:
@@ -362,7 +374,8 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         path = writer.finish({"conversion": conversion_state(Conversion(config))})
     total = time.perf_counter() - start
     logger.info("converted %s in %.1f s into %s", type(net).__name__, total, path)
-    return StreamedConversion(path, type(net).__name__, shards.nbytes(), path.stat().st_size, total, seconds)
+    written = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in model_folder(path).glob("*.safetensors"))
+    return StreamedConversion(path, type(net).__name__, shards.nbytes(), written, total, seconds)
 
 
 def load_pretrained(checkpoint_path: str | os.PathLike, model: str | os.PathLike) -> nn.Module:

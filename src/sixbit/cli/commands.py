@@ -22,9 +22,14 @@ from ..pipelines import SHIPPED, is_transformer_folder, load_pipeline, shapes_ar
 from ..methods.attention import AttentionQuantConfig
 from ..methods.delta_cache import DeltaCacheConfig, enable_delta_cache
 from ..config import Activations
+from ..integrations.diffusers.folder import check_apart
+from ..integrations.diffusers.reading import load_folder, read_folder_header
 from ..presets import PRESETS, calibration_free, for_device, resolve
-from .args import (DEFAULT_SEED, MAX_SCALE, MAX_STEPS, calibration, call_kwargs, check_output_file, float_in,
-                   guidance_type, int_in, read_prompts, seed_type, steps_type)
+from ..zoo.shapes import WEIGHTS_DIR
+from .args import (DEFAULT_SEED, MAX_SCALE, MAX_STEPS, calibration, call_kwargs, check_output_file,
+                   check_output_folder, float_in, guidance_type, int_in, read_prompts, seed_type, steps_type)
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # weight files sixbit never writes
 
 _PIPELINE = "the pipeline folder that holds it (model_index.json beside transformer/)"
 
@@ -59,12 +64,36 @@ def _refuse_transformer_folder(args) -> None:
         )
 
 
+def _check_convert_output(args) -> bool:
+    """Refuse, before anything loads, an output that cannot be written; ``True``: the single-file
+    checkpoint (``-o`` ends in ``.safetensors``), ``False``: a diffusers folder."""
+    output = Path(args.output)
+    if output.suffix == ".safetensors":
+        check_output_file(args.output)
+        return True
+    if output.suffix in _PICKLE_SUFFIXES:
+        raise ValueError(f"-o {args.output!r}: give a folder (the converted diffusers folder is written there) or a "
+                         f".safetensors file (the single-file checkpoint); sixbit writes no {output.suffix} files")
+    check_output_folder(args.output)
+    source = WEIGHTS_DIR / SHIPPED[args.model] if args.model in SHIPPED else Path(args.model)
+    if source.is_dir():
+        check_apart(source, output)
+    return False
+
+
+def _how_to_load(path: Path, model_class: str) -> str:
+    """The line that says how to use a converted folder."""
+    if (path / "model_index.json").is_file():
+        return (f"use it: `sixbit generate --model {path}`, or DiffusionPipeline.from_pretrained({str(path)!r}) "
+                "after `import sixbit`")
+    return (f"use it: {model_class}.from_pretrained({str(path)!r}) after `import sixbit`, or "
+            f"`sixbit generate --model PIPELINE --quantized {path}`")
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     config = resolve(args.config)
+    to_file = _check_convert_output(args)
     output = Path(args.output)
-    if output.suffix != ".safetensors":
-        raise ValueError(f"-o {args.output!r}: the output must be a .safetensors file")
-    check_output_file(args.output)
     if _streamable(args, config):
         from ..streaming import convert_pretrained
 
@@ -76,6 +105,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"source weights {result.source_bytes / 2**20:.1f} MiB -> checkpoint {result.checkpoint_bytes / 2**20:.1f} MiB "
               f"({result.source_bytes / result.checkpoint_bytes:.2f}x)")
         print(f"wrote {result.path}")
+        if not to_file:
+            print(_how_to_load(result.path, result.model_class))
         return 0
     pipe = load_pipeline(args.model, progress_bar=True)
     runs_as, hardware = for_device(config, pipe.transformer.device)  # what convert_model will do here
@@ -88,7 +119,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=call_kwargs(args))
     seconds = time.perf_counter() - t0
-    path = checkpoint.save(pipe.transformer, output)
+    if to_file:
+        path = checkpoint.save(pipe.transformer, output)
+    else:
+        pipe.save_pretrained(output)
+        path = output
     s = summary(pipe.transformer)
     print(f"converted {args.model} with {args.config!r} in {seconds:.1f} s: {config.description}")
     print(f"transformer weights {s.bytes_before / 2**20:.2f} MiB -> {s.bytes_after / 2**20:.2f} MiB ({s.compression:.2f}x)")
@@ -96,6 +131,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if conv.predictor is not None:
         print(f"DMPQ predictor: Pearson r {conv.predictor.pearson_r:.2f}, threshold {conv.predictor.threshold:.4g}")
     print(f"wrote {path}")
+    if not to_file:
+        print(_how_to_load(path, type(pipe.transformer).__name__))
     return 0
 
 
@@ -103,8 +140,11 @@ def _prepare(args):
     """Load the pipeline, then the quantized checkpoint / cache / memory options the flags ask for.
 
     A checkpoint for a local pipeline folder is loaded onto a meta-device transformer
-    (:func:`sixbit.load_pretrained`): the folder's full-precision transformer weights are never read."""
-    if args.quantized and Path(args.model).is_dir():
+    (:func:`sixbit.load_pretrained`), a converted folder's transformer restored by ``from_pretrained``:
+    the full-precision transformer weights are never read."""
+    if args.quantized and Path(args.quantized).is_dir():
+        pipe = load_pipeline(args.model, progress_bar=True, transformer=load_folder(args.quantized, torch_dtype=torch.float32))
+    elif args.quantized and Path(args.model).is_dir():
         from ..streaming import load_pretrained
 
         pipe = load_pipeline(args.model, progress_bar=True, transformer=load_pretrained(args.quantized, args.model))
@@ -213,8 +253,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    header = checkpoint.read_header(args.file)
-    size = Path(args.file).stat().st_size
+    path = Path(args.path)
+    if path.is_dir():
+        header, folder = read_folder_header(path)
+        size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+        kind = "converted diffusers folder" + (f" ({folder.relative_to(path)}/)" if folder != path else "") + ", "
+    else:
+        header, size, kind = checkpoint.read_header(path), path.stat().st_size, ""
     if args.json:
         print(json.dumps(header, indent=2))
         return 0
@@ -222,8 +267,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     by_format: dict[str, int] = {}
     for cfg in layers.values():
         by_format[cfg["weight_format"]] = by_format.get(cfg["weight_format"], 0) + 1
-    print(f"{args.file}: sixbit checkpoint v{header['format_version']} (written by sixbit {header['sixbit_version']}), "
-          f"{size / 2**20:.2f} MiB")
+    print(f"{args.path}: {kind}sixbit checkpoint v{header['format_version']} (written by sixbit "
+          f"{header['sixbit_version']}), {size / 2**20:.2f} MiB")
     print(f"model: {header['model_class']}; {len(layers)} quantized linears: "
           + ", ".join(f"{n} × {f}" for f, n in sorted(by_format.items())))
     conv = header.get("extensions", {}).get("conversion")
@@ -253,10 +298,15 @@ def register(sub) -> None:
     """Add convert, generate, eval and info to the ``sixbit`` sub-command parser."""
     model_help = "shapes-cogvideox, shapes-wan, a save_pretrained folder or a Hugging Face Hub id"
     p = sub.add_parser("convert", help="convert a model with a preset or JSON config and save it",
-                       description="Quantize and calibrate a diffusers video model, then save the converted transformer. "
-                       "A local model or pipeline folder with a calibration-free preset (w8a8, w4a8-rtn, ...) is converted "
-                       "block by block straight from its safetensors shards: memory stays near one block, whatever the "
-                       "model's size. A bare transformer folder (no model_index.json) takes only those presets.")
+                       description="Quantize and calibrate a diffusers video model, then save it. By default -o is a "
+                       "folder and gets a diffusers folder: the whole pipeline with its transformer converted, or, for a "
+                       "transformer folder (config.json + safetensors), the converted transformer alone; "
+                       "DiffusionPipeline.from_pretrained (or the model class's) restores it once sixbit is imported. "
+                       "-o ending in .safetensors writes the single-file checkpoint instead (sixbit.load; "
+                       "generate --quantized). A local model or pipeline folder with a calibration-free preset (w8a8, "
+                       "w4a8-rtn, ...) is converted block by block straight from its safetensors shards: memory stays "
+                       "near one block, whatever the model's size. A bare transformer folder (no model_index.json) takes only "
+                       "those presets.")
     p.add_argument("--model", required=True, help=model_help)
     p.add_argument("--config", default="balanced", help=f"preset ({', '.join(PRESETS)}) or a .json file (default balanced)")
     p.add_argument("--calib", help="calibration: a text file with one prompt per line or a folder of videos "
@@ -265,12 +315,15 @@ def register(sub) -> None:
                    "(default: the pipeline's)")
     p.add_argument("--stabilize-frames", nargs="?", type=float_in(0.0, 100.0), const=True, default=False, metavar="DEADZONE",
                    help="steadier frames: temporal mean and deviation apart, near-still tokens held (default dead zone 0.3)")
-    p.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
+    p.add_argument("-o", "--output", required=True, metavar="PATH",
+                   help="a folder: the diffusers folder (pipeline, or transformer for a transformer folder); "
+                   "or FILE.safetensors: the single-file checkpoint")
     p.set_defaults(func=cmd_convert)
 
     def add_runtime(p):
         p.add_argument("--model", required=True, help=model_help)
-        p.add_argument("--quantized", help="a checkpoint written by `sixbit convert` (default: full precision)")
+        p.add_argument("--quantized", help="what `sixbit convert` wrote: a .safetensors checkpoint or a converted "
+                       "folder, model or pipeline (default: full precision)")
         p.add_argument("--steps", type=steps_type, help=f"sampling steps, 1-{MAX_STEPS} (default: the pipeline's)")
         p.add_argument("--guidance", type=guidance_type,
                        help="CFG scale ≥ 0; ≤ 1 turns guidance off (default: the pipeline's)")
@@ -301,7 +354,10 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("info", help="describe a sixbit checkpoint", description="Print what a sixbit checkpoint holds.")
-    p.add_argument("file", help="a .safetensors file written by sixbit")
+    p = sub.add_parser("info", help="describe a sixbit checkpoint or converted folder",
+                       description="Print what a sixbit checkpoint holds: a .safetensors file, or a converted diffusers "
+                       "folder (a model folder, or a pipeline folder: its transformer).")
+    p.add_argument("path", help="a .safetensors file written by sixbit, or a folder written by `sixbit convert` "
+                   "or a converted model's save_pretrained")
     p.add_argument("--json", action="store_true", help="print the whole JSON header")
     p.set_defaults(func=cmd_info)

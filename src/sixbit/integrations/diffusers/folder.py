@@ -1,5 +1,5 @@
-"""Converted models as diffusers folders: ``save_pretrained`` writes one, ``from_pretrained``
-(:mod:`.quantizer`) reads it back.
+"""Converted models as diffusers folders: ``save_pretrained`` and the streamed conversion write
+one, ``from_pretrained`` (:mod:`.quantizer`) and ``sixbit info`` read it back.
 
 A folder holds what :func:`sixbit.save` writes to one file, in diffusers' layout:
 
@@ -11,8 +11,12 @@ A folder holds what :func:`sixbit.save` writes to one file, in diffusers' layout
   conversion config, the checkpoint header (layers, runtime methods, sha256 over every tensor
   and the header) and the table of tensor dtypes and shapes.
 
-Every file is written atomically, the shards first and ``config.json`` last; the checksum
-refuses a folder whose shards and config do not belong together.
+Both writers go through one :class:`FolderWriter` behind :class:`~sixbit.checkpoint.CheckpointWriter`
+(so the header and its checksum are the single-file checkpoint's, byte for byte): a converted
+model's ``save_pretrained`` (:func:`save_folder`) adds the whole model, and
+:func:`sixbit.convert_pretrained` one block after another (:func:`checkpoint_writer`). Every file
+is written atomically, the shards first and ``config.json`` last; the checksum refuses a folder
+whose shards and config do not belong together.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...checkpoint import contents
-from ...conversion import conversion_of
-from ...io import SafetensorsWriter, write_text_atomic
+from ...checkpoint import CheckpointWriter
+from ...conversion import NAME as CONVERSION
+from ...io import SafetensorsWriter, copy_file_atomic, write_text_atomic
 from ...memory import resident_weights
 from ...parallel.wrapped import wrapper_of
 from .config import SixbitConfig
@@ -53,17 +57,162 @@ def _size(text: int | str) -> int:
     return int(float(match.group(1)) * scale)
 
 
-def _shards(tensors: dict[str, torch.Tensor], limit: int) -> list[list[str]]:
-    """Tensor names per shard, in name order, each shard at most ``limit`` bytes (or one tensor)."""
-    shards, size = [[]], 0
-    for name in sorted(tensors):
-        nbytes = tensors[name].numel() * tensors[name].element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes
-    return shards
+class FolderWriter:
+    """The weight files and ``config.json`` of a converted model folder, written tensor by tensor.
+
+    It takes tensors as :class:`~sixbit.io.SafetensorsWriter` does (``add``, ``entries``,
+    ``chunks``), so a :class:`~sixbit.checkpoint.CheckpointWriter` writes through it. Shards fill
+    in the order tensors arrive, up to ``limit`` bytes each (a larger tensor gets a shard of its
+    own); each waits in a temporary file until :meth:`finish` knows how many there are and names
+    them. A write that fails leaves no temporary file, and no folder it created.
+    """
+
+    def __init__(self, folder: str | os.PathLike, limit: int, variant: str | None = None):
+        self.folder, self.limit = Path(folder), limit
+        if self.folder.is_file():
+            raise ValueError(f"{str(self.folder)!r} is a file: give the folder to write the model into")
+        self.stem = WEIGHTS_NAME + (f".{variant}" if variant else "")
+        self.made = []  # the folders this write creates, deepest first
+        for path in (self.folder, *self.folder.parents):
+            if path.exists():
+                break
+            self.made.append(path)
+        self.shards: list[SafetensorsWriter] = []
+        self.sizes: list[int] = []
+        self.home: dict[str, int] = {}  # tensor name → its shard
+        self.done = False
+
+    def __enter__(self) -> "FolderWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.done:
+            self.abort()
+
+    def _new_shard(self) -> None:
+        self.shards.append(SafetensorsWriter(self.folder / f"{self.stem}.safetensors"))  # named in finish
+        self.sizes.append(0)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Append ``tensor`` under ``name`` (names are unique)."""
+        if name in self.home:
+            raise ValueError(f"tensor {name!r} was already written")
+        nbytes = tensor.numel() * tensor.element_size()
+        if not self.shards or (self.sizes[-1] and self.sizes[-1] + nbytes > self.limit):
+            self._new_shard()
+        self.shards[-1].add(name, tensor)
+        self.home[name] = len(self.shards) - 1
+        self.sizes[-1] += nbytes
+
+    @property
+    def entries(self) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
+        return {name: self.shards[i].entries[name] for name, i in self.home.items()}
+
+    def chunks(self, name: str):
+        """The bytes of an already written tensor, read back in pieces."""
+        return self.shards[self.home[name]].chunks(name)
+
+    def finish(self, header: dict, model_config: dict) -> Path:
+        """Name and write the shards, the index (several shards) and ``config.json`` (the
+        diffusers ``model_config`` with the ``quantization_config`` of ``header``); weight files
+        of an earlier save into the folder that this one did not write are removed."""
+        if not self.shards:
+            self._new_shard()
+        count, entries = len(self.shards), self.entries
+        names = ([f"{self.stem}.safetensors"] if count == 1 else
+                 [f"{self.stem}-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
+        for shard, file in zip(self.shards, names):
+            shard.finish({"format": "pt"}, self.folder / file)
+        index = self.folder / f"{self.stem}.safetensors.index.json"
+        if count > 1:
+            total = sum(end - start for _, _, start, end in entries.values())
+            weight_map = {name: names[i] for name, i in sorted(self.home.items())}
+            write_text_atomic(index, json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                indent=2, sort_keys=True) + "\n")
+        _remove_stale(self.folder, self.stem, set(names), index if count == 1 else None)
+        quant = SixbitConfig(config=header.get("extensions", {}).get(CONVERSION, {}).get("config"), checkpoint=header,
+                             tensors={n: [dtype_name(d), list(shape)] for n, (d, shape, _, _) in sorted(entries.items())})
+        config = {**model_config, "quantization_config": quant.to_dict()}
+        write_text_atomic(self.folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        self.done = True
+        return self.folder
+
+    def abort(self) -> None:
+        """Discard the shards not yet written and the folders this write created (if empty)."""
+        for shard in self.shards:
+            shard.abort()
+        for path in self.made:
+            with contextlib.suppress(OSError):  # not empty (or gone): left as it is
+                path.rmdir()
+
+
+class FolderCheckpointWriter(CheckpointWriter):
+    """A :class:`~sixbit.checkpoint.CheckpointWriter` into the diffusers model folder ``folder``
+    for ``model`` (its diffusers config; it may sit on the meta device).
+
+    ``pipeline``: the pipeline folder ``model`` comes from; once the model folder is written, the
+    pipeline's other components are copied beside it (:func:`copy_components`) and
+    :meth:`finish` returns the pipeline folder written."""
+
+    def __init__(self, folder: str | os.PathLike, model: nn.Module, max_shard_size: int | str = "10GB",
+                 variant: str | None = None, pipeline: str | os.PathLike | None = None):
+        limit = _size(max_shard_size)
+        self.model_config = json.loads(model.to_json_string())
+        self.pipeline = pipeline
+        self.files = FolderWriter(folder, limit, variant)
+        super().__init__(self.files, type(model).__name__)
+
+    def finish(self, stored: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> Path:
+        folder = self.files.finish(self.seal(stored), self.model_config)
+        if self.pipeline is None:
+            return folder
+        copy_components(Path(self.pipeline), folder.parent, skip=folder.name)
+        return folder.parent
+
+
+def checkpoint_writer(output: str | os.PathLike, source: str | os.PathLike, model_folder: str | os.PathLike,
+                      model: nn.Module, max_shard_size: int | str = "10GB") -> CheckpointWriter:
+    """The writer of a conversion of ``model``, read from ``model_folder`` in ``source`` (a model
+    folder, or the pipeline folder that holds it), into ``output``.
+
+    ``output`` ending in ``.safetensors``: the single-file checkpoint (:func:`sixbit.save`'s).
+    Any other path is a folder, refused where it is ``source`` or inside it: a diffusers model
+    folder for a model folder, or for a pipeline a pipeline folder (the converted transformer in
+    its subfolder, the other components copied). An existing folder is written into."""
+    if Path(output).suffix == ".safetensors":
+        return CheckpointWriter(output, type(model).__name__)
+    source, model_folder = Path(source), Path(model_folder)
+    check_apart(source, output)
+    if model_folder.resolve() == source.resolve():
+        return FolderCheckpointWriter(output, model, max_shard_size)
+    return FolderCheckpointWriter(Path(output) / model_folder.name, model, max_shard_size, pipeline=source)
+
+
+def check_apart(source: str | os.PathLike, output: str | os.PathLike) -> None:
+    """Refuse an ``output`` folder that is the model folder ``source`` or lies inside it."""
+    src, out = Path(source).resolve(), Path(output).resolve()
+    if out == src or src in out.parents:
+        where = "is the model folder" if out == src else "lies inside the model folder"
+        raise ValueError(f"the output {str(output)!r} {where} {str(source)!r}: writing there would overwrite or mix "
+                         "with the weights being converted; choose a folder outside it")
+
+
+def copy_components(pipeline: Path, target: Path, skip: str) -> None:
+    """Copy the pipeline folder's files and folders, but ``skip`` (the converted component) and
+    hidden ones, into ``target``, each file atomically and ``model_index.json`` last: the copy
+    is a pipeline only once it is complete. Symlinks (a Hub cache's) are copied as files."""
+    entries = sorted((p for p in pipeline.iterdir() if p.name != skip and not p.name.startswith(".")),
+                     key=lambda p: (p.name == "model_index.json", p.name))
+    for entry in entries:
+        if not entry.is_dir():
+            copy_file_atomic(entry, target / entry.name)
+            continue
+        for root, dirs, files in os.walk(entry, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            here = target / Path(root).relative_to(pipeline)
+            here.mkdir(parents=True, exist_ok=True)
+            for name in sorted(f for f in files if not f.startswith(".")):
+                copy_file_atomic(Path(root) / name, here / name)
 
 
 def save_folder(model: nn.Module, save_directory: str | os.PathLike, *, is_main_process: bool = True,
@@ -80,36 +229,13 @@ def save_folder(model: nn.Module, save_directory: str | os.PathLike, *, is_main_
     folder = Path(save_directory)
     if folder.is_file():
         raise ValueError(f"{str(folder)!r} is a file: give the folder to write the model into")
-    limit = _size(max_shard_size)
+    _size(max_shard_size)  # a bad size is refused before the model is gathered
     wrapper = wrapper_of(model)
     with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:
         if not (writes and is_main_process):
             return folder
-        header, tensors = contents(model)
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = WEIGHTS_NAME + (f".{variant}" if variant else "")
-        groups = _shards(tensors, limit)
-        names = ([f"{stem}.safetensors"] if len(groups) == 1 else
-                 [f"{stem}-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
-        for file, group in zip(names, groups):
-            with SafetensorsWriter(folder / file) as writer:
-                for name in group:
-                    writer.add(name, tensors[name])
-                writer.finish({"format": "pt"})
-        index = folder / f"{stem}.safetensors.index.json"
-        if len(groups) > 1:
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
-            weight_map = {name: file for file, group in zip(names, groups) for name in group}
-            write_text_atomic(index, json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                indent=2, sort_keys=True) + "\n")
-        _remove_stale(folder, stem, set(names), index if len(groups) == 1 else None)
-        conversion = conversion_of(model)
-        quant = SixbitConfig(config=None if conversion is None else conversion.config.to_dict(), checkpoint=header,
-                             tensors={n: [dtype_name(t.dtype), list(t.shape)] for n, t in sorted(tensors.items())})
-        config = json.loads(model.to_json_string())
-        config["quantization_config"] = quant.to_dict()
-        write_text_atomic(folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return folder
+        with FolderCheckpointWriter(folder, model, max_shard_size, variant) as writer:
+            return writer.write(model)
 
 
 def _remove_stale(folder: Path, stem: str, written: set[str], old_index: Path | None) -> None:
