@@ -346,8 +346,9 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
     config = _checked_config(quant_config, calibration)
-    # before any block is read, not when the checkpoint is moved into place
-    check_can_write(output if Path(output).suffix == ".safetensors" else Path(output) / "diffusion_pytorch_model.safetensors")
+    # before any block is read, not when the checkpoint is moved into place (a folder's writer refuses a file)
+    if Path(output).suffix == ".safetensors" or not Path(output).is_file():
+        check_can_write(output if Path(output).suffix == ".safetensors" else Path(output) / "diffusion_pytorch_model.safetensors")
     folder = model_folder(model)
     shards = SafetensorsFolder(folder)
     net = empty_model(folder)

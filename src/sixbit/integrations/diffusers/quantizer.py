@@ -101,8 +101,7 @@ class SixbitQuantizer(DiffusersQuantizer):
     def check_if_quantized_param(self, model, param_value, param_name, state_dict, **kwargs) -> bool:
         if self.pre_quantized:
             return self.placeholders is not None and param_name in self.placeholders.table
-        layer, _, leaf = param_name.rpartition(".")
-        return layer in self.plan and leaf in ("weight", "bias")
+        return True  # every tensor: see create_quantized_param
 
     def create_quantized_param(self, model, param_value, param_name, target_device, state_dict=None,
                                unexpected_keys=None, **kwargs):
@@ -111,6 +110,11 @@ class SixbitQuantizer(DiffusersQuantizer):
             self.received[param_name] = param_value
             return
         layer, _, leaf = param_name.rpartition(".")
+        if layer not in self.plan or leaf not in ("weight", "bias"):
+            # a copy of its own: a view would keep the whole shard's file mapping (and every page of it
+            # read so far) alive after the shard is done, and the full-precision model would add up in RSS
+            set_module_tensor_to_device(model, param_name, _device(target_device), value=param_value.clone())
+            return
         self.pending.setdefault(layer, {})[leaf] = param_value
         if "weight" in self.pending[layer] and (model.get_submodule(layer).bias is None or "bias" in self.pending[layer]):
             self._build(model, layer, self.pending.pop(layer), target_device)
@@ -119,9 +123,8 @@ class SixbitQuantizer(DiffusersQuantizer):
         """The planned layer ``name`` (a linear or a pointwise conv, still empty) with its arrived
         tensors, quantized and swapped in."""
         layer = copy.deepcopy(model.get_submodule(name))  # on the meta device: costs nothing
-        device = "cpu" if device in (None, "disk") else device
-        for leaf, value in parts.items():
-            set_module_tensor_to_device(layer, leaf, device, value=value)
+        for leaf, value in parts.items():  # the bias is kept: a copy, not a view of the shard (as above)
+            set_module_tensor_to_device(layer, leaf, _device(device), value=value.clone() if leaf == "bias" else value)
         fmt, hadamard_block, role = self.plan[name]
         LayerSwap(model).put({name: quantized_linear(layer, fmt, hadamard_block, self.config.weights, role)})
 
@@ -177,6 +180,11 @@ class SixbitQuantizer(DiffusersQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def _device(target) -> str | torch.device:
+    """Where a loaded tensor goes (diffusers' ``param_device``; a disk offload is not one)."""
+    return "cpu" if target in (None, "disk") else target
 
 
 def _device_of(device_map) -> torch.device:
