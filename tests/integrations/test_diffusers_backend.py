@@ -44,6 +44,9 @@ def test_quantizing_while_loading_equals_convert_model(preset, tmp_path):
     folder = _fp_folder(tm, tmp_path)
     cls = type(tm.model)
     reference = cls.from_pretrained(folder, torch_dtype=BF16)
+    with torch.no_grad():  # out of the file's mapping, as loading while quantizing keeps them: CPU kernels
+        for param in reference.parameters():  # round differently on inputs at unaligned addresses
+            param.data = param.data.clone()
     sixbit.convert_model(reference, quant_config=preset)
     loaded = cls.from_pretrained(folder, quantization_config=SixbitConfig(preset), torch_dtype=BF16)
     assert _packed(loaded) == _packed(reference)

@@ -113,7 +113,8 @@ class SixbitQuantizer(DiffusersQuantizer):
         if layer not in self.plan or leaf not in ("weight", "bias"):
             # a copy of its own: a view would keep the whole shard's file mapping (and every page of it
             # read so far) alive after the shard is done, and the full-precision model would add up in RSS
-            set_module_tensor_to_device(model, param_name, _device(target_device), value=param_value.clone())
+            set_module_tensor_to_device(model, param_name, _device(target_device), value=param_value.clone(),
+                                        dtype=param_value.dtype)  # as diffusers converted it (float32-kept modules)
             return
         self.pending.setdefault(layer, {})[leaf] = param_value
         if "weight" in self.pending[layer] and (model.get_submodule(layer).bias is None or "bias" in self.pending[layer]):
