@@ -32,7 +32,7 @@ from ...checkpoint_restore import restore
 from ...config import ConvertConfig
 from ...conversion import check, install, selected
 from ...convert import fit_methods
-from ...lora import attach_diffusers_methods
+from ...lora_diffusers import attach_diffusers_methods
 from ...nn import QuantLinear
 from ...presets import PRESETS, for_device, resolve
 from .config import SixbitConfig

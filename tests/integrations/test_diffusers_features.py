@@ -1,0 +1,163 @@
+"""diffusers' own features on converted transformers, for the three ways to get one (issue 44):
+
+- ``convert_model``: a full-precision ``from_pretrained`` converted in memory (no ``hf_quantizer``);
+- ``quantization_config``: ``from_pretrained(folder, quantization_config=SixbitConfig("w8a8"))``;
+- ``saved folder``: ``save_pretrained`` of the first, then a plain ``from_pretrained``.
+
+Each feature works (the output is the one without it, or it acts as diffusers documents) or is
+refused with one line naming the fix. A tiny random Wan (2 blocks) keeps the file fast; a feature
+that needs a pipeline gets the shapes pipeline around it (only its transformer is called).
+
+CPU GEMMs round differently by a weight's memory alignment (a 16-byte-aligned copy of the same
+weight can differ in the last bit), so models loaded differently are never compared bit for bit:
+each check compares one model with and without the feature.
+
+What needs an accelerator is checked here as far as a CPU allows: ``enable_model_cpu_offload``
+runs with ``device="cpu"`` (hooks and moves, nothing gained); ``enable_sequential_cpu_offload``
+installs and takes the packed weights off the model, but accelerate's hooks fail on a CPU
+execution device for every model (full precision included), so running it is left to the
+accelerator test at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo as dynamo
+from diffusers import FirstBlockCacheConfig, PyramidAttentionBroadcastConfig, WanTransformer3DModel
+from diffusers.hooks.group_offloading import GroupOffloadingHook
+from diffusers.loaders import WanLoraLoaderMixin
+
+import sixbit
+from sixbit.nn import QuantLinear
+from sixbit.methods.delta_cache import DeltaCache
+from sixbit.runtime import blocks, hooks
+from sixbit.zoo.shapes import make_pipeline, pipeline_class
+from fixtures.tiny_models import build_tiny
+from test_lora import _peft_lora
+
+KINDS = ["convert_model", "quantization_config", "saved folder"]
+TIMESTEPS = (900.0, 300.0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny("wan")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, tiny):
+    root = tmp_path_factory.mktemp("models")
+    tiny.model.save_pretrained(root / "fp")
+    _convert(root / "fp").save_pretrained(root / "converted")
+    return root
+
+
+def _convert(fp_folder, preset="w8a8", torch_dtype=None):
+    model = WanTransformer3DModel.from_pretrained(fp_folder, torch_dtype=torch_dtype)
+    sixbit.convert_model(model, None, preset)
+    return model
+
+
+def _make(kind: str, folders, preset: str = "w8a8", torch_dtype=None):
+    """A fresh converted transformer of ``kind``."""
+    if kind == "convert_model":
+        return _convert(folders / "fp", preset, torch_dtype)
+    if kind == "quantization_config":
+        return WanTransformer3DModel.from_pretrained(folders / "fp", quantization_config=sixbit.SixbitConfig(preset),
+                                                     torch_dtype=torch_dtype)
+    return WanTransformer3DModel.from_pretrained(folders / "converted", torch_dtype=torch_dtype)
+
+
+@pytest.fixture(params=KINDS)
+def kind(request):
+    return request.param
+
+
+def _call(tiny, model, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """One transformer call on fixed inputs (in ``dtype``, on ``device``); the output in fp32 on the CPU."""
+    inputs = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device)
+              for k, v in tiny.inputs(1, 500.0).items()}
+    with torch.no_grad():
+        return model(**inputs)[0].float().cpu()
+
+
+def _loop(tiny, model, state=None) -> torch.Tensor:
+    """Two CFG steps inside diffusers' cache contexts (as diffusers' Wan pipeline calls them)."""
+    x = tiny.latents(1)
+    with torch.no_grad():
+        for i, t in enumerate(TIMESTEPS):
+            if state is not None:
+                state["t"] = t
+            preds = []
+            for branch, negative in (("cond", False), ("uncond", True)):
+                with model.cache_context(branch):
+                    preds.append(tiny.output(model(**tiny.inputs(1, t, latents=x, negative=negative))))
+            pred = preds[1] + 4.0 * (preds[0] - preds[1])
+            x = x + ((TIMESTEPS[i + 1] if i + 1 < len(TIMESTEPS) else 0.0) - t) / 1000.0 * pred
+    return x
+
+
+def _pipe(model):
+    """The shapes Wan pipeline around ``model`` (only ``pipe.transformer`` is called)."""
+    pipe = make_pipeline("wan", transformer=model)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _dtypes(model) -> dict[str, torch.dtype]:
+    return {n: t.dtype for n, t in model.state_dict().items()}
+
+
+def _packed(model) -> set[str]:
+    return {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, QuantLinear) for k in m.state_dict()}
+
+
+# ---- LoRA -----------------------------------------------------------------------------------------------------
+
+
+class _LoraPipeline(WanLoraLoaderMixin, pipeline_class("wan")):
+    """The shapes pipeline with diffusers' Wan LoRA loader (as ``WanPipeline`` has it)."""
+
+
+def test_lora_through_the_pipeline(kind, folders, tiny, tmp_path):
+    model = _make(kind, folders)
+    lora = _peft_lora(WanTransformer3DModel.from_pretrained(folders / "fp"), tmp_path, strength=0.5)
+    pipe = _LoraPipeline(**_pipe(model).components)
+    reference = _call(tiny, model)
+    pipe.load_lora_weights(tmp_path, weight_name=lora.name, adapter_name="x")
+    assert sixbit.loras(pipe.transformer) == ["x"] and pipe.get_list_adapters() == {"transformer": ["x"]}
+    with_lora = _call(tiny, model)
+    assert not torch.allclose(with_lora, reference, atol=1e-3)
+    pipe.set_adapters("x", 0.0)
+    assert torch.equal(_call(tiny, model), reference) and model.active_adapters() == []
+    pipe.set_adapters(["x"], [1.0])
+    assert torch.equal(_call(tiny, model), with_lora) and model.active_adapters() == ["x"]
+    pipe.disable_lora()
+    assert torch.equal(_call(tiny, model), reference)
+    pipe.enable_lora()
+    assert torch.equal(_call(tiny, model), with_lora)
+    with pytest.raises(ValueError, match="side branches.*keep running unfused.*full-precision model"):
+        pipe.fuse_lora()
+    assert torch.equal(_call(tiny, model), with_lora)  # refused: nothing changed
+    pipe.unfuse_lora()  # nothing was fused: changes nothing
+    with pytest.raises(ValueError, match="keep the LoRA file"):
+        model.save_lora_adapter(tmp_path / "out", adapter_name="x")
+    pipe.delete_adapters("x")
+    assert sixbit.loras(pipe.transformer) == [] and torch.equal(_call(tiny, model), reference)
+    pipe.fuse_lora()  # no LoRA: nothing to fuse, nothing refused
+
+
+def test_a_lora_loaded_while_loras_are_off_waits_for_enable(folders, tiny, tmp_path):
+    model = _make("convert_model", folders)
+    lora = _peft_lora(WanTransformer3DModel.from_pretrained(folders / "fp"), tmp_path, strength=0.5)
+    reference = _call(tiny, model)
+    model.disable_lora()
+    model.load_lora_adapter(tmp_path, weight_name=lora.name, prefix=None, adapter_name="x")
+    assert torch.equal(_call(tiny, model), reference) and model.active_adapters() == []
+    sixbit.set_lora_scale(model, 0.5)  # kept for when LoRAs are on again
+    assert torch.equal(_call(tiny, model), reference)
+    model.enable_lora()
+    assert model.active_adapters() == ["x"] and model.get_submodule("blocks.0.attn1.to_q").loras == {"x": 0.5 * 2.0}
+    with pytest.raises(ValueError, match="hotswap=True is not supported"):
+        model.load_lora_adapter(tmp_path, weight_name=lora.name, prefix=None, adapter_name="x", hotswap=True)
