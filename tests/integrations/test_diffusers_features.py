@@ -113,6 +113,26 @@ def _packed(model) -> set[str]:
     return {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, QuantLinear) for k in m.state_dict()}
 
 
+@pytest.mark.parametrize("torch_dtype", [None, torch.bfloat16])
+def test_the_three_kinds_hold_the_same_conversion(folders, torch_dtype):
+    """Same tensors and dtypes: with ``torch_dtype``, the modules Wan keeps in fp32
+    (``_keep_in_fp32_modules``) stay fp32 whichever way the model was made. (The folder was
+    converted from fp32 weights: its packed layers keep that conversion's tensors, fp32 biases
+    included; the rest takes ``torch_dtype`` as the others do.)"""
+    models = {k: _make(k, folders, torch_dtype=torch_dtype) for k in KINDS}
+    states = {k: m.state_dict() for k, m in models.items()}
+    first, packed = states["convert_model"], _packed(models["convert_model"])
+    assert all(s.keys() == first.keys() for s in states.values())
+    assert all(s[n].dtype == first[n].dtype for s in states.values() for n in first if n not in packed)
+    same = KINDS if torch_dtype is None else KINDS[:2]  # quantizing while loading is convert_model, bit for bit
+    assert all(torch.equal(states[k][n], first[n]) for k in same for n in first)
+    if torch_dtype is not None:
+        assert first["condition_embedder.time_embedder.linear_1.weight"].dtype == torch.float32  # kept in fp32
+        assert first["proj_out.weight"].dtype == torch_dtype
+    assert getattr(models["convert_model"], "hf_quantizer", None) is None
+    assert all(models[k].is_quantized and models[k].hf_quantizer is not None for k in KINDS[1:])
+
+
 # ---- LoRA -----------------------------------------------------------------------------------------------------
 
 
@@ -161,3 +181,42 @@ def test_a_lora_loaded_while_loras_are_off_waits_for_enable(folders, tiny, tmp_p
     assert model.active_adapters() == ["x"] and model.get_submodule("blocks.0.attn1.to_q").loras == {"x": 0.5 * 2.0}
     with pytest.raises(ValueError, match="hotswap=True is not supported"):
         model.load_lora_adapter(tmp_path, weight_name=lora.name, prefix=None, adapter_name="x", hotswap=True)
+
+
+# ---- device and dtype moves -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cast", ["to(bfloat16)", "half()", "pipe.to(bfloat16)"])
+def test_dtype_casts_keep_packed_layers_and_cast_the_rest(kind, cast, folders, tiny):
+    """The same on every kind: full-precision parameters take the dtype, every tensor of a
+    ``QuantLinear`` keeps its stored dtype (what ``torch_dtype=`` does at load), and ``.float()``
+    goes back. diffusers' refusal for quantized models is lifted for sixbit's."""
+    model = _make(kind, folders)
+    reference, before = _call(tiny, model), _dtypes(model)
+    model.to("cpu")
+    assert torch.equal(_call(tiny, model), reference)
+    dtype = torch.float16 if cast == "half()" else torch.bfloat16
+    if cast == "pipe.to(bfloat16)":
+        _pipe(model).to(dtype=dtype)
+    else:
+        assert (model.half() if cast == "half()" else model.to(dtype)) is model
+    after, packed = _dtypes(model), _packed(model)
+    assert all(after[n] == before[n] for n in packed)
+    assert {after[n] for n in after if n not in packed and before[n].is_floating_point} == {dtype}
+    low = _call(tiny, model, dtype)
+    torch.testing.assert_close(low, reference, rtol=0.1, atol=0.05 * reference.abs().max().item())
+    model.float()
+    assert _dtypes(model) == before
+    assert getattr(model, "is_quantized", False) == (kind != "convert_model")  # the flag itself stays
+
+
+def test_an_nvfp4_layer_keeps_its_fp8_scales_through_half(folders, tiny):
+    """The case that made casts matter: ``.half()`` used to turn NVFP4's FP8 block scales into fp16."""
+    model = _convert(folders / "fp", "w4a8-rtn")
+    reference = _call(tiny, model)
+    scales = {n: t.dtype for n, t in model.state_dict().items() if n.endswith("weight_scales")}
+    assert set(scales.values()) == {torch.float8_e4m3fn}
+    model.half()
+    assert {n: t.dtype for n, t in model.state_dict().items() if n.endswith("weight_scales")} == scales
+    torch.testing.assert_close(_call(tiny, model, torch.float16), reference, rtol=0.1,
+                               atol=0.05 * reference.abs().max().item())

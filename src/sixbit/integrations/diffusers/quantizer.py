@@ -35,6 +35,7 @@ from ...convert import fit_methods
 from ...lora_diffusers import attach_diffusers_methods
 from ...nn import QuantLinear
 from ...presets import PRESETS, for_device, resolve
+from .casting import attach_casts
 from .config import SixbitConfig
 from .placeholders import Placeholders
 
@@ -50,7 +51,9 @@ class SixbitQuantizer(DiffusersQuantizer):
     """The diffusers quantization backend ``"sixbit"`` (registered on ``import sixbit``)."""
 
     requires_calibration = False
-    use_keep_in_fp32_modules = False
+    # the modules a model keeps in fp32 under torch_dtype (its _keep_in_fp32_modules) stay fp32, as
+    # from_pretrained(torch_dtype=...) then convert_model keeps them
+    use_keep_in_fp32_modules = True
 
     def __init__(self, quantization_config: SixbitConfig, **kwargs):
         super().__init__(quantization_config, **kwargs)
@@ -67,6 +70,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         self.placeholders: Placeholders | None = None
         self.config: ConvertConfig | None = None
         self.hardware: str | None = None
+        self.keep_in_fp32: list[str] = []
 
     # -- what diffusers asks before loading -------------------------------------------------
     def validate_environment(self, *args, **kwargs):
@@ -83,6 +87,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         return self.placeholders is not None and self.placeholders.fits(param_name, loaded_param)
 
     def _process_model_before_weight_loading(self, model, device_map=None, keep_in_fp32_modules=None, **kwargs):
+        self.keep_in_fp32 = list(keep_in_fp32_modules or [])
         if self.pre_quantized:
             check_header(self.quantization_config.checkpoint, "quantization_config of config.json")
             self.placeholders = Placeholders(model, self.quantization_config.checkpoint,
@@ -136,6 +141,7 @@ class SixbitQuantizer(DiffusersQuantizer):
             self._finish(model)
         attach_save(model)
         attach_diffusers_methods(model)
+        attach_casts(model)
         return model
 
     def _finish(self, model: nn.Module) -> None:
@@ -158,7 +164,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         restore(model, header, self.received, source)
         self.received = {}
         if self.requested_dtype is not None:
-            _cast_full_precision(model, self.requested_dtype)
+            _cast_full_precision(model, self.requested_dtype, self.keep_in_fp32)
 
     # -- what diffusers asks about the result -----------------------------------------------
     def update_missing_keys(self, model, missing_keys, prefix):
@@ -191,13 +197,19 @@ def _device_of(device_map) -> torch.device:
     return torch.device(device_map if not isinstance(device_map, int) else f"cuda:{device_map}")
 
 
-def _cast_full_precision(model: nn.Module, dtype: torch.dtype) -> None:
-    """``torch_dtype`` for everything but the packed layers, which keep their stored form."""
-    for module in model.modules():
-        if isinstance(module, QuantLinear):
-            continue
-        for store in (module._parameters, module._buffers):
-            for key, t in store.items():
-                if t is not None and t.is_floating_point() and t.dtype != dtype:
-                    converted = t.detach().to(dtype)
-                    store[key] = nn.Parameter(converted, requires_grad=False) if isinstance(t, nn.Parameter) else converted
+def _cast_full_precision(module: nn.Module, dtype: torch.dtype, keep_in_fp32: list[str]) -> None:
+    """``torch_dtype`` for a converted folder, as diffusers loads a full-precision one: floating
+    tensors take ``dtype`` except those under a name of ``keep_in_fp32`` (the model's
+    ``_keep_in_fp32_modules``, matched against each part of a tensor's path); packed layers keep
+    their stored dtypes, as ``QuantLinear`` does under ``.to(dtype)``."""
+    if isinstance(module, QuantLinear):
+        return
+    for store in (module._parameters, module._buffers):
+        for key, t in store.items():
+            if t is not None and key not in keep_in_fp32 and t.is_floating_point() and t.dtype != dtype:
+                converted = t.detach().to(dtype)
+                is_parameter = isinstance(t, nn.Parameter)
+                store[key] = nn.Parameter(converted, requires_grad=t.requires_grad) if is_parameter else converted
+    for name, child in module.named_children():
+        if name not in keep_in_fp32:
+            _cast_full_precision(child, dtype, keep_in_fp32)
