@@ -183,6 +183,54 @@ def test_a_lora_loaded_while_loras_are_off_waits_for_enable(folders, tiny, tmp_p
         model.load_lora_adapter(tmp_path, weight_name=lora.name, prefix=None, adapter_name="x", hotswap=True)
 
 
+# ---- caches ---------------------------------------------------------------------------------------------------
+
+
+def test_diffusers_caches_run_on_converted_models(kind, folders, tiny):
+    model = _make(kind, folders)
+    reference = _loop(tiny, model)
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.0))  # never reuses: the same computation
+    assert torch.equal(_loop(tiny, model), reference)
+    model.disable_cache()
+    model.enable_cache(FirstBlockCacheConfig(threshold=1e9))  # always reuses after the first step
+    cached = _loop(tiny, model)
+    assert torch.isfinite(cached).all() and not torch.equal(cached, reference)
+    model.disable_cache()
+    state = {}
+    model.enable_cache(PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2,
+                                                       spatial_attention_timestep_skip_range=(0, 1000),
+                                                       current_timestep_callback=lambda: state["t"]))
+    broadcast = _loop(tiny, model, state)
+    assert torch.isfinite(broadcast).all() and not torch.equal(broadcast, reference)
+
+
+@pytest.mark.parametrize("config", [FirstBlockCacheConfig(threshold=0.1),
+                                    PyramidAttentionBroadcastConfig(current_timestep_callback=lambda: 500)],
+                         ids=["first block cache", "pyramid attention broadcast"])
+def test_a_diffusers_cache_and_the_delta_cache_are_refused_together(kind, config, folders, tiny):
+    message = r"diffusers' cache .*Config \(enable_cache\) and sixbit's delta cache.*model.disable_cache\(\)"
+    model = _make(kind, folders)
+    model.enable_cache(config)
+    with pytest.raises(ValueError, match=message):
+        sixbit.enable_delta_cache(model, sixbit.DeltaCacheConfig())
+    assert not list(blocks.attached(model, DeltaCache))  # refused before anything was attached
+    model.disable_cache()
+    sixbit.enable_delta_cache(model, sixbit.DeltaCacheConfig())
+    model.enable_cache(config)  # diffusers cannot be stopped here: the first call refuses
+    with pytest.raises(ValueError, match=message):
+        _loop(tiny, model, {"t": 500.0})
+    model.disable_cache()
+    assert torch.isfinite(_loop(tiny, model)).all()
+
+
+def test_a_conversion_with_the_delta_cache_refuses_a_diffusers_cache(folders):
+    model = WanTransformer3DModel.from_pretrained(folders / "fp")
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    with pytest.raises(ValueError, match="FirstBlockCacheConfig"):
+        sixbit.convert_model(model, None, "tdc")
+    assert not [m for m in model.modules() if isinstance(m, QuantLinear)]  # refused before anything changed
+
+
 # ---- device and dtype moves -------------------------------------------------------------------------------------
 
 
