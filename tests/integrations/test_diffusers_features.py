@@ -133,6 +133,71 @@ def test_the_three_kinds_hold_the_same_conversion(folders, torch_dtype):
     assert all(models[k].is_quantized and models[k].hf_quantizer is not None for k in KINDS[1:])
 
 
+# ---- offloading -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offload_type", ["block_level", "leaf_level", "block_level to disk"])
+def test_group_offload(kind, offload_type, folders, tiny, tmp_path):
+    """diffusers' group offloading moves ``QuantLinear``'s packed buffers with the parameters; to a
+    folder they make the round trip through safetensors, in packed form."""
+    model = _make(kind, folders)
+    reference = _call(tiny, model)
+    disk = offload_type.endswith("to disk")
+    model.enable_group_offload(onload_device=torch.device("cpu"), offload_type=offload_type.split()[0],
+                               num_blocks_per_group=1 if offload_type != "leaf_level" else None,
+                               offload_to_disk_path=str(tmp_path) if disk else None)
+    assert any(isinstance(h, GroupOffloadingHook) for m in model.modules() for h in hooks.hooks_of(m))
+    out = _call(tiny, model)
+    if not disk:
+        assert torch.equal(out, reference)
+        return
+    # read back from files: the same bits, in fresh (differently aligned) memory
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    from safetensors import safe_open
+
+    dtypes = set()
+    for path in tmp_path.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:  # a file this test's offload wrote
+            dtypes |= {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 — safe_open is not iterable
+    assert "U8" in dtypes  # the INT8 codes travel packed (as stored: bytes), not dequantized
+
+
+def test_model_cpu_offload(kind, folders, tiny):
+    """Whole-model offload moves the converted transformer with ``.to(device)`` when it is called
+    (accelerate copies the weights even from the CPU to the CPU: fresh memory, so a full-precision
+    model's output moves in the last bit too)."""
+    pipe = _pipe(_make(kind, folders))
+    reference = _call(tiny, pipe.transformer)
+    if not torch.accelerator.is_available():
+        with pytest.raises(RuntimeError, match="requires accelerator"):  # diffusers' own refusal, for every model
+            pipe.enable_model_cpu_offload()
+    pipe.enable_model_cpu_offload(device="cpu")
+    assert hasattr(pipe.transformer, "_hf_hook")
+    torch.testing.assert_close(_call(tiny, pipe.transformer), reference, rtol=1e-5, atol=1e-5)
+    pipe.remove_all_hooks()
+
+
+def test_sequential_cpu_offload_takes_the_packed_weights(kind, folders):
+    """Each leaf's tensors leave the model (meta) for accelerate's weights map, packed buffers
+    included (Wan has a parameter of its own, so diffusers offloads buffers too)."""
+    pipe = _pipe(_make(kind, folders))
+    pipe.enable_sequential_cpu_offload(device="cpu")
+    layers = [m for m in pipe.transformer.modules() if isinstance(m, QuantLinear)]
+    assert layers and all(b.device.type == "meta" for m in layers for n, b in m.named_buffers()
+                          if n.startswith("weight_"))
+    pipe.remove_all_hooks()
+
+
+@pytest.mark.skipif(not torch.accelerator.is_available(), reason="CPU offload needs an accelerator to onload to")
+@pytest.mark.parametrize("mode", ["enable_model_cpu_offload", "enable_sequential_cpu_offload"])
+def test_cpu_offload_to_the_accelerator_matches(kind, mode, folders, tiny):
+    device = torch.accelerator.current_accelerator()
+    reference = _call(tiny, _make(kind, folders).to(device), device=device)
+    pipe = _pipe(_make(kind, folders))
+    getattr(pipe, mode)(device=device)
+    torch.testing.assert_close(_call(tiny, pipe.transformer, device=device), reference, rtol=1e-4, atol=1e-4)
+
+
 # ---- LoRA -----------------------------------------------------------------------------------------------------
 
 
@@ -181,6 +246,28 @@ def test_a_lora_loaded_while_loras_are_off_waits_for_enable(folders, tiny, tmp_p
     assert model.active_adapters() == ["x"] and model.get_submodule("blocks.0.attn1.to_q").loras == {"x": 0.5 * 2.0}
     with pytest.raises(ValueError, match="hotswap=True is not supported"):
         model.load_lora_adapter(tmp_path, weight_name=lora.name, prefix=None, adapter_name="x", hotswap=True)
+
+
+# ---- torch.compile, gradient checkpointing ----------------------------------------------------------------
+
+
+def test_compile_matches_eager(kind, folders, tiny):
+    """Dynamo with the ``"eager"`` backend, as ``tests/test_compile.py``: the same kernels run."""
+    model = _make(kind, folders)
+    eager = _call(tiny, model)
+    dynamo.reset()
+    assert torch.equal(_call(tiny, torch.compile(model, backend="eager")), eager)
+
+
+def test_gradient_checkpointing_leaves_inference_alone(kind, folders, tiny):
+    model = _make(kind, folders)
+    reference = _call(tiny, model)
+    model.enable_gradient_checkpointing()
+    assert model.is_gradient_checkpointing
+    assert torch.equal(_call(tiny, model), reference)
+    inputs = tiny.inputs(1, 500.0)
+    with torch.enable_grad():  # the checkpointed path: the same blocks, recomputed only for a backward pass
+        assert torch.equal(model(**inputs)[0].detach(), reference)
 
 
 # ---- caches ---------------------------------------------------------------------------------------------------
