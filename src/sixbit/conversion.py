@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .lora import attach_diffusers_methods
+from .lora_diffusers import attach_diffusers_methods
 from .methods.attention import AttentionQuantState
 from .methods.default_precision import DefaultPrecision
 from .methods.delta_cache import DeltaCache

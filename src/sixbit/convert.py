@@ -22,7 +22,8 @@ from .builder import quantize
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
 from .conversion import Conversion, check, conversion_of, install, remove_methods, selected
-from .lora import attach_diffusers_methods, check_no_loras
+from .lora import check_no_loras
+from .lora_diffusers import attach_diffusers_methods
 from .methods.default_precision import DefaultPrecision
 from .methods.registry import methods
 from .methods.stabilize import StabilizeConfig

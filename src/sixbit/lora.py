@@ -10,9 +10,11 @@ layers a LoRA also targets get it through a forward hook. Several adapters may b
 once, each with its own scale (:func:`set_lora_scale`; 0 switches one off exactly) and
 removed again (:func:`unload_lora`).
 
-diffusers' own entry points work on a converted transformer and go through here:
-``pipe.load_lora_weights(...)`` / ``transformer.load_lora_adapter(...)``,
-``pipe.set_adapters(names, weights)`` and ``pipe.unload_lora_weights()``.
+diffusers' own entry points work on a converted transformer and go through here
+(:mod:`sixbit.lora_diffusers`): ``pipe.load_lora_weights(...)``, ``pipe.set_adapters(names,
+weights)``, ``pipe.disable_lora()`` / ``enable_lora()``, ``pipe.delete_adapters(...)`` and
+``pipe.unload_lora_weights()``; ``pipe.fuse_lora()`` is refused (a packed weight cannot absorb a
+LoRA without requantizing it).
 
 Example:
     >>> sixbit.load_lora(pipe, "my_lora.safetensors", scale=0.8)          # doctest: +SKIP
@@ -22,12 +24,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
 import os
 import re
-import types
 import weakref
 
 import torch
@@ -162,15 +164,18 @@ def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale:
     if broken:
         raise ValueError(f"this LoRA's weights cannot run: {broken[:5]}; the file is damaged or was saved "
                          "from a diverged training run")
+    state = _state(model)
+    applied = scale if state.enabled else 0.0  # loaded while LoRAs are switched off: off as well
     for name, (down, up, factor) in pairs.items():
         layer = modules[name]
         if isinstance(layer, QuantLinear):
-            layer.add_lora(adapter_name, down, up, scale * factor)
+            layer.add_lora(adapter_name, down, up, applied * factor)
         else:
-            _LINEAR.setdefault(layer, {})[adapter_name] = [*branch_factors(down, up), scale * factor]
+            _LINEAR.setdefault(layer, {})[adapter_name] = [*branch_factors(down, up), applied * factor]
             if layer not in _HOOKS:
                 _HOOKS[layer] = layer.register_forward_hook(_linear_hook)
-    _factors(model)[adapter_name] = {n: f for n, (_, _, f) in pairs.items()}
+    state.factors[adapter_name] = {n: f for n, (_, _, f) in pairs.items()}
+    state.scales[adapter_name] = scale
 
 
 def _linear_hook(module: nn.Linear, args, output):
@@ -181,17 +186,35 @@ def _linear_hook(module: nn.Linear, args, output):
     return output
 
 
-_FACTORS: "weakref.WeakKeyDictionary[nn.Module, dict[str, dict[str, float]]]" = weakref.WeakKeyDictionary()
+@dataclasses.dataclass
+class LoraState:
+    """The LoRAs loaded on one transformer.
+
+    ``factors``: ``{adapter: {module: alpha / r}}``, in load order; ``scales``: each adapter's
+    scale as last set (``load_lora``'s ``scale``, :func:`set_lora_scale`); ``enabled``: ``False``
+    while :func:`set_loras_enabled` has switched every adapter off (its scale is kept).
+    """
+
+    factors: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    scales: dict[str, float] = dataclasses.field(default_factory=dict)
+    enabled: bool = True
 
 
-def _factors(model: nn.Module) -> dict[str, dict[str, float]]:
-    """``{adapter: {module: alpha/r}}`` of the LoRAs loaded on ``model``."""
-    return _FACTORS.setdefault(model, {})
+_STATES: "weakref.WeakKeyDictionary[nn.Module, LoraState]" = weakref.WeakKeyDictionary()
+
+
+def _state(model: nn.Module) -> LoraState:
+    return _STATES.setdefault(model, LoraState())
+
+
+def lora_state(model_or_pipe) -> LoraState:
+    """The :class:`LoraState` of the transformer (live: it changes as LoRAs are loaded and set)."""
+    return _state(transformer_of(model_or_pipe))
 
 
 def loras(model_or_pipe) -> list[str]:
     """Names of the LoRAs loaded on the transformer, in load order."""
-    return list(_factors(transformer_of(model_or_pipe)))
+    return list(_state(transformer_of(model_or_pipe)).factors)
 
 
 def check_no_loras(model: nn.Module, action: str) -> None:
@@ -204,19 +227,19 @@ def check_no_loras(model: nn.Module, action: str) -> None:
 
 def _adapters(model: nn.Module, adapter_name: str | None) -> list[str]:
     names = loras(model) if adapter_name is None else [adapter_name]
-    missing = [n for n in names if n not in _factors(model)]
+    missing = [n for n in names if n not in _state(model).factors]
     if missing:
         raise ValueError(f"no LoRA called {missing[0]!r} is loaded (loaded: {loras(model)})")
     return names
 
 
-def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None) -> None:
-    """Set the scale of one LoRA (or of all, ``adapter_name=None``); 0 switches it off exactly."""
-    scale = _scale(scale)
-    model = transformer_of(model_or_pipe)
+def _apply_scales(model: nn.Module, adapters: list[str]) -> None:
+    """Give the layers of ``adapters`` their scale (0 while LoRAs are switched off)."""
+    state = _state(model)
     modules = dict(model.named_modules())
-    for adapter in _adapters(model, adapter_name):
-        for name, factor in _factors(model)[adapter].items():
+    for adapter in adapters:
+        scale = state.scales[adapter] if state.enabled else 0.0
+        for name, factor in state.factors[adapter].items():
             layer = modules[name]
             if isinstance(layer, QuantLinear):
                 layer.set_lora_scale(adapter, scale * factor)
@@ -224,12 +247,34 @@ def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None)
                 _LINEAR[layer][adapter][2] = scale * factor
 
 
+def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None) -> None:
+    """Set the scale of one LoRA (or of all, ``adapter_name=None``); 0 switches it off exactly.
+    While LoRAs are switched off (:func:`set_loras_enabled`) the scale is kept for when they are
+    switched on again."""
+    scale = _scale(scale)
+    model = transformer_of(model_or_pipe)
+    adapters = _adapters(model, adapter_name)
+    for adapter in adapters:
+        _state(model).scales[adapter] = scale
+    _apply_scales(model, adapters)
+
+
+def set_loras_enabled(model_or_pipe, enabled: bool) -> None:
+    """Switch every loaded LoRA off (``False``: the layers compute exactly as without them) or
+    back on at the scales they had (``True``); LoRAs loaded while off stay off until then."""
+    model = transformer_of(model_or_pipe)
+    _state(model).enabled = bool(enabled)
+    _apply_scales(model, loras(model))
+
+
 def unload_lora(model_or_pipe, adapter_name: str | None = None) -> None:
     """Remove one LoRA (or all, ``adapter_name=None``): the layers compute exactly as before it."""
     model = transformer_of(model_or_pipe)
     modules = dict(model.named_modules())
+    state = _state(model)
     for adapter in _adapters(model, adapter_name):
-        for name in _factors(model).pop(adapter):
+        state.scales.pop(adapter)
+        for name in state.factors.pop(adapter):
             layer = modules[name]
             if isinstance(layer, QuantLinear):
                 layer.remove_lora(adapter)
@@ -238,42 +283,5 @@ def unload_lora(model_or_pipe, adapter_name: str | None = None) -> None:
             if not _LINEAR[layer]:
                 del _LINEAR[layer]
                 _HOOKS.pop(layer).remove()
-
-
-def attach_diffusers_methods(model: nn.Module) -> None:
-    """Route diffusers' LoRA entry points on a converted transformer through this module
-    (PEFT cannot wrap a ``QuantLinear``): ``load_lora_adapter`` (which ``pipe.load_lora_weights``
-    calls), ``set_adapters`` and ``unload_lora`` (``pipe.unload_lora_weights``)."""
-
-    def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="transformer", adapter_name=None,
-                          metadata=None, network_alphas=None, weight_name=None, **kwargs):
-        source = pretrained_model_name_or_path_or_dict
-        if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):  # diffusers' folder + weight_name
-            source = os.path.join(source, weight_name or "pytorch_lora_weights.safetensors")
-        tensors, meta = _read(source)
-        alphas = {k: torch.tensor(float(v)) for k, v in (network_alphas or {}).items()}
-        tensors = {**tensors, **alphas}
-        if prefix and any(k.startswith(f"{prefix}.") for k in tensors):
-            tensors = {k.removeprefix(f"{prefix}."): v for k, v in tensors.items() if k.startswith(f"{prefix}.")}
-        meta = _own_metadata(metadata, prefix) if metadata else meta
-        _load(self, tensors, meta, 1.0, adapter_name or f"default_{len(loras(self))}")
-
-    def set_adapters(self, adapter_names, weights=None):
-        names = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
-        unknown = [n for n in names if n not in loras(self)]
-        if unknown:  # as diffusers: an unknown name is an error, not "switch everything off"
-            raise ValueError(f"adapter name(s) {unknown} are not loaded; loaded adapters: {loras(self)}")
-        if weights is None or isinstance(weights, numbers.Real):
-            weights = [1.0 if weights is None else weights] * len(names)
-        weights = [_scale(1.0 if w is None else w, "an adapter weight") for w in weights]
-        if len(weights) != len(names):
-            raise ValueError(f"set_adapters got {len(names)} adapter names but {len(weights)} weights: give one per name")
-        for name in loras(self):  # diffusers: the adapters not named are switched off
-            set_lora_scale(self, weights[names.index(name)] if name in names else 0.0, name)
-
-    def unload_all(self):
-        if loras(self):
-            unload_lora(self)
-
-    for attr, fn in (("load_lora_adapter", load_lora_adapter), ("set_adapters", set_adapters), ("unload_lora", unload_all)):
-        setattr(model, attr, types.MethodType(fn, model))
+    if not state.factors:  # nothing left: a LoRA loaded next starts switched on
+        state.enabled = True

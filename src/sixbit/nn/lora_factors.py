@@ -3,8 +3,9 @@
 A layer holds a :class:`LoraFactors` child (``lora_factors``) only while it has adapters. Each
 adapter is ``y += scale · up · (down · x)`` on the layer's original input (not rotated or
 divided), added before the bias. The factors are fp16, non-persistent buffers
-(``<name>_down`` ``(r, in)``, ``<name>_up`` ``(out, r)``): they follow ``.to()`` and are counted in
-``summary()``, but checkpoints never hold them (load the LoRA file again).
+(``<name>_down`` ``(r, in)``, ``<name>_up`` ``(out, r)``): they follow device moves (a dtype cast
+of the model leaves them fp16, see ``QuantLinear._apply``) and are counted in ``summary()``, but
+checkpoints never hold them (load the LoRA file again).
 """
 
 from __future__ import annotations

@@ -241,8 +241,9 @@ class QuantLinear(nn.Module):
     def add_lora(self, name: str, down: torch.Tensor, up: torch.Tensor, scale: float = 1.0) -> None:
         """Add a LoRA as a 16-bit side branch: ``y += scale · up · (down · x)`` on the layer's
         original input (not rotated or divided). ``down``: ``(r, in)``, ``up``: ``(out, r)``.
-        Its factors are non-persistent buffers: they follow ``.to()`` and are counted in
-        ``summary()``, but checkpoints never hold them (load the LoRA file again)."""
+        Its factors are non-persistent fp16 buffers: they follow device moves (dtype casts leave
+        them fp16) and are counted in ``summary()``, but checkpoints never hold them (load the
+        LoRA file again)."""
         factors = self.lora_factors if self.lora_factors is not None else LoraFactors(self.in_features, self.out_features)
         factors.add(name, down, up, scale)
         self.lora_factors = factors
@@ -298,8 +299,13 @@ class QuantLinear(nn.Module):
         }
 
     def _apply(self, fn, recurse=True):
-        self.drop_converted()  # converted copies follow the buffers' device and dtype
-        return super()._apply(fn, recurse)
+        """Device moves apply; dtype casts (``.to(torch.bfloat16)``, ``.half()``, ``.float()``)
+        leave every tensor of the layer (packed weight and its scales, bias, branch, LoRA factors,
+        static scales) in its stored dtype: casting fp32 or FP8 scales would change the weight,
+        and outputs follow the input's dtype anyway. ``from_pretrained(torch_dtype=...)`` of a
+        converted folder does the same."""
+        self.drop_converted()  # converted copies follow the buffers' device
+        return super()._apply(_keeping_dtype(fn), recurse)
 
     def _weight_as(self, name: str) -> Quantized:
         """The weight in format ``name`` (:func:`sixbit.nn.kept_operands.weight_as`)."""
@@ -374,3 +380,17 @@ class QuantLinear(nn.Module):
             f"hadamard_block={self.hadamard_block}, act={self.execution()}"
         )
 
+
+
+def _keeping_dtype(fn):
+    """``fn`` (what ``Module._apply`` maps over tensors) with its dtype change dropped: a tensor
+    ``fn`` would cast only moves to the device ``fn`` sends it to (read from a 0-element probe,
+    so nothing weight-sized is cast and thrown away)."""
+
+    def apply(t: torch.Tensor) -> torch.Tensor:
+        probe = fn(t.new_empty(0))
+        if not isinstance(probe, torch.Tensor) or probe.dtype == t.dtype:
+            return fn(t)
+        return t.to(probe.device)
+
+    return apply

@@ -50,6 +50,13 @@ def hooks_of(module: nn.Module) -> Iterator[ModelHook]:
         yield from (registry.get_hook(name) for name in list(registry._hook_order))
 
 
+def diffusers_cache(model: nn.Module) -> str | None:
+    """The config class name of the diffusers cache ``model.enable_cache(...)`` enabled
+    (``"FirstBlockCacheConfig"``, ``"PyramidAttentionBroadcastConfig"``…), or ``None``."""
+    config = getattr(model, "_cache_config", None)  # diffusers' CacheMixin keeps the enabled config here
+    return None if config is None else type(config).__name__
+
+
 def register_innermost(module: nn.Module, hook: ModelHook, name: str) -> None:
     """Register ``hook`` under every hook already on ``module``, so its ``pre_forward`` sees the
     state the other hooks set up (diffusers only adds hooks outermost: the others are taken off
@@ -63,4 +70,4 @@ def register_innermost(module: nn.Module, hook: ModelHook, name: str) -> None:
         registry.register_hook(h, n)
 
 
-__all__ = ["get", "hooks_of", "names", "register", "register_innermost", "remove"]
+__all__ = ["diffusers_cache", "get", "hooks_of", "names", "register", "register_innermost", "remove"]

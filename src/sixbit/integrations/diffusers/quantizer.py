@@ -32,9 +32,10 @@ from ...checkpoint_restore import restore
 from ...config import ConvertConfig
 from ...conversion import check, install, selected
 from ...convert import fit_methods
-from ...lora import attach_diffusers_methods
+from ...lora_diffusers import attach_diffusers_methods
 from ...nn import QuantLinear
 from ...presets import calibration_free, for_device
+from .casting import attach_casts
 from .config import SixbitConfig
 from .placeholders import Placeholders
 
@@ -137,6 +138,7 @@ class SixbitQuantizer(DiffusersQuantizer):
             self._finish(model)
         attach_save(model)
         attach_diffusers_methods(model)
+        attach_casts(model)
         return model
 
     def _finish(self, model: nn.Module) -> None:

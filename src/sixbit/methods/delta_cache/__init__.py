@@ -12,6 +12,7 @@ from .method import (
     DeltaCacheReport,
     PurifiedRefresh,
     apply_delta_cache,
+    check_no_diffusers_cache,
     disable_delta_cache,
     enable_delta_cache,
     remove_delta_cache,
@@ -25,7 +26,8 @@ register_method(MethodSpec(
     select=lambda config, extra: config.cache,
     apply=apply_delta_cache,
     remove=remove_delta_cache,
-    check=lambda model, config, convert_config: spec_for(model),  # an unsupported architecture fails here
+    # an unsupported architecture, or a diffusers cache already enabled, fails here
+    check=lambda model, config, convert_config: (spec_for(model), check_no_diffusers_cache(model)),
 ))
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "DeltaCacheReport",
     "PurifiedRefresh",
     "apply_delta_cache",
+    "check_no_diffusers_cache",
     "disable_delta_cache",
     "enable_delta_cache",
     "remove_delta_cache",

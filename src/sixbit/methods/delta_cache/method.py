@@ -60,13 +60,29 @@ from ...distributed import token_max, token_mean_of_sum
 from ...config.delta_cache import DeltaCacheConfig
 from ...models import iter_blocks
 from ...nn.precision import ActMode, Level, gemm_flops
-from ...runtime import blocks
+from ...runtime import blocks, hooks
 from ...runtime.blocks import relative_l1
 from ...runtime.context import RunReports, StepTracker, track_steps
 from .state import DeltaCacheState, Entry, Stored, Streak
 
 logger = logging.getLogger(__name__)
 
+#: diffusers caches that reuse nothing approximately (exact text K/V reuse): they may run beside this one
+LOSSLESS_DIFFUSERS_CACHES = frozenset({"TextKVCacheConfig"})
+
+
+def check_no_diffusers_cache(model: nn.Module) -> None:
+    """Refuse the delta cache beside a diffusers cache (``model.enable_cache``) that reuses outputs
+    (First Block Cache, Pyramid Attention Broadcast, FasterCache, MagCache, TaylorSeer, …): both
+    skip computation, each would measure stability on and replay the other's approximations, and
+    the delta cache's error budget would not count the other's skips."""
+    name = hooks.diffusers_cache(model)
+    if name is not None and name not in LOSSLESS_DIFFUSERS_CACHES:
+        raise ValueError(
+            f"{type(model).__name__} has diffusers' cache {name} (enable_cache) and sixbit's delta cache: both skip "
+            "computation and would replay each other's approximations; keep one: model.disable_cache() or "
+            "sixbit.disable_delta_cache(model)"
+        )
 
 
 @dataclasses.dataclass
@@ -187,6 +203,8 @@ class DeltaCache(blocks.BlockMethod):
 
 
     def before(self, call: blocks.BlockCall):
+        if call.index == 0:  # once per call: a diffusers cache enabled after this one is refused here
+            check_no_diffusers_cache(self.model)
         io, cfg = call.io, self.config
         x = call.input()
         enc = call.input("encoder")
@@ -275,6 +293,7 @@ def apply_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None) 
         >>> cache.report().skip_share                                                        # doctest: +SKIP
     """
     config = config or DeltaCacheConfig()
+    check_no_diffusers_cache(model)
     remove_delta_cache(model)
     tracker = track_steps(model)
     cache = DeltaCache(model, config, tracker)
