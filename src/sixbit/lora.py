@@ -31,19 +31,21 @@ import types
 import weakref
 
 import torch
+from diffusers.hooks import ModelHook
 from torch import nn
 
 from .io import read_safetensors
 from .models import transformer_of
 from .nn import QuantLinear
 from .nn.lowrank import branch_factors, low_rank
+from .runtime import hooks
 
 _KEY = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.lora_(?P<part>A|B)(?:\.[\w-]+)?\.weight")
 _ALPHA = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.alpha")
 
-# full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}} and one hook each
+# full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}}, and one hook each (HOOK_NAME)
 _LINEAR: "weakref.WeakKeyDictionary[nn.Linear, dict[str, list]]" = weakref.WeakKeyDictionary()
-_HOOKS: "weakref.WeakKeyDictionary[nn.Linear, object]" = weakref.WeakKeyDictionary()
+HOOK_NAME = "sixbit_lora"
 _FP16_MAX = torch.finfo(torch.float16).max  # the branches keep their factors in fp16
 
 
@@ -142,7 +144,21 @@ def _factor_problems(name: str, down: torch.Tensor, up: torch.Tensor) -> list[st
     return []
 
 
+def check_not_split(model: nn.Module) -> None:
+    """Refuse a LoRA on a model a TensorParallelWrapper has cut into row shards (tensor mode):
+    its layers hold 1/N of their rows, which no LoRA file fits, however right the file is."""
+    # imported here: sixbit.parallel's package imports the checkpoint, which imports this module
+    from .parallel.wrapped import wrapper_of
+
+    wrapper = wrapper_of(model)
+    if wrapper is not None and wrapper.mode == "tensor" and wrapper.shards is not None:
+        raise ValueError(f"this model is already split across {wrapper.world} ranks by a TensorParallelWrapper "
+                         "(mode='tensor'), so each layer holds only its rank's rows: load the LoRA before wrapping "
+                         "(every rank loads it, then wraps; the split carries it into each rank's shards)")
+
+
 def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale: float, adapter_name: str) -> None:
+    check_not_split(model)
     if not isinstance(adapter_name, str) or not adapter_name.isidentifier():
         raise ValueError(f"adapter_name must be a Python identifier, got {adapter_name!r}")
     if adapter_name in loras(model):
@@ -168,17 +184,35 @@ def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale:
             layer.add_lora(adapter_name, down, up, scale * factor)
         else:
             _LINEAR.setdefault(layer, {})[adapter_name] = [*branch_factors(down, up), scale * factor]
-            if layer not in _HOOKS:
-                _HOOKS[layer] = layer.register_forward_hook(_linear_hook)
+            if hooks.get(layer, HOOK_NAME) is None:
+                hooks.register_innermost(layer, _LinearLora(), HOOK_NAME)
     _factors(model)[adapter_name] = {n: f for n, (_, _, f) in pairs.items()}
 
 
-def _linear_hook(module: nn.Linear, args, output):
-    x = args[0]
-    for down, up, scale in _LINEAR.get(module, {}).values():
-        if scale:
-            output = output + scale * low_rank(x, down, up)
-    return output
+def linear_up_factors(layer: nn.Linear) -> dict[str, torch.Tensor]:
+    """The up factor (one row per output row) of each LoRA on a full-precision ``nn.Linear``, by
+    adapter name: what a tensor-parallel split cuts with the layer's rows."""
+    return {adapter: entry[1] for adapter, entry in _LINEAR.get(layer, {}).items()}
+
+
+def set_linear_up(layer: nn.Linear, adapter_name: str, up: torch.Tensor) -> None:
+    """Replace the up factor of LoRA ``adapter_name`` on ``layer`` (a row shard's, or the joined rows)."""
+    _LINEAR[layer][adapter_name][1] = up
+
+
+class _LinearLora(ModelHook):
+    """A full-precision linear's LoRA terms, added to its own output. The innermost of the layer's
+    diffusers hooks, so it sees the input and output the layer itself computes with: a
+    sequence-parallel split gathers the output of some layers (``proj_out``) in a hook around it,
+    and a tensor-parallel one gathers inputs before and outputs after it."""
+
+    def new_forward(self, module: nn.Linear, *args, **kwargs):
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        x = args[0] if args else kwargs["input"]
+        for down, up, scale in _LINEAR.get(module, {}).values():
+            if scale:
+                output = output + scale * low_rank(x, down, up)
+        return output
 
 
 _FACTORS: "weakref.WeakKeyDictionary[nn.Module, dict[str, dict[str, float]]]" = weakref.WeakKeyDictionary()
@@ -237,7 +271,7 @@ def unload_lora(model_or_pipe, adapter_name: str | None = None) -> None:
             del _LINEAR[layer][adapter]
             if not _LINEAR[layer]:
                 del _LINEAR[layer]
-                _HOOKS.pop(layer).remove()
+                hooks.remove(layer, HOOK_NAME)
 
 
 def attach_diffusers_methods(model: nn.Module) -> None:
