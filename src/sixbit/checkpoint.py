@@ -8,7 +8,8 @@ bit-exactly. The safetensors metadata key ``"sixbit"`` carries a JSON header::
      "model_class": "CogVideoXTransformer3DModel",
      "layers": {"blocks.0.attn1.to_q": {in_features, out_features, weight_format,
                                        hadamard_block, bias, weight_meta, input_divisor,
-                                       lowrank_rank, lowrank_dtype, weight_only}, ...},
+                                       lowrank_rank, lowrank_dtype, weight_only,
+                                       act_mode (absent before issue 48: "fp")}, ...},
      "sha256": "<digest of every tensor's name, dtype and bytes, and of the rest of this header>"}
 
 The checksum covers every field of the header too (a hand-edited ``hadamard_block`` changes the
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint_layers import LAYER_FIELDS, build_layers
+from .checkpoint_layers import LAYER_FIELDS, OPTIONAL_LAYER_FIELDS, build_layers
 from .io import (
     SafetensorsWriter,
     file_chunks,
@@ -197,8 +198,9 @@ def _read_header(path: Path) -> tuple[dict, dict, int]:
             if not isinstance(cfg, dict):
                 problems.append(f"layers[{name[:100]!r}] is not an object")
                 continue
-            problems += field_problems(f"layers[{name[:100]!r}].", cfg, LAYER_FIELDS)
-            unknown = sorted(set(cfg) - set(LAYER_FIELDS))
+            present = {k: t for k, t in OPTIONAL_LAYER_FIELDS.items() if k in cfg}
+            problems += field_problems(f"layers[{name[:100]!r}].", cfg, LAYER_FIELDS | present)
+            unknown = sorted(set(cfg) - set(LAYER_FIELDS) - set(OPTIONAL_LAYER_FIELDS))
             if unknown:
                 problems.append(f"layers[{name[:100]!r}] has unknown fields {unknown[:5]}")
     ext = header.get("extensions", {})

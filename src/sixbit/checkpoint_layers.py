@@ -16,6 +16,7 @@ from torch import nn
 
 from . import formats
 from .nn import QuantLinear
+from .nn.precision import act_mode
 
 # every field of a layer entry and the JSON types it may take
 LAYER_FIELDS = {
@@ -23,6 +24,9 @@ LAYER_FIELDS = {
     "bias": bool, "source_dtype": str, "weight_meta": dict, "input_divisor": bool, "lowrank_rank": int,
     "lowrank_dtype": str | None, "weight_only": bool,
 }
+# fields a layer entry may lack (files written before them): the layer's own activation precision,
+# absent from files before issue 48, which loaded every layer as "fp" (so an absent one still does)
+OPTIONAL_LAYER_FIELDS = {"act_mode": str}
 
 def build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> QuantLinear:
     fmt = formats.get(cfg["weight_format"])
@@ -51,8 +55,9 @@ def build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quant
         dtype = getattr(torch, str(cfg.get("lowrank_dtype")), None)
         if any(t is None or tuple(t.shape) != e or t.dtype != dtype for t, e in zip(lowrank, expected)):
             raise ValueError(f"layer {name!r}: the rank-{rank} low-rank branch tensors are missing or malformed")
-    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype, input_divisor=divisor,
-                        lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
+    layer = QuantLinear(weight, fmt.name, bias, cfg["hadamard_block"], act_mode(cfg.get("act_mode", "fp")),
+                        source_dtype=source_dtype, input_divisor=divisor, lowrank=lowrank,
+                        weight_only=bool(cfg.get("weight_only", False)))
     if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
         raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
     for field, ref in layout.items():
@@ -113,4 +118,4 @@ def build_layers(path: Path, layers: dict, modules: dict[str, nn.Module], tensor
     return new_layers
 
 
-__all__ = ["LAYER_FIELDS", "build_layer", "build_layers", "expected_layout"]
+__all__ = ["LAYER_FIELDS", "OPTIONAL_LAYER_FIELDS", "build_layer", "build_layers", "expected_layout"]
