@@ -82,7 +82,8 @@ def test_header_and_bytes(saved):
     assert header["format_version"] == sixbit.checkpoint.FORMAT_VERSION and header["model_class"] == "CogVideoXTransformer3DModel"
     assert header["sixbit_version"] == sixbit.__version__
     layer = header["layers"]["transformer_blocks.0.attn1.to_q"]
-    assert layer["weight_format"] == "nvfp4" and layer["hadamard_block"] == 32
+    assert layer["weight_format"] == "nvfp4" and layer["hadamard_block"] == 32 and layer["act_mode"] == "fp"
+    assert header["layers"]["transformer_blocks.0.attn1.to_k"]["act_mode"] == "int8"  # issue 48: was not stored
     assert len(header["layers"]) == 2 * len(FORMATS)
     stored = load_file(path)
     assert stored["transformer_blocks.0.attn1.to_q.weight_codes"].dtype == torch.uint8
@@ -97,9 +98,7 @@ def test_load_in_fresh_process_is_bit_exact(saved, tmp_path):
         import sixbit
         from safetensors.torch import load_file
         model = build(seed=7)  # different random init: everything must come from the file
-        sixbit.load({str(path)!r}, model=model)
-        model.get_submodule("transformer_blocks.0.attn1.to_k").act_mode = "int8"
-        model.get_submodule("transformer_blocks.1.attn1.to_k").act_mode = "int8"
+        sixbit.load({str(path)!r}, model=model)  # the int8 layers' own act_mode comes from the file too
         with torch.no_grad():
             out = model(**inputs()).sample
         assert torch.equal(out, load_file({str(tmp_path / 'expected.safetensors')!r})["expected"]), "outputs differ"
@@ -114,9 +113,10 @@ def test_load_in_fresh_process_is_bit_exact(saved, tmp_path):
 def test_load_into_already_quantized_model(saved):
     _, path, expected = saved
     model = quantized_model(seed=3)
+    for layer in model.modules():
+        if isinstance(layer, QuantLinear):
+            layer.act_mode = "nvfp4"  # replaced by the file's
     sixbit.load(path, model)
-    for name in ("transformer_blocks.0.attn1.to_k", "transformer_blocks.1.attn1.to_k"):
-        model.get_submodule(name).act_mode = "int8"
     assert torch.equal(run(model), expected)
 
 
@@ -331,6 +331,8 @@ def test_a_header_declaring_more_than_the_file_holds_is_refused_without_allocati
     (lambda h: h["extensions"]["conversion"].pop("config"), "incomplete"),
     (lambda h: h["layers"]["blocks.0.attn1.to_q"].pop("bias"), "bias is missing"),
     (lambda h: h["layers"]["blocks.0.attn1.to_q"].update(in_features="64"), "in_features"),
+    (lambda h: h["layers"]["blocks.0.attn1.to_q"].update(act_mode="int9"), "unknown activation mode 'int9'"),
+    (lambda h: h["layers"]["blocks.0.attn1.to_q"].update(act_mode=8), "act_mode must be"),
 ])
 def test_a_consistent_but_bad_header_changes_nothing(converted_wan, tmp_path, mutate, match):
     from sixbit.zoo.shapes import load_pipeline
@@ -434,3 +436,15 @@ def test_a_model_without_transformer_blocks_loads_and_a_bare_layer_is_refused_on
     with pytest.raises(ValueError, match="bare QuantLinear could be saved but never loaded"):
         sixbit.save(quantized[0], tmp_path / "one.safetensors")
     assert not (tmp_path / "one.safetensors").exists()
+
+
+def test_a_layers_own_act_mode_set_by_quantize_survives_a_reload(tmp_path):
+    """Issue 48: ``sixbit.quantize(..., act_mode="int8")`` without convert_model: the layers' own
+    precision was not in the checkpoint, and they came back running full-precision activations."""
+    model = build(0)
+    sixbit.quantize(model, sixbit.QuantConfig(weight_format="int8", act_mode="int8"))
+    expected = run(model)
+    path = sixbit.save(model, tmp_path / "int8.safetensors")
+    fresh = sixbit.load(path, build(1))
+    assert {m.act_mode.value for m in fresh.modules() if isinstance(m, QuantLinear)} == {"int8"}
+    assert torch.equal(run(fresh), expected)

@@ -117,3 +117,31 @@ def test_convert_installs_saves_loads_and_clears_quantized_attention(tmp_path, c
     sixbit.load(plain_path, fresh)
     assert attention_quant_of(fresh.transformer) is None and sixbit.conversion_of(fresh).attention is None
     assert np.array_equal(generate(fresh), plain_video)
+
+
+# ---- issue 48: a method applied (or removed) after convert_model was not saved; the reload differed ----------
+
+
+def test_attention_applied_after_convert_is_saved_and_reloads_bit_exactly(tmp_path):
+    pipe = load_pipeline("cogvideox")
+    sixbit.convert_model(pipe, None, _config(attention=None))
+    apply_attention_quant(pipe, AttentionQuantConfig(blocks=(1, None), steps=(2, None)))
+    video = generate(pipe)
+    path = sixbit.save(pipe, tmp_path / "late.safetensors")
+    stored = sixbit.read_header(path)["extensions"]["conversion"]["config"]["attention"]
+    assert stored == {"blocks": [1, None], "steps": [2, None]}
+    fresh = load_pipeline("cogvideox")
+    sixbit.load(path, fresh)
+    assert attention_quant_of(fresh.transformer).config == AttentionQuantConfig(blocks=(1, None), steps=(2, None))
+    assert np.array_equal(generate(fresh), video)
+
+
+def test_attention_removed_after_convert_stays_removed_after_a_reload(tmp_path):
+    pipe = load_pipeline("cogvideox")
+    sixbit.convert_model(pipe, None, _config())
+    sixbit.remove_attention_quant(pipe)
+    video = generate(pipe)
+    path = sixbit.save(pipe, tmp_path / "removed.safetensors")
+    fresh = load_pipeline("cogvideox")
+    sixbit.load(path, fresh)
+    assert attention_quant_of(fresh.transformer) is None and np.array_equal(generate(fresh), video)

@@ -1,7 +1,8 @@
-"""Random hostile edits of checkpoint headers and configs (bounded: a fixed seed, a few seconds).
+"""Random hostile edits of checkpoint headers, configs and LoRA files (bounded: a fixed seed, a few seconds).
 
-Every trial must either work or raise a ``ValueError`` that leaves the model as it was; no
-other exception, no half-changed model, no allocation driven by a declared size.
+Every trial must either work or raise a ``ValueError`` (a ``TypeError`` for a LoRA value of the
+wrong kind) that leaves the model as it was; no other exception, no half-changed model, no
+allocation driven by a declared size.
 """
 
 import copy
@@ -17,9 +18,11 @@ from safetensors.torch import load_file, save_file
 from test_checkpoint import build, inputs
 
 import sixbit
-from sixbit.io import tensor_bytes
 from sixbit.checkpoint import _digest
+from sixbit.io import tensor_bytes
+from sixbit.nn import QuantLinear
 from sixbit.presets import PRESETS, preset, resolve
+from sixbit.runtime import hooks
 
 HOSTILE = [None, -1, 0, 2**31, 2**63, 1e308, float("nan"), True, "", "x", "int9", "0.1", "x" * 10_000, [], [1, "a"],
            {}, {"nested": {"deeper": [None]}}]
@@ -252,3 +255,165 @@ def test_hostile_tuning_targets_are_refused_by_name_before_the_model_runs(tiny_t
             raise AssertionError(f"{kwargs}: neither refused nor run")
         assert sixbit.conversion_of(tiny_tuned.model) is None
     assert outcomes["refused"] > 80 and outcomes["accepted"] > 20, outcomes
+
+
+# ---- LoRA files and state dicts (issue 48) -------------------------------------------------------------------
+
+LORA_DTYPES = [torch.int8, torch.int32, torch.int64, torch.bool, torch.uint8, torch.float16, torch.bfloat16,
+               torch.float64, torch.complex64, torch.float8_e4m3fn]
+LORA_PREFIXES = ["transformer.", "unet.", "base_model.model.", "model.", "text_encoder.", "transformer.transformer.", ""]
+
+
+@pytest.fixture(scope="module")
+def lora_target():
+    """A converted tiny model (quantized and full-precision linears), a LoRA on one of each, and
+    the model's output with that LoRA loaded."""
+    model = build(0)
+    sixbit.convert_model(model, quant_config="w8a8")
+    quant = next(n for n, m in model.named_modules() if isinstance(m, QuantLinear))
+    plain = next(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    g = torch.Generator().manual_seed(4)
+    good = {}
+    for name in (quant, plain):
+        layer = model.get_submodule(name)
+        good[f"{name}.lora_A.weight"] = torch.randn(2, layer.in_features, generator=g) / layer.in_features ** 0.5
+        good[f"{name}.lora_B.weight"] = 0.1 * torch.randn(layer.out_features, 2, generator=g)
+    sixbit.load_lora(model, good, adapter_name="probe")
+    with torch.no_grad():
+        with_lora = model(**inputs()).sample
+    sixbit.unload_lora(model)
+    return model, good, with_lora
+
+
+def _everything(model):
+    """What a refused LoRA must leave as it was: weights, LoRAs, hooks and the output."""
+    with torch.no_grad():
+        out = model(**inputs()).sample
+    hooked = {n: hooks.names(m) for n, m in model.named_modules() if hooks.names(m)}
+    return _state(model), sixbit.loras(model), hooked, out
+
+
+def _same(a, b) -> bool:
+    (state_a, types_a), loras_a, hooks_a, out_a = a
+    (state_b, types_b), loras_b, hooks_b, out_b = b
+    return (types_a == types_b and state_a.keys() == state_b.keys() and all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+            and loras_a == loras_b and hooks_a == hooks_b and torch.equal(out_a, out_b))
+
+
+def _try_lora(model, before, lora, what: str, load=None) -> str:
+    """Load ``lora`` and unload it again, or see it refused; either way the model ends as it
+    began (``before``: :func:`_everything` of it)."""
+    try:
+        (load or (lambda x: sixbit.load_lora(model, x, adapter_name="fuzz")))(lora)
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        assert message and "\n" not in message and len(message) < 1000, (what, message)  # one line, named
+        assert _same(_everything(model), before), what
+        return "refused"
+    assert sixbit.loras(model) == ["fuzz"] or sixbit.loras(model)[0].startswith("default"), what
+    sixbit.unload_lora(model)
+    assert _same(_everything(model), before), what  # unloading gives the model back exactly
+    return "loaded"
+
+
+@pytest.mark.parametrize("what", ["transformer.", "unet.", "base_model.model.", "adapter name", "fp64", "fp16",
+                                  "alpha = rank", "PEFT metadata", "non-contiguous", "requires grad"])
+def test_lora_variants_that_mean_the_same_load_the_same(lora_target, what, tmp_path):
+    model, good, with_lora = lora_target
+    variant = {
+        "adapter name": lambda: {k.replace(".weight", ".default.weight"): v for k, v in good.items()},
+        "fp64": lambda: {k: v.double() for k, v in good.items()},
+        "fp16": lambda: {k: v.half() for k, v in good.items()},  # the branch's own precision
+        "alpha = rank": lambda: good | {k.replace(".lora_A.weight", ".alpha"): torch.tensor(2.0) for k in good if "lora_A" in k},
+        "non-contiguous": lambda: {k: v.t().contiguous().t() for k, v in good.items()},
+        "requires grad": lambda: {k: v.clone().requires_grad_() for k, v in good.items()},
+    }.get(what, lambda: {what + k: v for k, v in good.items()})()
+    if what == "PEFT metadata":  # alpha 4, r 4 in the file: scale 1
+        save_file(good, str(tmp_path / "l.safetensors"), metadata={"lora_adapter_metadata": json.dumps({"lora_alpha": 4, "r": 4})})
+        variant = tmp_path / "l.safetensors"
+    sixbit.load_lora(model, variant, adapter_name="same")
+    try:
+        with torch.no_grad():
+            assert torch.equal(model(**inputs()).sample, with_lora), what
+    finally:
+        sixbit.unload_lora(model)
+
+
+def _mutate_lora(lora: dict, rng: random.Random) -> str:
+    """One hostile edit of a LoRA state dict, in place; a description."""
+    key = rng.choice(list(lora)) if lora else "x.lora_A.weight"
+    t = lora.get(key)
+    if not (isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type == "cpu" and t.dim() == 2):
+        t = torch.ones(2, 2)  # an earlier edit left something no tensor edit applies to
+    edits = {
+        "dtype": lambda: t.to(rng.choice(LORA_DTYPES)),
+        "shape": lambda: rng.choice([t.t, lambda: t.unsqueeze(0), t.flatten, lambda: t[:1], lambda: t[:, :1],
+                                     lambda: t[:0], lambda: t.float().sum(), lambda: t.repeat(2, 1)])(),
+        "value": lambda: t.float().index_fill(0, torch.tensor([0]), rng.choice([float("nan"), float("inf"), -float("inf"), 1e30, 7e4])),
+        "rename": lambda: None,
+        "delete": lambda: None,
+        "alpha": lambda: None,
+        "junk": lambda: None,
+    }
+    kind = rng.choice(list(edits))
+    if kind == "rename":
+        new = rng.choice(LORA_PREFIXES) + rng.choice([key, key.replace("lora_A", "lora_down"), key.removesuffix(".weight"),
+                                                      key.replace("lora_B", "lora_A"), key.replace(".weight", ".x.y.weight")])
+        lora[new] = lora.pop(key, t)
+        return f"rename {key} → {new}"
+    if kind == "delete":
+        lora.pop(key, None)
+        return f"delete {key}"
+    if kind == "alpha":
+        module = key.split(".lora_")[0]
+        lora[f"{module}.alpha"] = rng.choice([torch.tensor(8.0), torch.tensor(float("nan")), torch.tensor(1e30), torch.ones(3),
+                                              torch.tensor(True), torch.tensor(3), torch.zeros(0), torch.tensor(-2.0)])
+        return f"alpha of {module}"
+    if kind == "junk":
+        junk_key, junk = rng.choice([(3, torch.ones(2)), (key, [1, 2]), (key, None), ("y.lora_A.weight", 1.5),
+                                     (key, torch.empty(2, 2, device="meta")), (key, t.to_sparse())])
+        lora[junk_key] = junk
+        return f"junk at {junk_key!r}"
+    lora[key] = edits[kind]()
+    return f"{kind} of {key}: {tuple(lora[key].shape)} {lora[key].dtype}"
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")  # the fuzzer's own dtype edit
+def test_mutated_lora_state_dicts_load_or_are_refused_cleanly(lora_target):
+    model, good, _ = lora_target
+    rng = random.Random(5)
+    outcomes = {"loaded": 0, "refused": 0}
+    before = _everything(model)
+    for trial in range(150):
+        lora = dict(good)
+        what = "; ".join(_mutate_lora(lora, rng) for _ in range(rng.randint(1, 3)))
+        diffusers = trial % 5 == 0  # diffusers' entry point (converted models route it here) too
+        load = (lambda x: model.load_lora_adapter(x, adapter_name="fuzz", prefix="transformer")) if diffusers else None
+        outcomes[_try_lora(model, before, lora, what, load)] += 1
+    assert outcomes["refused"] > 75 and outcomes["loaded"] > 5, outcomes  # the fuzzer reaches both
+
+
+def test_hostile_lora_files_load_or_are_refused_cleanly(lora_target, tmp_path):
+    """Truncated or flipped bytes anywhere in the file, and hostile PEFT metadata."""
+    model, good, _ = lora_target
+    path = tmp_path / "lora.safetensors"
+    save_file(good, str(path))
+    raw = path.read_bytes()
+    rng = random.Random(6)
+    outcomes = {"loaded": 0, "refused": 0}
+    before = _everything(model)
+    for trial in range(60):
+        data = bytearray(raw)
+        if trial % 3 == 0:
+            data = data[:rng.randrange(len(data))]
+        else:
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        path.write_bytes(bytes(data))
+        outcomes[_try_lora(model, before, path, f"trial {trial}")] += 1
+    for hostile in HOSTILE:
+        meta = rng.choice([hostile, {"r": hostile}, {"lora_alpha": hostile, "r": 2}, {"alpha_pattern": hostile},
+                           {"rank_pattern": {next(iter(good)).split(".lora_")[0]: hostile}}, {"transformer.r": hostile}])
+        save_file(good, str(path), metadata={"lora_adapter_metadata": json.dumps(meta)})
+        outcomes[_try_lora(model, before, path, f"metadata {str(meta)[:60]}")] += 1
+    assert outcomes["refused"] > 30 and outcomes["loaded"] > 0, outcomes

@@ -8,7 +8,8 @@ bit-exactly. The safetensors metadata key ``"sixbit"`` carries a JSON header::
      "model_class": "CogVideoXTransformer3DModel",
      "layers": {"blocks.0.attn1.to_q": {in_features, out_features, weight_format,
                                        hadamard_block, bias, weight_meta, input_divisor,
-                                       lowrank_rank, lowrank_dtype, weight_only}, ...
+                                       lowrank_rank, lowrank_dtype, weight_only,
+                                       act_mode (absent before issue 48: "fp")}, ...
                 "blocks.0.ff.conv_point": {..., "kind": "pointwise_conv2d"}},
      "sha256": "<digest of every tensor's name, dtype and bytes, and of the rest of this header>"}
 
@@ -66,7 +67,6 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 2: the checksum covers the header
 _META_KEY = "sixbit"
-EXTENSION_SEPARATOR = "::"
 
 
 def _digest(items, header: dict) -> str:
@@ -220,9 +220,8 @@ def check_header(header, source: str) -> None:
             if not isinstance(cfg, dict):
                 problems.append(f"layers[{name[:100]!r}] is not an object")
                 continue
-            problems += field_problems(f"layers[{name[:100]!r}].", cfg, LAYER_FIELDS)
-            optional = {k: tp for k, tp in OPTIONAL_LAYER_FIELDS.items() if k in cfg}
-            problems += field_problems(f"layers[{name[:100]!r}].", cfg, optional)
+            present = {k: t for k, t in OPTIONAL_LAYER_FIELDS.items() if k in cfg}
+            problems += field_problems(f"layers[{name[:100]!r}].", cfg, LAYER_FIELDS | present)
             unknown = sorted(set(cfg) - set(LAYER_FIELDS) - set(OPTIONAL_LAYER_FIELDS))
             if unknown:
                 problems.append(f"layers[{name[:100]!r}] has unknown fields {unknown[:5]}")

@@ -22,6 +22,7 @@ from torch import nn
 from . import formats
 from .nn import QuantLinear
 from .nn.pointwise_conv import KINDS, features, is_quantizable, kind_of, quantized_layer_class
+from .nn.precision import act_mode
 
 # every field of a layer entry and the JSON types it may take
 LAYER_FIELDS = {
@@ -29,9 +30,11 @@ LAYER_FIELDS = {
     "bias": bool, "source_dtype": str, "weight_meta": dict, "input_divisor": bool, "lowrank_rank": int,
     "lowrank_dtype": str | None, "weight_only": bool,
 }
-# fields a layer entry may hold, and their types: "kind" is written for pointwise convs only, so
-# a file of linears stays readable by a sixbit that predates it
-OPTIONAL_LAYER_FIELDS = {"kind": str}
+# fields a layer entry may hold or lack, and their types: "kind" is written for pointwise convs only,
+# so a file of linears stays readable by a sixbit that predates it; "act_mode", the layer's own
+# activation precision, is absent from files before issue 48, which loaded every layer as "fp" (so
+# an absent one still does)
+OPTIONAL_LAYER_FIELDS = {"kind": str, "act_mode": str}
 
 
 def build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> QuantLinear:
@@ -64,8 +67,8 @@ def build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quant
         if any(t is None or tuple(t.shape) != e or t.dtype != dtype for t, e in zip(lowrank, expected)):
             raise ValueError(f"layer {name!r}: the rank-{rank} low-rank branch tensors are missing or malformed")
     layer = quantized_layer_class(cfg.get("kind", "linear"))(
-        weight, fmt.name, bias, cfg["hadamard_block"], source_dtype=source_dtype, input_divisor=divisor,
-        lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
+        weight, fmt.name, bias, cfg["hadamard_block"], act_mode(cfg.get("act_mode", "fp")), source_dtype=source_dtype,
+        input_divisor=divisor, lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
     if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
         raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
     for field, ref in layout.items():

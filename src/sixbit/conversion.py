@@ -15,6 +15,7 @@ restored after every method's own extension (static W8A8's rebuilds layers first
 from __future__ import annotations
 
 import dataclasses
+import logging
 import weakref
 from collections import defaultdict
 from collections.abc import Mapping
@@ -34,6 +35,8 @@ from .models import transformer_of
 from .nn.precision import ACT_BITS, ActMode, average_bits
 from .config import Activations
 from .presets import ConvertConfig
+
+logger = logging.getLogger(__name__)
 
 NAME = "conversion"  # the record's checkpoint extension
 ORDER = 1000  # restored after every method's own checkpoint extension
@@ -154,9 +157,64 @@ def conversion_state(conversion: Conversion) -> tuple[dict, dict]:
     return meta, {}
 
 
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except (RuntimeError, TypeError, ValueError):  # e.g. configs holding tensors: not the same object
+        return False
+
+
+def _restored(spec, config: ConvertConfig, applied: Mapping[str, Any]) -> Any:
+    """What :func:`sixbit.load` applies ``spec`` with from a record of ``config`` and ``applied``."""
+    return applied.get(spec.name) if spec.state_key is not None else spec.select(config, {})
+
+
+def as_running(model: nn.Module, conversion: Conversion) -> Conversion:
+    """``conversion`` with each method as it runs on ``model`` now (its ``installed``): one
+    applied (``apply_x``) or removed after :func:`convert_model` is recorded through its
+    ``state_key`` or ``record``. A change the record cannot express, or one that
+    :func:`sixbit.load` would refuse, raises ``ValueError`` (nothing is written)."""
+    config, applied = conversion.config, dict(conversion.applied)
+    running = {spec.name: spec.installed(model) for spec in methods() if spec.installed is not None}
+    for spec in methods():
+        if spec.name not in running or _same(running[spec.name], applied.get(spec.name)):
+            continue
+        if running[spec.name] is None:
+            applied.pop(spec.name, None)
+        else:
+            applied[spec.name] = running[spec.name]
+        if spec.record is not None:
+            config = spec.record(config, running[spec.name])
+    for spec in methods():
+        if spec.name not in running:
+            continue
+        stored = _restored(spec, config, applied)
+        lost = spec.state_key is not None and stored is None and spec.fit is not None and spec.select(config, {}) is not None
+        try:
+            storable = stored is None or spec.state_key is None or spec.dump(stored) is not None
+        except (AttributeError, TypeError, ValueError):
+            storable = False
+        if lost or not storable or not _same(stored, running[spec.name]):
+            raise ValueError(f"the runtime method {spec.name!r} was applied or removed after convert_model in a way a "
+                             "checkpoint cannot store: save before changing it, or convert with it in the ConvertConfig")
+    try:
+        check(model, config, applied)
+    except ValueError as e:
+        raise ValueError(f"this model's runtime methods, as they run now, would not load back: {e}") from None
+    return dataclasses.replace(conversion, config=config, applied=applied)
+
+
 def _export(model: nn.Module):
     conversion = _CONVERSIONS.get(model)
-    return None if conversion is None else conversion_state(conversion)
+    if conversion is None:
+        running = [spec.name for spec in methods() if spec.installed is not None and spec.installed(model) is not None]
+        if running:  # a checkpoint restores runtime methods from a conversion record only
+            logger.warning("the runtime method(s) %s of this model, which convert_model did not convert, are not "
+                           "stored: apply them again after sixbit.load, or convert with them (ConvertConfig)", running)
+        return None
+    return conversion_state(as_running(model, conversion))
 
 
 def _stored(model: nn.Module, modules: dict[str, nn.Module], meta: dict, config: ConvertConfig) -> dict[str, Any]:
@@ -209,5 +267,5 @@ def _prepare(model: nn.Module, modules: dict[str, nn.Module], meta: dict, tensor
 
 EXTENSION = register_extension(CheckpointExtension(NAME, _export, _prepare, clear=remove_methods), ORDER)
 
-__all__ = ["EXTENSION", "Conversion", "check", "conversion_of", "conversion_state", "install", "remove_methods",
+__all__ = ["EXTENSION", "Conversion", "as_running", "check", "conversion_of", "conversion_state", "install", "remove_methods",
            "selected"]

@@ -4,9 +4,10 @@ small update in the 4-bit rounding, and scale changes would need the original we
 
 :func:`load_lora` reads a LoRA file in diffusers / PEFT layout (``<module>.lora_A.weight`` and
 ``<module>.lora_B.weight``, optionally prefixed with ``transformer.``; the scale ``alpha / r``
-from PEFT's ``lora_adapter_metadata`` or per-module ``.alpha`` entries, else 1). Quantized layers
-(:class:`~sixbit.nn.QuantLinear`) carry the branch themselves; full-precision ``nn.Linear``
-layers a LoRA also targets get it through a forward hook. Several adapters may be loaded at
+from PEFT's ``lora_adapter_metadata`` or per-module ``.alpha`` entries, else 1), read and checked
+by :mod:`sixbit.lora_layout`. Quantized layers (:class:`~sixbit.nn.QuantLinear`) carry the
+branch themselves; full-precision ``nn.Linear`` layers a LoRA also targets get it through a
+diffusers hook (the innermost of the layer's). Several adapters may be loaded at
 once, each with its own scale (:func:`set_lora_scale`; 0 switches one off exactly) and
 removed again (:func:`unload_lora`).
 
@@ -25,96 +26,31 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
-import os
-import re
 import weakref
 
 import torch
+from diffusers.hooks import ModelHook
 from torch import nn
 
-from .io import read_safetensors
+from . import lora_layout as layout
 from .models import transformer_of
 from .nn import QuantLinear
 from .nn.lowrank import branch_factors, low_rank
+from .runtime import hooks
+from .validate import show
 
-_KEY = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.lora_(?P<part>A|B)(?:\.[\w-]+)?\.weight")
-_ALPHA = re.compile(r"(?:(?:transformer|unet|base_model\.model)\.)?(?P<module>.+?)\.alpha")
-
-# full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}} and one hook each
+# full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}}, and one hook each (HOOK_NAME)
 _LINEAR: "weakref.WeakKeyDictionary[nn.Linear, dict[str, list]]" = weakref.WeakKeyDictionary()
-_HOOKS: "weakref.WeakKeyDictionary[nn.Linear, object]" = weakref.WeakKeyDictionary()
-_FP16_MAX = torch.finfo(torch.float16).max  # the branches keep their factors in fp16
+HOOK_NAME = "sixbit_lora"
 
 
 def _scale(value, what: str = "scale") -> float:
     """A LoRA scale as a float: a finite real number (NaN or inf would turn every output into NaN)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number, got {value!r}: e.g. 1.0 (full strength) or 0 (off)")
+        raise ValueError(f"{what} must be a finite number, got {show(value)}: e.g. 1.0 (full strength) or 0 (off)")
     return float(value)
-
-
-def _read(lora) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, PEFT adapter metadata or {}) of a LoRA file or state dict."""
-    if isinstance(lora, (str, os.PathLike)):
-        metadata, tensors = read_safetensors(lora, "LoRA file")
-        try:
-            meta = json.loads(metadata.get("lora_adapter_metadata", "{}"))
-        except json.JSONDecodeError:
-            raise ValueError(f"{str(lora)!r} has a corrupted lora_adapter_metadata entry (not JSON)") from None
-        return tensors, _own_metadata(meta)
-    if isinstance(lora, dict) and all(isinstance(v, torch.Tensor) for v in lora.values()):
-        return dict(lora), {}
-    raise ValueError(f"a LoRA is a .safetensors file or a state dict of tensors, got {type(lora).__name__}")
-
-
-def _own_metadata(meta: dict, prefix: str = "transformer") -> dict:
-    """The transformer's PEFT config: a pipeline's LoRA file prefixes each key with its component
-    (``transformer.lora_alpha``), as diffusers' ``save_lora_weights`` writes it."""
-    if any(k.startswith(f"{prefix}.") for k in meta):
-        return {k.removeprefix(f"{prefix}."): v for k, v in meta.items() if k.startswith(f"{prefix}.")}
-    return meta
-
-
-def _pairs(tensors: dict[str, torch.Tensor], meta: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
-    """``{module: (down, up, alpha/r)}`` from a LoRA state dict (see the module doc)."""
-    parts: dict[str, dict[str, torch.Tensor]] = {}
-    alphas: dict[str, float] = {}
-    unknown = []
-    for key, t in tensors.items():
-        m = _KEY.fullmatch(key)
-        if m:
-            parts.setdefault(m["module"], {})[m["part"]] = t
-            continue
-        m = _ALPHA.fullmatch(key)
-        if m:
-            alphas[m["module"]] = float(t)
-            continue
-        unknown.append(key)
-    if unknown or not parts:
-        raise ValueError(
-            f"not a LoRA in diffusers / PEFT layout (<module>.lora_A.weight, <module>.lora_B.weight): "
-            f"{'no such keys' if not parts else f'unexpected keys {unknown[:3]}'}; convert other layouts (kohya "
-            "lora_down/lora_up) with diffusers' pipe.lora_state_dict first"
-        )
-    half = [m for m, p in parts.items() if set(p) != {"A", "B"}]
-    if half:
-        raise ValueError(f"LoRA modules {half[:3]} lack their lora_A or lora_B weight: is the file complete?")
-    out = {}
-    for module, p in parts.items():
-        down, up = p["A"], p["B"]
-        rank = down.shape[0]
-        alpha = alphas.get(module, meta.get("alpha_pattern", {}).get(module, meta.get("lora_alpha", rank)))
-        rank_of = meta.get("rank_pattern", {}).get(module, meta.get("r", rank))
-        if rank < 1 or not isinstance(rank_of, numbers.Real) or not rank_of >= 1:
-            raise ValueError(f"LoRA module {module!r} has rank {rank} (r={rank_of!r}): a LoRA needs rank ≥ 1; "
-                             "is the file complete?")
-        if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
-            raise ValueError(f"LoRA module {module!r} has alpha {alpha!r}: it must be a finite number")
-        out[module] = (down, up, float(alpha) / float(rank_of))
-    return out
 
 
 def load_lora(model_or_pipe, lora, scale: float = 1.0, adapter_name: str = "default"):
@@ -130,37 +66,41 @@ def load_lora(model_or_pipe, lora, scale: float = 1.0, adapter_name: str = "defa
     Everything is checked (every targeted module exists and is a linear layer of the LoRA's
     shape; the name is free) before any layer changes. Returns ``model_or_pipe``.
     """
-    _load(transformer_of(model_or_pipe), *_read(lora), _scale(scale), adapter_name)
+    _load(transformer_of(model_or_pipe), *layout.read(lora), _scale(scale), adapter_name)
     return model_or_pipe
 
 
-def _factor_problems(name: str, down: torch.Tensor, up: torch.Tensor) -> list[str]:
-    """What keeps a LoRA's factors from running as a 16-bit branch: NaN/inf, or fp16 overflow."""
-    for part, t in (("lora_A", down), ("lora_B", up)):
-        if not torch.isfinite(t).all():
-            return [f"{name}.{part} holds NaN or inf"]
-        if t.abs().max() > _FP16_MAX:
-            return [f"{name}.{part} holds {t.abs().max().item():.3g}, beyond the 16-bit branch's range (65504)"]
-    return []
+def check_not_split(model: nn.Module) -> None:
+    """Refuse a LoRA on a model a TensorParallelWrapper has cut into row shards (tensor mode):
+    its layers hold 1/N of their rows, which no LoRA file fits, however right the file is."""
+    # imported here: sixbit.parallel's package imports the checkpoint, which imports this module
+    from .parallel.wrapped import wrapper_of
+
+    wrapper = wrapper_of(model)
+    if wrapper is not None and wrapper.mode == "tensor" and wrapper.shards is not None:
+        raise ValueError(f"this model is already split across {wrapper.world} ranks by a TensorParallelWrapper "
+                         "(mode='tensor'), so each layer holds only its rank's rows: load the LoRA before wrapping "
+                         "(every rank loads it, then wraps; the split carries it into each rank's shards)")
 
 
 def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale: float, adapter_name: str) -> None:
+    check_not_split(model)
     if not isinstance(adapter_name, str) or not adapter_name.isidentifier():
-        raise ValueError(f"adapter_name must be a Python identifier, got {adapter_name!r}")
+        raise ValueError(f"adapter_name must be a Python identifier, got {show(adapter_name)}")
     if adapter_name in loras(model):
         raise ValueError(f"a LoRA called {adapter_name!r} is already loaded: unload it or choose another adapter_name")
-    pairs = _pairs(tensors, meta)
+    pairs = layout.pairs(tensors, meta)
     modules = dict(model.named_modules())
     problems = []
     for name, (down, up, _) in pairs.items():
         layer = modules.get(name)
         if not isinstance(layer, (nn.Linear, QuantLinear)):
-            problems.append(f"{name}: {'not in the model' if layer is None else type(layer).__name__ + ', not a linear layer'}")
+            problems.append(f"{show(name, 80)}: {'not in the model' if layer is None else type(layer).__name__ + ', not a linear layer'}")
         elif down.dim() != 2 or up.dim() != 2 or down.shape[1] != layer.in_features or up.shape != (layer.out_features, down.shape[0]):
-            problems.append(f"{name}: LoRA {tuple(down.shape)}/{tuple(up.shape)} vs layer {layer.in_features}→{layer.out_features}")
+            problems.append(f"{show(name, 80)}: LoRA {tuple(down.shape)}/{tuple(up.shape)} vs layer {layer.in_features}→{layer.out_features}")
     if problems:
         raise ValueError(f"this LoRA does not fit {type(model).__name__}: {problems[:5]} (was it made for another model?)")
-    broken = [p for name, (down, up, _) in pairs.items() for p in _factor_problems(name, down, up)]
+    broken = [p for name, (down, up, _) in pairs.items() for p in layout.factor_problems(name, down, up)]
     if broken:
         raise ValueError(f"this LoRA's weights cannot run: {broken[:5]}; the file is damaged or was saved "
                          "from a diverged training run")
@@ -172,18 +112,36 @@ def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale:
             layer.add_lora(adapter_name, down, up, applied * factor)
         else:
             _LINEAR.setdefault(layer, {})[adapter_name] = [*branch_factors(down, up), applied * factor]
-            if layer not in _HOOKS:
-                _HOOKS[layer] = layer.register_forward_hook(_linear_hook)
+            if hooks.get(layer, HOOK_NAME) is None:
+                hooks.register_innermost(layer, _LinearLora(), HOOK_NAME)
     state.factors[adapter_name] = {n: f for n, (_, _, f) in pairs.items()}
     state.scales[adapter_name] = scale
 
 
-def _linear_hook(module: nn.Linear, args, output):
-    x = args[0]
-    for down, up, scale in _LINEAR.get(module, {}).values():
-        if scale:
-            output = output + scale * low_rank(x, down, up)
-    return output
+def linear_up_factors(layer: nn.Linear) -> dict[str, torch.Tensor]:
+    """The up factor (one row per output row) of each LoRA on a full-precision ``nn.Linear``, by
+    adapter name: what a tensor-parallel split cuts with the layer's rows."""
+    return {adapter: entry[1] for adapter, entry in _LINEAR.get(layer, {}).items()}
+
+
+def set_linear_up(layer: nn.Linear, adapter_name: str, up: torch.Tensor) -> None:
+    """Replace the up factor of LoRA ``adapter_name`` on ``layer`` (a row shard's, or the joined rows)."""
+    _LINEAR[layer][adapter_name][1] = up
+
+
+class _LinearLora(ModelHook):
+    """A full-precision linear's LoRA terms, added to its own output. The innermost of the layer's
+    diffusers hooks, so it sees the input and output the layer itself computes with: a
+    sequence-parallel split gathers the output of some layers (``proj_out``) in a hook around it,
+    and a tensor-parallel one gathers inputs before and outputs after it."""
+
+    def new_forward(self, module: nn.Linear, *args, **kwargs):
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        x = args[0] if args else kwargs["input"]
+        for down, up, scale in _LINEAR.get(module, {}).values():
+            if scale:
+                output = output + scale * low_rank(x, down, up)
+        return output
 
 
 @dataclasses.dataclass
@@ -282,6 +240,6 @@ def unload_lora(model_or_pipe, adapter_name: str | None = None) -> None:
             del _LINEAR[layer][adapter]
             if not _LINEAR[layer]:
                 del _LINEAR[layer]
-                _HOOKS.pop(layer).remove()
+                hooks.remove(layer, HOOK_NAME)
     if not state.factors:  # nothing left: a LoRA loaded next starts switched on
         state.enabled = True

@@ -37,7 +37,8 @@ import types
 import torch
 from torch import nn
 
-from .lora import _load, _own_metadata, _read, _scale, lora_state, loras, set_lora_scale, set_loras_enabled, unload_lora
+from . import lora_layout as layout
+from .lora import _load, _scale, lora_state, loras, set_lora_scale, set_loras_enabled, unload_lora
 
 
 def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="transformer", adapter_name=None,
@@ -49,12 +50,12 @@ def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="trans
     source = pretrained_model_name_or_path_or_dict
     if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):  # diffusers' folder + weight_name
         source = os.path.join(source, weight_name or "pytorch_lora_weights.safetensors")
-    tensors, meta = _read(source)
-    alphas = {k: torch.tensor(float(v)) for k, v in (network_alphas or {}).items()}
+    tensors, meta = layout.read(source)
+    alphas = {k: torch.tensor(_scale(v, f"network_alphas[{k!r}]")) for k, v in (network_alphas or {}).items()}
     tensors = {**tensors, **alphas}
     if prefix and any(k.startswith(f"{prefix}.") for k in tensors):
         tensors = {k.removeprefix(f"{prefix}."): v for k, v in tensors.items() if k.startswith(f"{prefix}.")}
-    meta = _own_metadata(metadata, prefix) if metadata else meta
+    meta = layout.own_metadata(metadata, prefix) if metadata else meta
     _load(self, tensors, meta, 1.0, adapter_name or f"default_{len(loras(self))}")
 
 

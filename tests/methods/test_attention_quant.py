@@ -113,3 +113,48 @@ def test_a_pipeline_is_accepted_and_blocks_beyond_the_model_are_refused():
     assert attention_quant_of(pipe.transformer) is state
     remove_attention_quant(pipe)
     assert attention_quant_of(pipe.transformer) is None
+
+
+STEPS_OUTSIDE = ("quantized attention's steps=(2, None) selects no step of this 2-step run (steps 0–1): its attention "
+                 "runs in full precision; choose steps that start below 2, or steps=None for every step")
+
+
+def test_a_steps_window_past_the_run_is_warned_about_once_at_the_first_call(caplog):
+    """Issue 48: steps=(50, None) with a 3-step generation was accepted and quantized nothing,
+    without a word. The step count is only known when a run starts: a pipeline says it at its
+    first call."""
+    pipe = load_pipeline("wan")
+    state = apply_attention_quant(pipe, AttentionQuantConfig(steps=(2, None)))
+    with caplog.at_level("WARNING", logger="sixbit.methods.attention.method"):
+        _generate(pipe, steps=3)  # selects step 2: nothing to say
+        assert caplog.messages == [] and state.quantized_calls > 0
+        _generate(pipe, steps=2)
+        _generate(pipe, steps=2)  # once per step count, not once per run
+        assert caplog.messages == [STEPS_OUTSIDE]
+        calls = []
+        pipe.transformer.register_forward_hook(lambda *_: calls.append(len(caplog.messages)))
+        state.quantized_calls = 0
+        _generate(pipe, steps=1)
+        assert calls[0] == 2 and "1-step run (step 0)" in caplog.messages[1]  # warned within the run's first call
+    assert state.quantized_calls == 0
+
+
+def test_a_plain_loop_is_told_when_its_run_ends(caplog):
+    """Without a pipeline's cache context the step count is known once the run ends (the next
+    one starts, or the tracker is told)."""
+    pipe = load_pipeline("wan")
+    apply_attention_quant(pipe, AttentionQuantConfig(steps=(2, None)))
+    g = torch.Generator().manual_seed(1)
+    inputs = {"hidden_states": torch.randn(1, 3, 4, 32, 32, generator=g),
+              "encoder_hidden_states": torch.randn(1, 10, 64, generator=g), "return_dict": False}
+    with caplog.at_level("WARNING", logger="sixbit.methods.attention.method"), torch.no_grad():
+        for t in (900, 500):  # two steps
+            pipe.transformer(**inputs, timestep=torch.tensor([t]))
+        assert caplog.messages == []
+        pipe.transformer(**inputs, timestep=torch.tensor([900]))  # a new run: the last one had 2 steps
+        assert caplog.messages == [STEPS_OUTSIDE]
+    remove_attention_quant(pipe)
+    from sixbit.runtime.context import tracker_of
+
+    tracker_of(pipe.transformer).new_generation()  # removed: it no longer listens
+    assert len(caplog.messages) == 1

@@ -5,7 +5,8 @@ For each shipped model, full precision and quantized, each with the delta cache 
 wrapped in each mode and its video compared with it; the cache's decisions are gathered from
 both ranks. A wrapped ``balanced`` model is saved (one file) and loaded into a fresh pipeline on
 rank 0; a runtime method
-installed after the split is refused; a plain loop calls the wrapped transformer. Rank 0 writes
+installed after the split is refused; a plain loop calls the wrapped transformer; LoRAs are
+loaded before and after each split (:func:`lora_cases`). Rank 0 writes
 the measurements to ``argv[1]`` (JSON); the test asserts on them.
 """
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 import sixbit
 from sixbit.eval.metrics import psnr
 from sixbit.methods.delta_cache import DeltaCache, DeltaCacheConfig, enable_delta_cache
+from sixbit.nn import QuantLinear
 from sixbit.parallel import TensorParallelWrapper
 from sixbit.presets import resolve
 from sixbit.runtime import blocks
@@ -64,6 +66,49 @@ def video(pipe, seed: int = 0) -> np.ndarray:
 def decisions(transformer) -> dict | None:
     cache = next(iter(blocks.attached(transformer, DeltaCache)), None)
     return None if cache is None else {str(k): v for k, v in cache.report().decisions.items()}
+
+
+def lora_cases(results: dict) -> None:
+    """A LoRA on every linear (quantized and full precision) of a ``w4a8-rtn`` Wan: loaded before
+    the split, in both modes, and after a sequence split, each output against the single
+    process's; loaded after a tensor split: refused (issue 48: it blamed the file)."""
+    g = torch.Generator().manual_seed(3)
+    inputs = {"hidden_states": torch.randn(2, 3, 4, 32, 32, generator=g), "timestep": torch.tensor([500, 300]),
+              "encoder_hidden_states": torch.randn(2, 10, 64, generator=g), "return_dict": False}
+
+    def converted(lora=None):
+        pipe = load_pipeline("wan")
+        sixbit.convert_model(pipe, None, "w4a8-rtn")
+        if lora is not None:
+            sixbit.load_lora(pipe, lora)
+        return pipe
+
+    ref = converted()
+    linears = [(n, m) for n, m in ref.transformer.named_modules() if isinstance(m, (torch.nn.Linear, QuantLinear))]
+    lora = {}
+    for name, m in linears:
+        lora[f"{name}.lora_A.weight"] = torch.randn(2, m.in_features, generator=g) / m.in_features ** 0.5
+        lora[f"{name}.lora_B.weight"] = 0.05 * torch.randn(m.out_features, 2, generator=g)
+    sixbit.load_lora(ref, lora)
+    with torch.no_grad():
+        want = ref.transformer(**inputs)[0]
+    results["lora/targets"] = sorted({type(m).__name__ for _, m in linears})
+    for mode, when in (("tensor", "before"), ("sequence", "before"), ("sequence", "after")):
+        pipe = converted(lora if when == "before" else None)
+        wrapped = TensorParallelWrapper(pipe, mode=mode)
+        if when == "after":
+            sixbit.load_lora(pipe, lora)
+        with torch.no_grad():
+            results[f"lora/{mode}/{when}"] = float((wrapped.transformer(**inputs)[0] - want).abs().max())
+        if mode == "sequence":
+            wrapped.unwrap()
+    pipe = converted()
+    TensorParallelWrapper(pipe, mode="tensor")
+    try:
+        sixbit.load_lora(pipe, lora)
+        results["lora/tensor/after"] = "loaded"
+    except ValueError as e:
+        results["lora/tensor/after"] = str(e)
 
 
 def main(out: str) -> None:
@@ -123,6 +168,7 @@ def main(out: str) -> None:
     except RuntimeError as e:
         results["late_method_refused"] = "install it first" in str(e)
     pipe.unwrap()
+    lora_cases(results)
     if rank == 0:
         Path(out).write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()

@@ -8,12 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import types
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import sixbit
+from sixbit.lora import attach_diffusers_methods
 from sixbit.parallel import TensorParallelWrapper, sequence, tensor
+from sixbit.parallel.wrapped import mark, unmark
+from sixbit.runtime import hooks
 from sixbit.zoo.shapes import load_pipeline
 
 WORKER = Path(__file__).with_name("gloo_worker.py")
@@ -57,6 +62,42 @@ def test_a_method_installed_after_the_split_is_refused(gloo_job):
 
 def test_tokens_that_do_not_split_evenly_are_refused_with_the_fix(gloo_job):
     assert gloo_job["odd_tokens_refused"]
+
+
+def test_a_lora_loaded_before_the_split_is_carried_into_the_shards(gloo_job):
+    """Quantized and full-precision targets alike; before, a full-precision one failed at the
+    call (its hook kept the whole up factor; in sequence mode it saw split inputs and gathered outputs)."""
+    assert gloo_job["lora/targets"] == ["Linear", "QuantLinear"]
+    for case in ("tensor/before", "sequence/before", "sequence/after"):
+        assert gloo_job[f"lora/{case}"] == 0.0, case
+
+
+def test_a_lora_loaded_after_a_tensor_split_is_refused_with_the_order_that_works(gloo_job):
+    assert gloo_job["lora/tensor/after"] == LORA_AFTER_SPLIT.format(world=2)
+
+
+LORA_AFTER_SPLIT = ("this model is already split across {world} ranks by a TensorParallelWrapper (mode='tensor'), so "
+                    "each layer holds only its rank's rows: load the LoRA before wrapping (every rank loads it, then "
+                    "wraps; the split carries it into each rank's shards)")
+
+
+def test_the_lora_refusal_comes_before_anything_changes():
+    """In one process: a model marked as tensor-split by a wrapper (as a 4-rank split marks it)."""
+    pipe = load_pipeline("wan")
+    x = pipe.transformer
+    name, layer = next((n, m) for n, m in x.named_modules() if isinstance(m, torch.nn.Linear))
+    lora = {f"{name}.lora_A.weight": torch.ones(2, layer.in_features),
+            f"{name}.lora_B.weight": torch.ones(layer.out_features, 2)}
+    mark(x, types.SimpleNamespace(mode="tensor", shards=object(), world=4))
+    with pytest.raises(ValueError) as error:
+        sixbit.load_lora(pipe, lora)
+    assert str(error.value) == LORA_AFTER_SPLIT.format(world=4)
+    with pytest.raises(ValueError, match="already split across 4 ranks"):  # diffusers' entry point too
+        attach_diffusers_methods(x) or x.load_lora_adapter(lora, prefix=None)
+    assert sixbit.loras(pipe) == [] and not hooks.names(layer)
+    unmark(x)
+    sixbit.load_lora(pipe, lora)  # the same file, unsplit
+    assert sixbit.loras(pipe) == ["default"]
 
 
 @pytest.fixture

@@ -36,6 +36,10 @@ class AttentionQuantConfig(Serializable):
     def selects(self, block: int, step: int) -> bool:
         return _within(self.blocks, block) and _within(self.steps, step)
 
+    def selects_step(self, step: int) -> bool:
+        """Whether ``step`` is quantized in some block."""
+        return _within(self.steps, step)
+
     def selects_block(self, block: int) -> bool:
         """Whether ``block`` is quantized on some step."""
         return _within(self.blocks, block)

@@ -24,6 +24,12 @@ What a spec says, in the order a conversion uses it:
 4. ``apply(model, applied_config) -> state``, in ``order``; the state is kept on the
    conversion (``conversion.methods[name]``, and ``conversion.<attribute>`` when named).
    ``remove(model)`` undoes it (a no-op when it is not installed).
+5. ``installed(model) -> applied config | None``: what the method runs with on ``model`` now
+   (``None``: not installed), read from the model itself. A method applied (its ``apply_x``)
+   or removed after ``convert_model`` is then saved as it runs: through ``state_key`` where it
+   has one, else through ``record(convert_config, applied) -> convert_config`` (the
+   :class:`~sixbit.ConvertConfig` that selects it, e.g. with its ``attention`` replaced); a
+   change neither can express is refused at save.
 
 Checkpoint state, beside the method, in one of two places:
 
@@ -83,6 +89,8 @@ class MethodSpec:
     load: Callable[[Any, nn.Module, dict[str, nn.Module]], Any] | None = None
     export: Callable[[nn.Module], tuple[dict, dict[str, torch.Tensor]] | None] | None = None
     prepare: Callable[[nn.Module, dict[str, nn.Module], dict, dict[str, torch.Tensor]], Callable[[], None]] | None = None
+    installed: Callable[[nn.Module], Any] | None = None
+    record: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self):
         problems = []
@@ -96,6 +104,10 @@ class MethodSpec:
             problems.append("state_key needs dump and load")
         if (self.export is None) != (self.prepare is None):
             problems.append("export and prepare go together")
+        if self.installed is not None and self.apply is None:
+            problems.append("installed reads what apply installed: give apply/remove")
+        if self.record is not None and (self.installed is None or self.state_key is not None):
+            problems.append("record writes what installed reads into the ConvertConfig, for a method without state_key")
         if problems:
             raise ValueError(f"method {self.name!r}: " + "; ".join(problems))
 

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 
 def branch_factors(down: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A LoRA's factors as the layers keep them: fp16 copies."""
-    return down.detach().to(torch.float16).clone(), up.detach().to(torch.float16).clone()
+    """A LoRA's factors as the layers keep them: fp16 copies, contiguous (a transposed view would
+    sum its GEMM in another order: the same LoRA would give another output for its memory layout)."""
+    return tuple(t.detach().to(torch.float16).clone(memory_format=torch.contiguous_format) for t in (down, up))
 
 
 def low_rank(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -296,6 +296,7 @@ class QuantLinear(nn.Module):
             "lowrank_rank": self.lowrank_rank,
             "lowrank_dtype": None if self.lowrank_up is None else str(self.lowrank_up.dtype).removeprefix("torch."),
             "weight_only": self.weight_only,
+            "act_mode": self._act_mode.value,
         }
 
     def _apply(self, fn, recurse=True):

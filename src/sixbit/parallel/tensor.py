@@ -38,7 +38,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
+from ..lora import linear_up_factors, set_linear_up
 from ..nn import QuantLinear, QuantPointwiseConv, execution
+from ..nn.row_shards import LORA_PREFIX
 
 _ELEMENTWISE = ("GELU", "ApproximateGELU", "LinearActivation")  # diffusers FeedForward inputs cut by hidden units
 
@@ -67,11 +69,13 @@ def _width(norm: nn.Module) -> int | None:
 
 
 def row_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors of a cut linear that hold one slice per output row."""
+    """The tensors of a cut linear that hold one slice per output row: a LoRA loaded before the
+    split (its up factor, ``lora_<name>_up``) is cut with them."""
     if isinstance(module, QuantLinear):
         return module.row_tensors()
-    return {name: t for name, t in (("weight", module.weight), ("bias", getattr(module, "bias", None)))
-            if t is not None}
+    out = {name: t for name, t in (("weight", module.weight), ("bias", getattr(module, "bias", None))) if t is not None}
+    out.update({f"{LORA_PREFIX}{name}_up": up for name, up in linear_up_factors(module).items()})
+    return out
 
 
 def set_rows(module: nn.Module, tensors: dict[str, torch.Tensor], rows: int) -> None:
@@ -80,7 +84,10 @@ def set_rows(module: nn.Module, tensors: dict[str, torch.Tensor], rows: int) -> 
         module.set_rows(tensors, rows)
         return
     for name, t in tensors.items():
-        setattr(module, name, nn.Parameter(t, requires_grad=getattr(module, name).requires_grad))
+        if name.startswith(LORA_PREFIX):
+            set_linear_up(module, name.removeprefix(LORA_PREFIX).removesuffix("_up"), t)
+        else:
+            setattr(module, name, nn.Parameter(t, requires_grad=getattr(module, name).requires_grad))
     module.out_features = rows
 
 

@@ -4,6 +4,8 @@ Registered as the method ``"attention"``: chosen by ``ConvertConfig.attention`` 
 :class:`AttentionQuantConfig`, stored with the config).
 """
 
+import dataclasses
+
 from ...config.attention import AttentionQuantConfig
 from ..registry import MethodSpec, register_method
 from .method import (
@@ -24,6 +26,8 @@ register_method(MethodSpec(
     apply=apply_attention_quant,
     remove=remove_attention_quant,
     check=lambda model, config, convert_config: check_attention(model, config),  # no processors, or blocks past the model
+    installed=lambda model: getattr(attention_quant_of(model), "config", None),
+    record=lambda config, applied: dataclasses.replace(config, attention=applied),
 ))
 
 __all__ = ["AttentionQuantConfig", "AttentionQuantState", "apply_attention_quant", "attention_modules",

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch.nn.functional as F
 from diffusers.hooks import ModelHook
@@ -35,6 +36,8 @@ from ...runtime.context import track_steps
 
 HOOK_NAME = "sixbit_attention_quant"
 
+logger = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class AttentionQuantState:
@@ -48,6 +51,43 @@ class AttentionQuantState:
 
     def reset(self) -> None:
         self.quantized_calls = self.full_precision_calls = self.unsupported_calls = 0
+
+
+class _StepWindow:
+    """Warns, once per step count, when ``config.steps`` selects no step of a run: the step
+    count is known at the first call of a pipeline run (its cache context says), or, in a plain
+    loop, when the run ends (the next one starts)."""
+
+    def __init__(self, config: AttentionQuantConfig, tracker):
+        self.config, self.tracker = config, tracker
+        self.steps_seen = 0  # steps of the current run so far
+        self.checked = False  # this run's step count was known and checked
+        self.warned: set[int] = set()
+        tracker.on_new_generation(self.end_of_run)
+
+    def observe(self, info) -> None:
+        if self.checked or self.config.steps is None:
+            return
+        self.steps_seen = max(self.steps_seen, info.step + 1)
+        if info.num_steps is not None:
+            self.checked = True
+            self._check(info.num_steps)
+
+    def end_of_run(self) -> None:
+        if not self.checked and self.steps_seen:
+            self._check(self.steps_seen)
+        self.steps_seen, self.checked = 0, False
+
+    def _check(self, count: int) -> None:
+        if count in self.warned or any(self.config.selects_step(step) for step in range(count)):
+            return
+        self.warned.add(count)
+        logger.warning("quantized attention's steps=%s selects no step of this %d-step run (%s): its attention "
+                       "runs in full precision; choose steps that start below %d, or steps=None for every step",
+                       self.config.steps, count, "step 0" if count == 1 else f"steps 0–{count - 1}", count)
+
+    def detach(self) -> None:
+        self.tracker.remove_listener(self.end_of_run)
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -76,12 +116,14 @@ class _QuantSDPA(TorchFunctionMode):
 class _AttentionHook(ModelHook):
     """Runs an attention module with quantized attention when its block and the step are selected."""
 
-    def __init__(self, block: int, state: AttentionQuantState, tracker):
+    def __init__(self, block: int, state: AttentionQuantState, tracker, window: _StepWindow):
         super().__init__()
-        self.block, self.state, self.tracker = block, state, tracker
+        self.block, self.state, self.tracker, self.window = block, state, tracker, window
 
     def new_forward(self, module, *args, **kwargs):
         info = self.tracker.info
+        if info is not None:
+            self.window.observe(info)
         if self.state.config.selects(self.block, 0 if info is None else info.step):
             with _QuantSDPA(self.state):
                 return self.fn_ref.original_forward(*args, **kwargs)
@@ -114,7 +156,9 @@ def check_attention(model: nn.Module, config: AttentionQuantConfig) -> list[tupl
 def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None = None) -> AttentionQuantState:
     """Quantize the attention of ``model``'s blocks (or a pipeline's transformer's) where
     ``config`` selects (default: everywhere). A block range that selects no block of the model
-    is refused."""
+    is refused; a step range that selects no step of a run is warned about (logging, once per
+    step count) when the run's step count is known: at its first call in a pipeline, at its end
+    in a plain loop."""
     model = transformer_of(model)
     config = config or AttentionQuantConfig()
     if not isinstance(config, AttentionQuantConfig):
@@ -123,8 +167,9 @@ def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None 
     remove_attention_quant(model)
     state = AttentionQuantState(config, int8_attention_path(next(model.parameters()).device))
     tracker = track_steps(model)
+    window = _StepWindow(config, tracker)
     for index, module in modules:
-        hooks.register(module, _AttentionHook(index, state, tracker), HOOK_NAME)
+        hooks.register(module, _AttentionHook(index, state, tracker, window), HOOK_NAME)
     return state
 
 
@@ -137,7 +182,8 @@ def _hooks(model: nn.Module):
 
 def remove_attention_quant(model: nn.Module) -> None:
     """Run attention in full precision again (a no-op where it was not quantized)."""
-    for module, _ in list(_hooks(transformer_of(model))):
+    for module, hook in list(_hooks(transformer_of(model))):
+        hook.window.detach()
         hooks.remove(module, HOOK_NAME)
 
 

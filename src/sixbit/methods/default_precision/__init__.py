@@ -44,6 +44,12 @@ def remove_default_precision(model: nn.Module) -> None:
         tracker.precision.unregister(policy)
 
 
+def _installed(model: nn.Module) -> Activations | None:
+    tracker = tracker_of(model)
+    policy = None if tracker is None else tracker.precision.policy(Level.DEFAULT)
+    return Activations(policy.mode.value) if isinstance(policy, DefaultPrecision) else None
+
+
 register_method(MethodSpec(
     name="default_precision",
     config_type=ActMode,
@@ -52,6 +58,7 @@ register_method(MethodSpec(
     select=lambda config, extra: config.activations if config.activations in FIXED else None,
     apply=apply_default_precision,
     remove=remove_default_precision,
+    installed=_installed,
 ))
 
 __all__ = ["FIXED", "DefaultPrecision", "apply_default_precision", "remove_default_precision"]

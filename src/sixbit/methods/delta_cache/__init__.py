@@ -4,8 +4,11 @@ Registered as the method ``"cache"``: chosen by ``ConvertConfig.cache`` (a
 :class:`DeltaCacheConfig`, stored with the config).
 """
 
+import dataclasses
+
 from ...config.delta_cache import CACHE_FORMATS, DeltaCacheConfig
 from ...models import spec_for
+from ...runtime import blocks
 from ..registry import MethodSpec, register_method
 from .method import (
     DeltaCache,
@@ -28,6 +31,8 @@ register_method(MethodSpec(
     remove=remove_delta_cache,
     # an unsupported architecture, or a diffusers cache already enabled, fails here
     check=lambda model, config, convert_config: (spec_for(model), check_no_diffusers_cache(model)),
+    installed=lambda model: getattr(next(blocks.attached(model, DeltaCache), None), "config", None),
+    record=lambda config, applied: dataclasses.replace(config, cache=applied),
 ))
 
 __all__ = [

@@ -17,6 +17,7 @@ from ...config.conversion import Activations
 from ...config.dmpq import DMPQConfig
 from ...models import iter_blocks
 from ...nn import QuantLinear
+from ...runtime import blocks
 from ..registry import MethodSpec, register_method
 from .fit import fit_dmpq
 from .method import (
@@ -71,6 +72,7 @@ register_method(MethodSpec(
     state_key="predictor",
     dump=lambda predictor: predictor.to_dict(),
     load=_load,
+    installed=lambda model: getattr(next(blocks.attached(model, DMPQ), None), "policy", None),
 ))
 
 __all__ = [

@@ -11,8 +11,16 @@ from torch import nn
 
 from ...config.conversion import Activations
 from ...models import spec_for
+from ...runtime import hooks
 from ..registry import MethodSpec, register_method
-from .method import DEFAULT_DEADZONE, FrameStabilizer, StabilizeConfig, apply_stabilizer, remove_stabilizer
+from .method import (
+    DEFAULT_DEADZONE,
+    GRID_HOOK_NAME,
+    FrameStabilizer,
+    StabilizeConfig,
+    apply_stabilizer,
+    remove_stabilizer,
+)
 
 #: The activations a stabilizer acts on (it splits dynamically quantized inputs).
 DYNAMIC_ACTIVATIONS = (Activations.INT8, Activations.NVFP4, Activations.DYNAMIC)
@@ -34,6 +42,11 @@ def _load(deadzone, model: nn.Module, modules: dict[str, nn.Module]) -> Stabiliz
     return StabilizeConfig(deadzone)
 
 
+def _installed(model: nn.Module) -> StabilizeConfig | None:
+    hook = hooks.get(model, GRID_HOOK_NAME)
+    return None if hook is None else StabilizeConfig(hook.state.deadzone)
+
+
 register_method(MethodSpec(
     name="stabilize",
     config_type=StabilizeConfig,
@@ -46,6 +59,7 @@ register_method(MethodSpec(
     state_key="stabilize_frames",
     dump=lambda config: config.deadzone,
     load=_load,
+    installed=_installed,
 ))
 
 __all__ = ["DEFAULT_DEADZONE", "FrameStabilizer", "StabilizeConfig", "apply_stabilizer", "remove_stabilizer"]
