@@ -127,6 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rss-limit-gib", type=float, default=20.0)
     parser.add_argument("--quick", action="store_true", help="Wan2.1-1.3B with 2 blocks: checks the script")
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
+    parser.add_argument("--json", help="raw results: read (runs add to them) and written after every row")
     args = parser.parse_args(argv)
     if args.child:
         kind, *rest = args.child
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
     def run(*child_args):
         return _run_child([str(a) for a in child_args], args.rss_limit_gib, log, script=__file__)
 
-    results = {}
+    results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() else {}
     for name in ["Wan2.1-1.3B"] if args.quick else args.models.split(","):
         r = results.setdefault(name, {})
         work = Path(args.workdir)
@@ -163,6 +164,8 @@ def main(argv=None) -> int:
                 log(f"{name} {preset} sixbit.load: {row['sixbit_load']}")
             shutil.rmtree(out, ignore_errors=True)
             single.unlink(missing_ok=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
             if not args.quick:  # the section grows row by row: a long run leaves what it measured
                 from report import update_section
 

@@ -27,7 +27,6 @@ layer is ever made, so peak memory is about the checkpoint's size.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import gc
 import json
@@ -49,6 +48,7 @@ from .calibration import hessians
 from .conversion import Conversion, conversion_state
 from .integrations.diffusers.folder import checkpoint_writer
 from .io import SafetensorsFolder, check_can_write
+from .memory import allocator
 from .models import iter_blocks, spec_for
 from .presets import calibration_free, resolve
 from .rounding import refine
@@ -133,10 +133,7 @@ def _release(module: nn.Module) -> None:
     every block.)"""
     module.to("meta")
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+    allocator.trim()
 
 
 def _check_layout(folder: Path, model: nn.Module, shards: SafetensorsFolder) -> list[str]:

@@ -33,6 +33,7 @@ from ...config import ConvertConfig
 from ...conversion import check, install, selected
 from ...convert import fit_methods
 from ...lora_diffusers import attach_diffusers_methods
+from ...memory import allocator
 from ...nn import QuantLinear
 from ...presets import calibration_free, for_device
 from .casting import attach_casts
@@ -129,6 +130,8 @@ class SixbitQuantizer(DiffusersQuantizer):
             set_module_tensor_to_device(layer, leaf, _device(device), value=value.clone() if leaf == "bias" else value)
         fmt, hadamard_block, role = self.plan[name]
         LayerSwap(model).put({name: quantized_linear(layer, fmt, hadamard_block, self.config.weights, role)})
+        del layer, parts
+        allocator.trim()  # the layer's temporaries: without it the heap keeps ~1.5× the quantized model
 
     # -- after the last shard ---------------------------------------------------------------
     def _process_model_after_weight_loading(self, model, **kwargs):
