@@ -205,13 +205,14 @@ def test_pipeline_quantization_config_quantizes_the_transformer_while_loading(tm
     assert all(torch.equal(t, state[n]) for n, t in loaded.transformer.state_dict().items())
 
 
-def test_a_dtype_cast_of_a_loaded_quantized_model_is_refused_by_diffusers(tmp_path):
+def test_a_dtype_cast_of_a_loaded_quantized_model_keeps_the_packed_layers(tmp_path):
     tm = build_tiny("wan")
     folder = _fp_folder(tm, tmp_path)
     loaded = type(tm.model).from_pretrained(folder, quantization_config=SixbitConfig("w8a8"))
-    with pytest.raises(ValueError, match="torch_dtype"):
-        loaded.to(torch.float16)
-    assert loaded.to("cpu") is loaded
+    packed = {n: b.dtype for n, b in loaded.named_buffers() if n.rpartition(".")[0] in _packed(loaded)}
+    assert loaded.to(torch.float16) is loaded and loaded.to("cpu") is loaded
+    assert {n: b.dtype for n, b in loaded.named_buffers() if n in packed} == packed
+    assert loaded.proj_out.weight.dtype == torch.float16  # full precision (proj_out is not quantized)
 
 
 def test_save_pretrained_refuses_what_it_cannot_write(tmp_path):

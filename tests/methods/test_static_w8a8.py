@@ -346,10 +346,11 @@ def test_checkpoint_with_an_unknown_extension_is_refused(tmp_path, monkeypatch):
     model, data, _, _ = _calibrated()
     sixbit.apply_static_w8a8(model, sixbit.StaticW8A8Config(time_ranges=2), data)
     ckpt = sixbit.save(model, tmp_path / "m.safetensors")
-    from sixbit import checkpoint
+    from sixbit import checkpoint, checkpoint_restore
 
     known = checkpoint.extensions()
-    monkeypatch.setattr(checkpoint, "extensions", lambda: {k: v for k, v in known.items() if k != "static_w8a8"})
+    for module in (checkpoint, checkpoint_restore):  # a sixbit without the method: saving and restoring
+        monkeypatch.setattr(module, "extensions", lambda: {k: v for k, v in known.items() if k != "static_w8a8"})
     fresh = _toy()
     before = {k: v.clone() for k, v in fresh.state_dict().items()}
     with pytest.raises(ValueError, match="static_w8a8"):
