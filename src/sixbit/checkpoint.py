@@ -10,7 +10,9 @@ bit-exactly. The safetensors metadata key ``"sixbit"`` carries a JSON header::
                                        hadamard_block, bias, weight_meta, input_divisor,
                                        lowrank_rank, lowrank_dtype, weight_only,
                                        act_mode (absent before issue 48: "fp")}, ...
-                "blocks.0.ff.conv_point": {..., "kind": "pointwise_conv2d"}},
+                "blocks.0.ff.conv_point": {..., "kind": "pointwise_conv2d"},
+                "blocks.0.ff.conv_temp": {..., "kind": "unfolded_conv2d", "kernel_size": [3, 1],
+                                          "padding": [1, 0]}},
      "sha256": "<digest of every tensor's name, dtype and bytes, and of the rest of this header>"}
 
 The checksum covers every field of the header too (a hand-edited ``hadamard_block`` changes the
@@ -264,8 +266,9 @@ def _format_fix(version) -> str:
 def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     """Restore a checkpoint written by :func:`save` into ``model`` (same architecture).
 
-    ``model`` may be freshly built in full precision: its ``nn.Linear`` layers (and pointwise
-    convs) named in the file are replaced by ``QuantLinear`` (``QuantPointwiseConv``). Every
+    ``model`` may be freshly built in full precision: its ``nn.Linear`` layers (and convs)
+    named in the file are replaced by ``QuantLinear`` (``QuantPointwiseConv``,
+    ``QuantUnfoldedConv``). Every
     check runs before anything changes, so on any error (missing, truncated or corrupted file,
     unknown format version, another architecture) ``model`` is left untouched. The runtime
     methods' state stored in the file (:func:`extensions`: static W8A8's parameters, the

@@ -5,7 +5,10 @@ optional :data:`OPTIONAL_LAYER_FIELDS`) and its packed tensors under ``"<layer>.
 ``"kind"`` says what the layer replaces: absent (every file written before pointwise convs were
 quantized, and every linear since) for an ``nn.Linear``, ``"pointwise_conv2d"`` etc. for a
 pointwise conv (:data:`sixbit.nn.pointwise_conv.KINDS`), rebuilt as a
-:class:`~sixbit.nn.QuantPointwiseConv`; the packed tensors are the same either way.
+:class:`~sixbit.nn.QuantPointwiseConv`, and ``"unfolded_conv2d"`` etc. for a conv with a wider
+kernel, rebuilt as a :class:`~sixbit.nn.QuantUnfoldedConv` from the entry's ``"kernel_size"``
+and ``"padding"`` (written for those only); ``in_features`` is then the input channels × kernel
+taps. The packed tensors are the same for every kind.
 :func:`build_layers` rebuilds every layer of a file, checked against the layers of the model
 it replaces and against the packed layout its format implies (:func:`expected_layout`), before
 the model changes.
@@ -21,7 +24,7 @@ from torch import nn
 
 from . import formats
 from .nn import QuantLinear
-from .nn.pointwise_conv import KINDS, features, is_quantizable, kind_of, quantized_layer_class
+from .nn.pointwise_conv import KINDS, conv_arguments, features, is_quantizable, kind_of, quantized_layer_class
 from .nn.precision import act_mode
 
 # every field of a layer entry and the JSON types it may take
@@ -30,11 +33,24 @@ LAYER_FIELDS = {
     "bias": bool, "source_dtype": str, "weight_meta": dict, "input_divisor": bool, "lowrank_rank": int,
     "lowrank_dtype": str | None, "weight_only": bool,
 }
-# fields a layer entry may hold or lack, and their types: "kind" is written for pointwise convs only,
-# so a file of linears stays readable by a sixbit that predates it; "act_mode", the layer's own
-# activation precision, is absent from files before issue 48, which loaded every layer as "fp" (so
-# an absent one still does)
-OPTIONAL_LAYER_FIELDS = {"kind": str, "act_mode": str}
+# fields a layer entry may hold or lack, and their types: "kind" is written for convs only, so a file
+# of linears stays readable by a sixbit that predates it; an unfolded conv's geometry with its kind;
+# "act_mode", the layer's own activation precision, is absent from files before issue 48, which
+# loaded every layer as "fp" (so an absent one still does)
+OPTIONAL_LAYER_FIELDS = {"kind": str, "kernel_size": list[int], "padding": list[int], "act_mode": str}
+_GEOMETRY = ("kernel_size", "padding")
+
+
+def _geometry(name: str, cfg: dict) -> dict[str, tuple[int, ...]]:
+    """The entry's unfolded-conv geometry, as :func:`quantized_layer_class` takes it (``{}``
+    for other kinds); present exactly when the kind is an ``unfolded_conv*``."""
+    geometry = {key: tuple(cfg[key]) for key in _GEOMETRY if key in cfg}
+    kind = cfg.get("kind", "linear")
+    if kind.startswith("unfolded_conv") and len(geometry) != len(_GEOMETRY):
+        raise ValueError(f"layer {name!r}: an {kind} entry needs kernel_size and padding")
+    if geometry and not kind.startswith("unfolded_conv"):
+        raise ValueError(f"layer {name!r}: kernel_size and padding belong to unfolded convs, not to a {kind}")
+    return geometry
 
 
 def build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> QuantLinear:
@@ -68,7 +84,7 @@ def build_layer(name: str, cfg: dict, tensors: dict[str, torch.Tensor]) -> Quant
             raise ValueError(f"layer {name!r}: the rank-{rank} low-rank branch tensors are missing or malformed")
     layer = quantized_layer_class(cfg.get("kind", "linear"))(
         weight, fmt.name, bias, cfg["hadamard_block"], act_mode(cfg.get("act_mode", "fp")), source_dtype=source_dtype,
-        input_divisor=divisor, lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)))
+        input_divisor=divisor, lowrank=lowrank, weight_only=bool(cfg.get("weight_only", False)), **_geometry(name, cfg))
     if (layer.out_features, layer.in_features) != (cfg["out_features"], cfg["in_features"]):
         raise ValueError(f"layer {name!r}: packed weight does not match its declared shape")
     for field, ref in layout.items():
@@ -124,6 +140,11 @@ def build_layers(path: Path, layers: dict, modules: dict[str, nn.Module], tensor
                 f"layer {name!r} is {cfg['in_features']}→{cfg['out_features']} in {str(path)!r} but "
                 f"{features(old)[0]}→{features(old)[1]} in the model: was it saved from another model config?"
             )
+        geometry = {key: tuple(cfg[key]) for key in _GEOMETRY if key in cfg}
+        if len(geometry) == len(_GEOMETRY) and conv_arguments(old) and geometry != conv_arguments(old):
+            raise ValueError(f"layer {name!r} has kernel {geometry.get('kernel_size')} and padding "
+                             f"{geometry.get('padding')} in {str(path)!r} but {conv_arguments(old).get('kernel_size')} and "
+                             f"{conv_arguments(old).get('padding')} in the model: was it saved from another model config?")
         try:
             new_layers[name] = build_layer(name, cfg, tensors)
         except (KeyError, TypeError, ValueError) as e:

@@ -186,7 +186,7 @@ def summary(model: nn.Module) -> Summary:
             before = mod.in_features * mod.out_features * torch.finfo(mod.source_dtype).bits // 8
             rows.append(LayerInfo(name, spec.role_of(name).value, mod.weight_format, mod.in_features,
                                   mod.out_features, before, mod.weight_nbytes(), mod.execution()))
-        elif is_quantizable(mod):  # an nn.Linear or a pointwise conv left in full precision
+        elif is_quantizable(mod):  # an nn.Linear or a conv quantizable as one, left in full precision
             size = mod.weight.numel() * mod.weight.element_size()
             rows.append(LayerInfo(name, spec.role_of(name).value, "fp", *features(mod),
                                   size, size, f"{str(mod.weight.dtype).removeprefix('torch.')} (not quantized)"))

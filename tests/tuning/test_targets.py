@@ -32,7 +32,7 @@ def tiny():
     return build_tiny("cogvideox")  # tuned layers: in_features 32 (10 of them) and 128 (2)
 
 
-@pytest.mark.parametrize("arch", ["cogvideox", "wan"])
+@pytest.mark.parametrize("arch", ["cogvideox", "wan", "sana-video"])  # sana-video: convs quantized as linears
 @pytest.mark.parametrize("base", [BASE, resolve("w4a8"), ConvertConfig(
     weights=QuantConfig(weight_format="int4-g16", lowrank_rank=4, role_formats={"modulation": "int4-g16"}),
     activations="int8")])

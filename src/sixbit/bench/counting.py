@@ -3,11 +3,12 @@ FLOPs, and which block calls ran — the same way for our methods and for every 
 
 A :class:`~sixbit.nn.QuantLinear` call is counted at the precision it ran at, as its forward
 reports it to the precision scope's observers (after the delta cache's PDR switched a refresh
-to full precision, say); other linears (``nn.Linear``, peers' quantized linears) by a diffusers
-hook installed *innermost* on each (pointwise convs too), labelled by ``precision_of``. Attention is counted where it
-happens, at ``torch.nn.functional.scaled_dot_product_attention`` (a ``TorchFunctionMode``):
-a cache that skips attention (PAB, FasterCache) or whole blocks (FirstBlockCache, MagCache,
-TDC) simply never reaches it. A block call "ran" when any linear inside it ran; a block not
+to full precision, say); other linears (``nn.Linear``, peers' quantized linears, and the convs
+sixbit would quantize as linears, by their output positions) by a diffusers hook installed
+*innermost* on each, labelled by ``precision_of``. Attention is counted where it happens, at
+``torch.nn.functional.scaled_dot_product_attention`` (a ``TorchFunctionMode``): a cache that
+skips attention (PAB, FasterCache) or whole blocks (FirstBlockCache, MagCache, TDC) simply
+never reaches it. A block call "ran" when any linear inside it ran; a block not
 called at all during a transformer call (cache-dit's DBCache loops over the blocks itself and
 leaves out the cached ones) counts as a skipped call.
 
@@ -32,7 +33,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..nn import QuantLinear
-from ..nn.pointwise_conv import features, features_last, is_quantizable
+from ..nn.pointwise_conv import features, gemm_rows, is_quantizable
 from ..nn.precision import average_bits, gemm_flops
 from ..runtime import blocks, hooks
 from ..runtime.context import track_steps, tracker_of
@@ -82,8 +83,8 @@ class _LinearHook(ModelHook):
 
     def pre_forward(self, module, *args, **kwargs):
         if self.counter.active and args:
-            x = features_last(module, args[0])  # a pointwise conv's rows are its positions
-            self.counter._linear(self.counter.precision_of(module), gemm_flops(*features(module), x))
+            rows = gemm_rows(module, args[0])  # a conv's rows are its (output) positions
+            self.counter._linear(self.counter.precision_of(module), gemm_flops(*features(module), rows))
         return args, kwargs
 
 
@@ -135,7 +136,7 @@ class WorkCounter:
             self._scope = track_steps(model).precision
             self._scope.observers.append(self._observe)
         for layer in model.modules():
-            if is_quantizable(layer):  # nn.Linear, or a pointwise conv in full precision
+            if is_quantizable(layer):  # nn.Linear, or a conv quantizable as one, in full precision
                 hooks.register_innermost(layer, _LinearHook(self), HOOK_NAME)
                 self._hooked.append(layer)
 

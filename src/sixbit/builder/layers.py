@@ -2,9 +2,12 @@
 (:func:`quantized_linear`): the format, the Hadamard block or smoothing, the rounding
 (:mod:`sixbit.rounding`: scale search, GPTQ) and the 16-bit low-rank branch.
 
-"Linears" are ``nn.Linear`` layers and pointwise (1×1) convolutions, which are linear layers
-applied to each position's channels (:mod:`sixbit.nn.pointwise_conv`): both are planned and
-built alike, a conv into a :class:`~sixbit.nn.QuantPointwiseConv`."""
+"Linears" are ``nn.Linear`` layers, pointwise (1×1) convolutions, which are linear layers
+applied to each position's channels (:mod:`sixbit.nn.pointwise_conv`), and convolutions with a
+wider kernel (one group, stride 1, zero padding), linear layers on their unfolded input
+(:mod:`sixbit.nn.unfolded_conv`): all are planned and built alike, a conv into a
+:class:`~sixbit.nn.QuantPointwiseConv` or a :class:`~sixbit.nn.QuantUnfoldedConv` whose
+``in_features`` is its input channels × kernel taps."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from ..calibration import hessians
 from ..config import QuantConfig
 from ..models import block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
-from ..nn.pointwise_conv import features, is_quantizable, kind_of, quantized_layer_class, weight_2d
+from ..nn.pointwise_conv import conv_arguments, features, is_quantizable, kind_of, quantized_layer_class, weight_2d
 from ..rounding import BRANCH_DTYPE, quantize_weight, supports
 from ..transforms import hadamard, smoothquant
 from ..transforms.hadamard import BLOCK_SIZES
@@ -125,9 +128,10 @@ def stored_bits(linear: nn.Module, fmt: str, config: QuantConfig, role: str) -> 
 
 def quantized_linear(linear: nn.Module, fmt: str, hadamard_block: int | None, config: QuantConfig, role: str,
                      stats: hessians.InputStats | None = None) -> QuantLinear:
-    """The :class:`QuantLinear` for ``linear`` (an ``nn.Linear``, or a pointwise conv: then a
-    :class:`~sixbit.nn.QuantPointwiseConv`) as ``config`` says (``stats``: its inputs, features
-    last, or ``None``)."""
+    """The :class:`QuantLinear` for ``linear`` (an ``nn.Linear``; a pointwise conv: then a
+    :class:`~sixbit.nn.QuantPointwiseConv`; an unfoldable conv: a
+    :class:`~sixbit.nn.QuantUnfoldedConv`) as ``config`` says (``stats``: its inputs, features
+    last as :func:`~sixbit.nn.pointwise_conv.features_last` gives them, or ``None``)."""
     weight_only = role in config.weight_only_roles
     rank = branch_rank(linear, fmt, config, role)
     divisor = None
@@ -151,4 +155,4 @@ def quantized_linear(linear: nn.Module, fmt: str, hadamard_block: int | None, co
     )
     return quantized_layer_class(kind_of(linear))(
         q, fmt, linear.bias, hadamard_block, config.act_mode, source_dtype=linear.weight.dtype, input_divisor=divisor,
-        lowrank=branch, weight_only=weight_only)
+        lowrank=branch, weight_only=weight_only, **conv_arguments(linear))

@@ -125,7 +125,8 @@ class _Collector(blocks.BlockMethod):
         def hook(module, args):
             self.note_step()
             per = self.data.layers.setdefault(name, {})
-            for branch, x in _split(features_last(module, args[0]), self.tracker):  # batch stays first
+            # a conv's features: its channels (× kernel taps, unfolded); the batch stays first
+            for branch, x in _split(features_last(module, args[0]), self.tracker):
                 key = (self.tracker.info.step, branch)
                 if key not in per:
                     per[key] = LayerStats(torch.zeros(x.shape[-1]))

@@ -37,7 +37,7 @@ class _Accumulator:
 
 
 def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Module]) -> dict[str, InputStats]:
-    """Run ``run()`` once with hooks on ``layers`` (``{name: linear or pointwise conv}``, inside ``model``) and
+    """Run ``run()`` once with hooks on ``layers`` (``{name: linear or conv quantized as one}``, inside ``model``) and
     return the :class:`InputStats` of each layer that ran (a layer the generations never call
     is left out). Hooks are removed even if ``run`` raises.
 
@@ -52,7 +52,7 @@ def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Mo
 
     def hook_for(name: str):
         def hook(module, args):
-            x = features_last(module, args[0])  # a pointwise conv's channels are its features
+            x = features_last(module, args[0])  # a conv's channels (× kernel taps: unfolded) are its features
             if shared.get("x") is not args[0]:
                 xf = x.detach().reshape(-1, x.shape[-1]).float()
                 amax = xf.abs().amax(0) if xf.shape[0] else torch.zeros(xf.shape[1], device=xf.device)

@@ -159,7 +159,7 @@ def registered() -> dict[str, ModelSpec]:
 
 def _linear_weights(module: nn.Module) -> int:
     """Weights of the linear layers inside ``module``, counted as ``in × out`` whether a layer is
-    still an ``nn.Linear`` (or pointwise conv) or already a packed :class:`~sixbit.nn.QuantLinear`
+    still an ``nn.Linear`` (or a conv quantizable as one) or already a packed :class:`~sixbit.nn.QuantLinear`
     (whose codes are buffers, not parameters): the measure is the same before and after
     quantization."""
     return sum(features(m)[0] * features(m)[1] for m in module.modules()

@@ -165,10 +165,11 @@ class QuantLinear(nn.Module):
     def stored_weight(linear: nn.Module, hadamard_block: int | None = None,
                       input_divisor: torch.Tensor | None = None) -> torch.Tensor:
         """``linear``'s fp32 weight in the space the layer stores it: rotated (``W·H``) and/or
-        scaled (``W·diag(s)``), before quantization. ``linear``: an ``nn.Linear`` or a pointwise
-        conv, whose ``(out, in, 1, …)`` weight is the linear's ``(out, in)``."""
+        scaled (``W·diag(s)``), before quantization. ``linear``: an ``nn.Linear`` or a conv, whose
+        ``(out, in, *kernel)`` weight is the linear's ``(out, T·in)`` once moved to ``(out, *kernel,
+        in)`` (a pointwise conv's ``(out, in)``; see :mod:`sixbit.nn.unfolded_conv`)."""
         w = linear.weight.detach().float()
-        w = w.reshape(w.shape[0], -1)
+        w = w.movedim(1, -1).reshape(w.shape[0], -1)  # a linear's (out, in): unchanged
         if hadamard_block is not None:
             hadamard.check_block(w.shape[1], hadamard_block)
             w = hadamard.rotate(w, hadamard_block)

@@ -39,7 +39,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 from ..lora import linear_up_factors, set_linear_up
-from ..nn import QuantLinear, QuantPointwiseConv, execution
+from ..nn import QuantLinear, QuantPointwiseConv, QuantUnfoldedConv, execution
 from ..nn.row_shards import LORA_PREFIX
 
 _ELEMENTWISE = ("GELU", "ApproximateGELU", "LinearActivation")  # diffusers FeedForward inputs cut by hidden units
@@ -117,9 +117,9 @@ class TensorShards:
 
 
 def _linears(module: nn.Module) -> bool:
-    # a quantized pointwise conv's output channels are not its last dimension: it stays whole on
-    # every rank, as the full-precision conv does
-    return isinstance(module, (nn.Linear, QuantLinear)) and not isinstance(module, QuantPointwiseConv)
+    # a quantized conv's output channels are not its last dimension: it stays whole on every rank,
+    # as the full-precision conv does
+    return isinstance(module, (nn.Linear, QuantLinear)) and not isinstance(module, (QuantPointwiseConv, QuantUnfoldedConv))
 
 
 def _attention_modules(model: nn.Module) -> dict[str, nn.Module]:

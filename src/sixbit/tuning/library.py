@@ -160,16 +160,17 @@ def plan_candidates(model: nn.Module, config: ConvertConfig, candidates: tuple[s
     bits, in_features, numel, known = {}, {}, {}, {}
     for name, (_, role) in tuned.items():
         linear = model.get_submodule(name)
+        k, n = features(linear)  # a conv's: in channels × kernel taps
         bits[name] = {}
         for fmt in candidates:
             if fmt is None:
                 bits[name][None] = FULL_PRECISION_BITS
-            elif format_fits(fmt, linear.in_features):
-                key = (fmt, linear.in_features, linear.out_features, role)
+            elif format_fits(fmt, k):
+                key = (fmt, k, n, role)
                 if key not in known:
                     known[key] = stored_bits(linear, fmt, weights, role)
                 bits[name][fmt] = known[key]
-        in_features[name], numel[name] = linear.in_features, linear.in_features * linear.out_features
+        in_features[name], numel[name] = k, k * n
     other = _converted_bytes(model, config) - 2 * sum(numel.values())  # the tuned layers counted at 16 bits
     return CandidatePlan(bits, in_features, numel, tuple(candidates), other)
 

@@ -168,8 +168,8 @@ def proxy_error(variant: torch.nn.Module, original: torch.nn.Module, stats: hess
         return math.nan
     eye = torch.eye(features(original)[0], device=original.weight.device)
     with torch.no_grad():
-        # (K, N): x·Ŵᵀ (+ b) for each basis vector; QuantLinear's own forward, which takes rows
-        # whatever layout the layer takes (a pointwise conv's: channels first)
+        # (K, N): x·Ŵᵀ (+ b) for each basis vector; QuantLinear's own forward takes rows whatever
+        # layout the layer takes (a conv's forward: channels first, which it would also unfold)
         effective = QuantLinear.forward(variant, eye, mode=ActMode.FP).float()
         if variant.bias is not None:
             effective = effective - variant.bias.float()
