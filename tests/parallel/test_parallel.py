@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import sixbit
-from sixbit.lora import attach_diffusers_methods
+from sixbit.lora_diffusers import attach_diffusers_methods
 from sixbit.parallel import TensorParallelWrapper, sequence, tensor
 from sixbit.parallel.wrapped import mark, unmark
 from sixbit.runtime import hooks
