@@ -93,7 +93,10 @@ def section(results: dict) -> str:
         "SixbitConfig(preset), torch_dtype=torch.bfloat16)`; *reload*: `from_pretrained` of the folder its "
         "`save_pretrained` wrote, in a fresh process; *sixbit.load*: `sixbit.load_pretrained` of the same model's "
         "single-file checkpoint. Peak: the child's `VmHWM`; *baseline*: its RSS with torch, diffusers and sixbit "
-        "imported. *budget*: 1.5 × quantized bytes + one shard (on load), 1.3 × tensor bytes + baseline (reload).",
+        "imported. *budget*: 1.5 × quantized bytes + one shard (on load), 1.3 × tensor bytes + baseline (reload). "
+        "`sixbit.load` verifies the checksum by reading the file and maps the packed weights without touching them "
+        "(read when first used), hence its low peak; `from_pretrained` verifies the tensors diffusers hands over, "
+        "which maps every page into the process.",
         "",
         "| model | preset | quantized GiB | on load s | on load peak GiB | budget GiB | save s | reload s | reload peak GiB | "
         "budget GiB | sixbit.load s | sixbit.load peak GiB | baseline GiB |",
