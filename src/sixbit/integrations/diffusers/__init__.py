@@ -28,16 +28,17 @@ from .. import BACKEND
 
 
 def attach_save_pretrained(transformer) -> None:
-    """A converted diffusers transformer's ``save_pretrained`` writes a converted folder."""
-    if hasattr(transformer, "save_config") and hasattr(transformer, "to_json_string"):
-        def save_pretrained(self, save_directory, is_main_process=True, safe_serialization=True, variant=None,
-                            max_shard_size="10GB", push_to_hub=False, **kwargs):
-            """Write this converted model as a diffusers folder (:func:`sixbit.integrations.diffusers.folder.save_folder`)."""
-            return save_folder(self, save_directory, is_main_process=is_main_process,
-                               safe_serialization=safe_serialization, variant=variant,
-                               max_shard_size=max_shard_size, push_to_hub=push_to_hub, **kwargs)
+    """Give a converted diffusers transformer a ``save_pretrained`` that writes a converted folder
+    (:func:`sixbit.integrations.register_on_import` calls it for diffusers models only)."""
 
-        transformer.save_pretrained = types.MethodType(save_pretrained, transformer)
+    def save_pretrained(self, save_directory, is_main_process=True, safe_serialization=True, variant=None,
+                        max_shard_size="10GB", push_to_hub=False, **kwargs):
+        """Write this converted model as a diffusers folder (:func:`sixbit.integrations.diffusers.folder.save_folder`)."""
+        return save_folder(self, save_directory, is_main_process=is_main_process,
+                           safe_serialization=safe_serialization, variant=variant,
+                           max_shard_size=max_shard_size, push_to_hub=push_to_hub, **kwargs)
+
+    transformer.save_pretrained = types.MethodType(save_pretrained, transformer)
 
 
 def register() -> None:
