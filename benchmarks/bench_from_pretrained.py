@@ -94,9 +94,9 @@ def section(results: dict) -> str:
         "`save_pretrained` wrote, in a fresh process; *sixbit.load*: `sixbit.load_pretrained` of the same model's "
         "single-file checkpoint. Peak: the child's `VmHWM`; *baseline*: its RSS with torch, diffusers and sixbit "
         "imported. *budget*: 1.5 × quantized bytes + one shard (on load), 1.3 × tensor bytes + baseline (reload). "
-        "`sixbit.load` verifies the checksum by reading the file and maps the packed weights without touching them "
-        "(read when first used), hence its low peak; `from_pretrained` verifies the tensors diffusers hands over, "
-        "which maps every page into the process.",
+        "Every tensor read from a mapped shard (to quantize, copy or checksum it) has its pages handed back as soon as "
+        "it is done (`sixbit.memory.allocator.page_out`), so neither a bf16 shard nor the converted folder piles up in "
+        "RSS; packed weights are read again from the file when first used, as `sixbit.load` maps them.",
         "",
         "| model | preset | quantized GiB | on load s | on load peak GiB | budget GiB | save s | reload s | reload peak GiB | "
         "budget GiB | sixbit.load s | sixbit.load peak GiB | baseline GiB |",

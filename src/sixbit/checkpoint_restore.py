@@ -9,6 +9,7 @@ from torch import nn
 
 from . import conversion  # noqa: F401  (registers the conversion record's extension: a file may store one)
 from .checkpoint_layers import build_layers
+from .memory import allocator
 from .methods.registry import extensions
 from .nn import QuantLinear
 from .version import __version__
@@ -121,3 +122,5 @@ def _swap_in(model: nn.Module, new_layers: dict[str, QuantLinear], own: dict[str
             # starts wherever the file puts it, and CPU matmul kernels round differently on
             # unaligned inputs. The packed weights stay mapped (read when used, never copied).
             model.load_state_dict({k: v.clone() for k, v in on_meta.items()}, strict=False, assign=True)
+    for v in own.values():  # copied: a mapped file's pages read for the copy would otherwise count twice
+        allocator.page_out(v)

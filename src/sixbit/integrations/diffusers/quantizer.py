@@ -117,6 +117,7 @@ class SixbitQuantizer(DiffusersQuantizer):
             # read so far) alive after the shard is done, and the full-precision model would add up in RSS
             set_module_tensor_to_device(model, param_name, _device(target_device), value=param_value.clone(),
                                         dtype=param_value.dtype)  # as diffusers converted it (float32-kept modules)
+            allocator.page_out(param_value)  # read once: its shard's pages leave the RSS
             return
         self.pending.setdefault(layer, {})[leaf] = param_value
         if "weight" in self.pending[layer] and (model.get_submodule(layer).bias is None or "bias" in self.pending[layer]):
@@ -130,6 +131,8 @@ class SixbitQuantizer(DiffusersQuantizer):
             set_module_tensor_to_device(layer, leaf, _device(device), value=value.clone() if leaf == "bias" else value)
         fmt, hadamard_block, role = self.plan[name]
         LayerSwap(model).put({name: quantized_linear(layer, fmt, hadamard_block, self.config.weights, role)})
+        for value in parts.values():
+            allocator.page_out(value)
         del layer, parts
         allocator.trim()  # the layer's temporaries: without it the heap keeps ~1.5× the quantized model
 
@@ -160,6 +163,8 @@ class SixbitQuantizer(DiffusersQuantizer):
             raise ValueError(f"{source}: the weight files lack {len(missing)} tensor(s) config.json lists, e.g. "
                              f"{missing[:3]}: a shard is missing or belongs to another save; copy the whole folder again")
         check_tensors(header, self.received, source)
+        for t in self.received.values():  # the checksum read every page: packed weights are read again when used
+            allocator.page_out(t)
         restore(model, header, self.received, source)
         self.received = {}
         if self.requested_dtype is not None:
