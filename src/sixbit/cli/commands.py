@@ -18,7 +18,7 @@ import torch
 from .. import checkpoint
 from ..footprint import summary
 from ..convert import conversion_of, convert_model
-from ..pipelines import SHIPPED, is_transformer_folder, load_pipeline, shapes_arch
+from ..pipelines import SHAPES_CLASSES, SHIPPED, is_transformer_folder, load_pipeline, shapes_arch
 from ..methods.attention import AttentionQuantConfig
 from ..methods.delta_cache import DeltaCacheConfig, enable_delta_cache
 from ..config import Activations
@@ -84,8 +84,10 @@ def _check_convert_output(args) -> bool:
 def _how_to_load(path: Path, model_class: str) -> str:
     """The line that says how to use a converted folder."""
     if (path / "model_index.json").is_file():
-        return (f"use it: `sixbit generate --model {path}`, or DiffusionPipeline.from_pretrained({str(path)!r}) "
-                "after `import sixbit`")
+        shapes = json.loads((path / "model_index.json").read_text()).get("_class_name") in SHAPES_CLASSES
+        load = (f"sixbit.pipelines.load_pipeline({str(path)!r})" if shapes  # diffusers resolves only its own classes
+                else f"DiffusionPipeline.from_pretrained({str(path)!r}) after `import sixbit`")
+        return f"use it: `sixbit generate --model {path}`, or {load}"
     return (f"use it: {model_class}.from_pretrained({str(path)!r}) after `import sixbit`, or "
             f"`sixbit generate --model PIPELINE --quantized {path}`")
 
