@@ -92,7 +92,7 @@ class StepTracker:
     # ------------------------------------------------------------------ events
 
     def observe(self, timestep: float, context: Any = None) -> StepInfo:
-        """Register a transformer call; returns its :class:`StepInfo`."""
+        """Register a transformer call (``context``: diffusers' ``CacheContext``, or ``None``); returns its :class:`StepInfo`."""
         name = getattr(context, "name", None) or self._explicit
         step_index = getattr(context, "step_index", None)
         prev = self.info
@@ -211,6 +211,23 @@ class _Observed(BaseState):
         pass
 
 
+class _ContextRecorder(StateManager):
+    """Keeps the ``CacheContext`` (name, step index, step count) diffusers hands the
+    StateManagers of stateful hooks inside ``transformer.cache_context(...)``."""
+
+    def __init__(self):
+        super().__init__(_Observed)
+        self.current: Any = None
+
+    def set_context(self, context) -> None:
+        super().set_context(context)
+        self.current = context
+
+    def reset(self, *args, **kwargs) -> None:
+        super().reset(*args, **kwargs)
+        self.current = None
+
+
 class _StepHook(ModelHook):
     _is_stateful = True
 
@@ -218,8 +235,7 @@ class _StepHook(ModelHook):
         super().__init__()
         self.tracker = tracker
         self.timestep_index = timestep_index
-        # diffusers hands the cache context to the StateManagers of stateful hooks
-        self.context = StateManager(_Observed)
+        self.context = _ContextRecorder()
 
     def new_forward(self, module, *args, **kwargs):
         t = kwargs.get("timestep")
@@ -230,7 +246,7 @@ class _StepHook(ModelHook):
                 f"{type(module).__name__} was called without a `timestep` argument; sixbit's step "
                 "tracking needs it (pass timestep=... as diffusers pipelines do)"
             )
-        _observe(self.tracker, t, self.context._context)
+        _observe(self.tracker, t, self.context.current)
         with precision.active(self.tracker.precision):
             return self.fn_ref.original_forward(*args, **kwargs)
 
