@@ -202,3 +202,14 @@ def test_unpacked_nvfp4_dequantization_is_bit_identical(compiled):
         assert torch.equal(compiled.nvfp4_unpacked_dequantize_reference(values, q.scales, q.global_scale, dtype), want)
         assert torch.equal(compiled.nvfp4_unpacked_dequantize(values, q.scales, q.global_scale, dtype), want)
     assert "nvfp4_unpacked_dequantize_reference" in compiled._COMPILED
+
+
+@pytest.mark.parametrize("flags, kind", [
+    ({"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "sse2"}, "AMX-BF16, AMX-INT8, AVX512-BF16, AVX512-VNNI"),
+    ({"avx512_bf16", "avx512_vnni", "avx2"}, "AVX512-BF16, AVX512-VNNI"),
+    ({"avx2", "fma"}, "no AMX, AVX512-BF16 or VNNI"),
+])
+def test_cpu_kind_names_the_matrix_instructions_that_set_the_speeds(monkeypatch, flags, kind):
+    from sixbit.kernels import cpu, cpu_kind
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset(flags))
+    assert cpu_kind() == kind

@@ -1,4 +1,4 @@
-"""One line naming the machine a measurement ran on (CPU model, threads, CPU capability, GPU)."""
+"""One line naming the machine a measurement ran on (CPU model and kind, threads, CPU capability, GPU)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import platform
 from pathlib import Path
 
 import torch
+
+from ..kernels import cpu_kind
 
 
 def machine_description() -> str:
@@ -20,7 +22,7 @@ def machine_description() -> str:
     except OSError:
         pass
     desc = (
-        f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
+        f"{cpu} [{cpu_kind()}], {os.cpu_count()} logical CPUs, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads, CPU capability {torch.backends.cpu.get_cpu_capability()})"
     )
     if torch.cuda.is_available():

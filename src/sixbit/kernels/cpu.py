@@ -39,6 +39,14 @@ def _cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
+def cpu_kind() -> str:
+    """The CPU's bf16 and INT8 matrix instructions, which decide how fast each path runs here
+    (e.g. ``"AMX-BF16, AMX-INT8, AVX512-BF16, AVX512-VNNI"``); named with every speed ratio."""
+    names = {"amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8", "amx_fp16": "AMX-FP16", "avx512_bf16": "AVX512-BF16",
+             "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI"}
+    return ", ".join(name for flag, name in names.items() if flag in _cpu_flags()) or "no AMX, AVX512-BF16 or VNNI"
+
+
 def amx_int8() -> bool:
     """Whether this CPU has AMX INT8 tiles and torch reaches them (oneDNN's brgemm matmul through
     ``torch.ops.onednn.qlinear_pointwise``). ``torch._int_mm`` takes oneDNN's generic s8 GEMM
