@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from . import checkpoint
-from .builder import quantize
+from .builder import quantize, spilling
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
 from .conversion import Conversion, check, conversion_of, install, remove_methods, selected
@@ -180,7 +180,10 @@ def convert_model(
             ``{"num_inference_steps": 20}``); ``batch_size`` (default 4) for prompt lists.
 
     Everything is checked before the model changes; if calibration itself fails (e.g. the
-    callable raises), the model is restored to what it was and the error is re-raised.
+    callable raises), the model is restored to what it was and the error is re-raised. Until
+    then the replaced full-precision layers wait in a temporary file (``TMPDIR``), not in memory
+    (:mod:`sixbit.builder.spill`): the layer objects taken out are left empty, so copy what you
+    need from them (``state_dict()``) before converting.
 
     Example:
         >>> import sixbit
@@ -202,8 +205,9 @@ def convert_model(
     originals = {name: m for name, m in transformer.named_modules() if is_quantizable(m)}
     tracked = tracker_of(transformer) is not None  # a step tracker the caller installed survives a rollback
     try:
-        applied = _quantize_and_fit(transformer, config, chosen, run, calibration)
-        install(transformer, config, applied, calibration, hardware)
+        with spilling():  # the replaced layers wait on disk; an error reads them back before the undo
+            applied = _quantize_and_fit(transformer, config, chosen, run, calibration)
+            install(transformer, config, applied, calibration, hardware)
     except BaseException:
         try:
             _undo(transformer, originals, tracked)

@@ -7,12 +7,15 @@
 - :mod:`.swap`: :func:`build`, the loop over a model's parts that every conversion runs (in
   memory, streamed from files by :mod:`sixbit.streaming`, static W8A8 by
   :mod:`sixbit.methods.static_w8a8`), with :class:`LayerSwap` as its rollback;
-- :mod:`.in_memory`: :func:`quantize` (``sixbit.quantize``), with or without calibration.
+- :mod:`.in_memory`: :func:`quantize` (``sixbit.quantize``), with or without calibration;
+- :mod:`.spill`: :func:`spilling`, inside which the replaced full-precision layers wait on disk
+  for a rollback instead of in memory.
 """
 
 from .in_memory import quantize, quantize_layers
 from .layers import branch_rank, format_fits, plan_layers, quantized_linear, stored_bits
+from .spill import spilling
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
 __all__ = ["OUTSIDE", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "format_fits", "parts_of", "plan_layers",
-           "quantize", "quantize_layers", "quantized_linear", "stored_bits"]
+           "quantize", "quantize_layers", "quantized_linear", "spilling", "stored_bits"]

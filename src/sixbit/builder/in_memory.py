@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ..calibration import hessians
 from ..config import QuantConfig
+from ..memory import allocator
 from ..rounding import refine
 from .layers import plan_layers, quantized_linear
 from .swap import LayerSwap, Part, Recipe, build, parts_of
@@ -35,13 +36,17 @@ Plan = dict[str, tuple[str, int | None, str]]  # {layer: (format, hadamard block
 class _Layers(Recipe):
     """Every planned layer rounded as ``config`` says, from its input statistics if any."""
 
+    releases_originals = True
+
     def __init__(self, plan: Plan, config: QuantConfig, bar):
         self.plan, self.config, self.bar = plan, config, bar
 
     def layer(self, name: str, original: nn.Module, stats) -> nn.Module:
         fmt, hb, role = self.plan[name]
         self.bar.update()
-        return quantized_linear(original, fmt, hb, self.config, role, stats)
+        layer = quantized_linear(original, fmt, hb, self.config, role, stats)
+        allocator.trim()  # the layer's temporaries: glibc keeps them otherwise, and they add up layer after layer
+        return layer
 
 
 class _Calibrated(_Layers):
@@ -51,6 +56,7 @@ class _Calibrated(_Layers):
         super().__init__(plan, config, bar)
         self.model, self.run = model, run
         self.sequential = config.calibration_inputs == "quantized"
+        self.releases_originals = self.sequential  # otherwise the originals run every later pass
         self.built_layers: dict[str, nn.Module] = {}
         self.recorder = None
         self.refined: list[refine.RefineResult] = []

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from torch import nn
 
 from ..models import block_index_of, iter_blocks, swap_layers
+from . import spill
 
 #: The name of the part holding the layers outside the blocks (embeddings, projections).
 OUTSIDE = "outside blocks"
@@ -105,6 +106,14 @@ class LayerSwap:
         for name in names:
             self.originals.pop(name, None)
 
+    def release(self, names: Iterable[str]) -> None:
+        """Nothing reads the originals of ``names`` any more, unless a rollback puts them back:
+        inside :func:`~sixbit.builder.spill.spilling` their tensors go to disk until then."""
+        kept = spill.active()
+        if kept is not None:
+            kept.keep([self.originals[n] for n in names
+                       if n in self.originals and self.model.get_submodule(n) is not self.originals[n]], self.model)
+
     def rollback(self) -> None:
         """Put every original layer still kept back in place."""
         swap_layers(self.model, self.originals)
@@ -114,6 +123,10 @@ class LayerSwap:
 class Recipe:
     """What one kind of conversion does around :func:`build`'s loop. Subclasses define
     :meth:`layer`; the other steps do nothing unless overridden."""
+
+    #: Whether a part's replaced layers are unread once :meth:`built` returns: then
+    #: :meth:`LayerSwap.release` spills them (a full-precision model need not stay resident).
+    releases_originals = False
 
     def inputs(self, part: Part) -> dict[str, object]:
         """``{layer name: statistics}`` the part's layers are built from (missing: none)."""
@@ -134,7 +147,8 @@ def build(model: nn.Module, parts: list[Part], recipe: Recipe) -> LayerSwap:
     """For each part in order: its statistics (:meth:`Recipe.inputs`), each planned layer built
     from its original (:meth:`Recipe.layer`), all of them swapped in, then :meth:`Recipe.built`;
     then :meth:`Recipe.finish`. Any error (``KeyboardInterrupt`` included) puts every layer
-    still replaced back before it propagates, so the model is as it was. Returns the swap."""
+    still replaced back before it propagates, so the model is as it was (spilled layers are read
+    back as the error leaves :func:`~sixbit.builder.spill.spilling`). Returns the swap."""
     swap = LayerSwap(model)
     try:
         for part in parts:
@@ -143,6 +157,8 @@ def build(model: nn.Module, parts: list[Part], recipe: Recipe) -> LayerSwap:
             del stats  # one part's statistics (GPTQ: K × K sums per layer) at a time
             swap.put(new)
             recipe.built(part, new, swap)
+            if recipe.releases_originals:
+                swap.release(part.layers)
         recipe.finish(swap)
     except BaseException:
         swap.rollback()
