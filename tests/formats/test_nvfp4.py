@@ -82,3 +82,12 @@ def test_identical_to_torchao_reference():
         assert torch.equal(ref.qdata.view(torch.uint8), q.codes)
         assert torch.equal(ref.scale.view(torch.uint8).reshape(q.scales.shape), q.scales.view(torch.uint8))
         assert torch.equal(ref.dequantize(torch.float32), q.dequantize())
+
+
+def test_block_scales_are_the_scales_quantize_chooses():
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(5)) * 3
+    scales, gs = nvfp4.block_scales(x)
+    q = nvfp4.quantize(x)
+    assert torch.equal(scales.view(torch.uint8), q.scales.view(torch.uint8)) and torch.equal(gs, q.global_scale)
+    scales, gs = nvfp4.block_scales(x, global_scale=0.01)
+    assert torch.equal(scales.view(torch.uint8), nvfp4.quantize(x, global_scale=0.01).scales.view(torch.uint8))

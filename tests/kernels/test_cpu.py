@@ -213,3 +213,36 @@ def test_cpu_kind_names_the_matrix_instructions_that_set_the_speeds(monkeypatch,
     from sixbit.kernels import cpu, cpu_kind
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset(flags))
     assert cpu_kind() == kind
+
+
+def test_e2m1_round_is_the_format_rounding_bit_for_bit():
+    from sixbit.formats.minifloat import E2M1
+    from sixbit.kernels import e2m1_round
+
+    edges = torch.tensor([0.0, -0.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.2499, 0.7501, 1.9999, 3.9999, 4.0])
+    x = torch.cat([edges, -edges, torch.empty(200_000).uniform_(-6, 6, generator=torch.Generator().manual_seed(0))])
+    assert torch.equal(e2m1_round(x), E2M1.round(x))
+    assert torch.equal(torch.signbit(e2m1_round(x)), torch.signbit(E2M1.round(x)))
+
+
+@pytest.mark.parametrize("kind", ["nvfp4", "int"])
+def test_compiled_block_errors_agree_with_their_reference(kind):
+    from sixbit import kernels
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(32, 16, 16, generator=g) * 0.02
+    importance = torch.rand(1, 16, 16, generator=g) + 0.1
+    amax = w.abs().amax(-1, keepdim=True)
+    if kind == "nvfp4":
+        gs = amax.max() / (448 * 6)
+        scale = (amax / 6 / gs).to(torch.float8_e4m3fn).float()
+        args = (w, scale, gs, importance)
+        fast, reference = kernels.nvfp4_block_errors, kernels.nvfp4_block_errors_reference
+    else:
+        args = (w, amax / 7 * 0.9, 7, importance)
+        fast, reference = kernels.int_block_errors, kernels.int_block_errors_reference
+    want = reference(*args)
+    got = fast(*args, numel=1 << 24)  # counted as a large weight: compiled (where a compiler is present)
+    assert want.shape == (32, 16) and bool((want > 0).all())
+    assert torch.allclose(got, want, rtol=1e-5, atol=0)
+    assert torch.equal(fast(*args), want)  # a small weight: the reference itself

@@ -88,3 +88,31 @@ def test_unsupported_formats_and_rules_are_refused():
         grid_for(torch.randn(4, 32), "nvfp4", "best")
     with pytest.raises(ValueError, match="for NVFP4"):
         grid_for(torch.randn(4, 32), "int4", "4/6")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4", "int4-g64"])
+def test_rows_round_each_column_as_round_does(fmt):
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(24, 128, generator=g)
+    grid = grid_for(w, fmt, "mse")
+    cols = torch.randperm(128, generator=g)[:40]
+    rounder = grid.rows(cols)
+    for j in range(len(cols)):
+        assert torch.equal(rounder(j, w[:, cols[j]].contiguous()), grid.round(w[:, cols[j:j + 1]], cols[j:j + 1])[:, 0])
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4-g64"])
+def test_the_compiled_search_picks_scales_as_good_as_the_reference(fmt, monkeypatch):
+    from sixbit.kernels import cpu
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(512, 2048, generator=g) * 0.02  # 1 M elements: the compiled kernels
+    importance = torch.rand(2048, generator=g) + 0.1
+    fast = grid_for(w, fmt, "mse", importance)
+    monkeypatch.setattr(cpu, "_MIN_ELEMENTS", 1 << 40)  # every weight small: the reference
+    reference = grid_for(w, fmt, "mse", importance)
+    pack = lambda grid: grid.pack(grid.round(w, torch.arange(w.shape[1])))  # noqa: E731
+    scales = (lambda grid: grid.scales.float()) if fmt == "nvfp4" else (lambda grid: grid.scale)  # noqa: E731
+    differ = float((scales(fast) != scales(reference)).float().mean())
+    assert differ < 1e-3 and (differ == 0 or cpu.cpu_ops_compiling())  # only near-ties may go the other way
+    assert _err(pack(fast), w, importance) == pytest.approx(_err(pack(reference), w, importance), rel=1e-6)

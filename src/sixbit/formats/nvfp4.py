@@ -57,6 +57,25 @@ def global_scale_for(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / (F8_E4M3_MAX * F4_E2M1_MAX), torch.ones_like(amax))
 
 
+def block_scales(x: torch.Tensor, global_scale: torch.Tensor | float | None = None,
+                 check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(E4M3 block scales, fp32 global scale)`` that :func:`quantize` gives ``x`` (steps 1 and
+    2 above) without encoding it: the start of a scale search. Arguments as :func:`quantize`'s."""
+    x = to_float32(x)
+    block_amax = split_blocks(x, NVFP4_BLOCK, "NVFP4").abs().amax(dim=-1)
+    if check:
+        check_finite(x, stat=block_amax)
+    if global_scale is None:
+        global_scale = global_scale_for(block_amax.amax())
+    else:
+        global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
+        if global_scale.numel() != 1 or not bool(global_scale > 0) or not bool(torch.isfinite(global_scale)):
+            raise ValueError(f"global_scale must be one positive finite number, got {global_scale}")
+    global_scale = global_scale.reshape(())
+    scales = torch.clamp(block_amax / F4_E2M1_MAX / global_scale, min=E4M3_MIN_NORMAL, max=F8_E4M3_MAX)
+    return scales.to(torch.float8_e4m3fn), global_scale
+
+
 def quantize(
     x: torch.Tensor,
     global_scale: torch.Tensor | float | None = None,
@@ -81,27 +100,15 @@ def quantize(
         >>> q.codes.dtype, q.codes.shape, q.scales.shape
         (torch.uint8, torch.Size([4, 16]), torch.Size([4, 2]))
     """
+    if global_scale is None and scales is not None:
+        raise ValueError("scales needs the global_scale they were chosen for")
     x = to_float32(x)
     blocks = split_blocks(x, NVFP4_BLOCK, "NVFP4")
-    block_amax = blocks.abs().amax(dim=-1)
-    if check:
-        check_finite(x, stat=block_amax)
-    if global_scale is None:
-        if scales is not None:
-            raise ValueError("scales needs the global_scale they were chosen for")
-        global_scale = global_scale_for(block_amax.amax())
-    else:
-        global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
-        if global_scale.numel() != 1 or not bool(global_scale > 0) or not bool(torch.isfinite(global_scale)):
-            raise ValueError(f"global_scale must be one positive finite number, got {global_scale}")
-    global_scale = global_scale.reshape(())
+    own, global_scale = block_scales(x, global_scale, check)
     if scales is None:
-        block_scale = block_amax / F4_E2M1_MAX
-        scales = torch.clamp(block_scale / global_scale, min=E4M3_MIN_NORMAL, max=F8_E4M3_MAX).to(
-            torch.float8_e4m3fn
-        )
-    elif scales.dtype != torch.float8_e4m3fn or scales.shape != block_amax.shape:
-        raise ValueError(f"scales must be float8_e4m3fn of shape {tuple(block_amax.shape)}, "
+        scales = own
+    elif scales.dtype != torch.float8_e4m3fn or scales.shape != own.shape:
+        raise ValueError(f"scales must be float8_e4m3fn of shape {tuple(own.shape)}, "
                          f"got {scales.dtype} {tuple(scales.shape)}")
     reciprocal = (1.0 / global_scale) / scales.float()
     scaled = torch.clamp(blocks * reciprocal.unsqueeze(-1), -F4_E2M1_MAX, F4_E2M1_MAX)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ..formats.constants import F4_E2M1_MAX
+
 
 def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     """The full-precision dtype a user who wants speed runs on ``device``: bf16 on GPUs and on
@@ -171,6 +173,50 @@ def _run(fn, *args, numel: int | None = None, per_width: bool = False):
                         "same results)", _STATE["broken"])
             return fn(*args)
     return compiled(*args)
+
+
+def e2m1_round(x: torch.Tensor) -> torch.Tensor:
+    """``E2M1.round(x)`` for ``|x| ≤ 6``, bit for bit, by binade: quanta of 0.5 below 2, 1 below 4,
+    2 above, ties to even. Elementwise selects compile into a loop that vectorizes; ``frexp`` and
+    ``ldexp`` do not (4.4× slower compiled)."""
+    a = x.abs()
+    quantum = torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0))
+    return torch.copysign(torch.round(a / quantum) * quantum, x)
+
+
+def nvfp4_block_errors_reference(w: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
+                                 importance: torch.Tensor | None) -> torch.Tensor:
+    """Squared error of each NVFP4 block of ``w`` (``(n, blocks, 16)`` fp32) on the grid of block
+    scale ``scale`` (``(n, blocks, 1)``, E4M3 values in fp32) and ``global_scale``, rounded as
+    ``nvfp4.quantize`` rounds; each input channel weighted by ``importance`` (``(1, blocks, 16)``
+    or ``None``). Returns ``(n, blocks)``: what the MSE scale search compares per candidate."""
+    q = e2m1_round(torch.clamp(w * ((1.0 / global_scale) / scale), -F4_E2M1_MAX, F4_E2M1_MAX)) * (scale * global_scale)
+    err = (w - q).square()
+    return (err if importance is None else err * importance).sum(-1)
+
+
+def nvfp4_block_errors(w: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
+                       importance: torch.Tensor | None, numel: int | None = None) -> torch.Tensor:
+    """:func:`nvfp4_block_errors_reference`, compiled into one pass when the weight (``numel``
+    elements, default ``w``'s) is large: 30× faster per candidate on a 8960 × 1536 weight here. The sums over a
+    block may differ from the reference in the last bit, so a near-tie can pick the other scale."""
+    return _run(nvfp4_block_errors_reference, w, scale, global_scale, importance, numel=numel)
+
+
+def int_block_errors_reference(w: torch.Tensor, scale: torch.Tensor, qmax: int,
+                               importance: torch.Tensor | None) -> torch.Tensor:
+    """Squared error of each block of ``w`` (``(n, blocks, size)`` fp32: a group, or a whole row)
+    on the symmetric integer grid of ``scale`` (``(n, blocks, 1)``) with codes ``±qmax``, weighted
+    like :func:`nvfp4_block_errors_reference`. Returns ``(n, blocks)``."""
+    err = (w - torch.round(w / scale).clamp(-qmax, qmax) * scale).square()
+    return (err if importance is None else err * importance).sum(-1)
+
+
+def int_block_errors(w: torch.Tensor, scale: torch.Tensor, qmax: int, importance: torch.Tensor | None,
+                     numel: int | None = None) -> torch.Tensor:
+    """:func:`int_block_errors_reference`, compiled into one pass when the weight is large (as
+    :func:`nvfp4_block_errors`)."""
+    return _run(int_block_errors_reference, w, scale, qmax, importance, numel=numel)
 
 
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

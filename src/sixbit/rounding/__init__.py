@@ -53,20 +53,26 @@ def quantize_weight(
     w = w.float()
     importance = None if hessian is None else hessian.diagonal()
 
-    def quantize(target: torch.Tensor, final: bool) -> formats.Quantized:
-        if scale_rule == "absmax" and not (use_gptq and final):
+    def quantize(target: torch.Tensor) -> formats.Quantized:
+        if scale_rule == "absmax" and not use_gptq:
             return formats.get(fmt_name).quantize(target)
         grid = grid_for(target, fmt_name, scale_rule, importance)
-        if use_gptq and final:
+        if use_gptq:
             return grid.pack(gptq(target, hessian, grid, damp=damp))
         return grid.pack(grid.round(target, torch.arange(target.shape[1], device=target.device)))
 
+    def rounded(target: torch.Tensor) -> torch.Tensor:  # the cheap quantizer's values, never packed
+        if scale_rule == "absmax":
+            return formats.get(fmt_name).quantize(target).dequantize()
+        return grid_for(target, fmt_name, scale_rule, importance).round(
+            target, torch.arange(target.shape[1], device=target.device))
+
     if rank == 0:
-        return quantize(w, True), None
+        return quantize(w), None
     up, down = _branch(w, rank)
     for _ in range(iterations):
-        up, down = _branch(w - quantize(w - up.float() @ down.float(), False).dequantize(), rank)
-    return quantize(w - up.float() @ down.float(), True), (up, down)
+        up, down = _branch(w - rounded(w - up.float() @ down.float()), rank)
+    return quantize(w - up.float() @ down.float()), (up, down)
 
 
 def _branch(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,9 @@ lowers ``‖W − Q‖²``. Details (the paper's, with the choices for low-bit b
   is rounded to nearest; unlike the reference code its weight is kept (not zeroed), since
   calibration may simply not have exercised it.
 - **Blocks of 128 columns with lazy updates.** Within a block, errors update the block's
-  columns one by one; the rest of the weight is updated once per block (one GEMM).
+  columns one by one; the rest of the weight is updated once per block (one GEMM). The weight is
+  worked on transposed, so each column is a contiguous row, with the same products and sums as
+  on the untransposed weight (bit-identical results).
 
 Everything runs in fp32 on the weight's device; peak memory is about three weight-sized fp32
 tensors plus two ``K × K`` matrices.
@@ -83,7 +85,6 @@ def gptq(
     n, k = w.shape
     if hessian.shape != (k, k):
         raise ValueError(f"GPTQ needs a ({k}, {k}) Hessian for a weight with {k} inputs, got {tuple(hessian.shape)}")
-    w = w.float().clone()
     h = hessian.float().clone()
     dead = h.diagonal() <= 0
     h[dead, dead] = 1.0
@@ -91,21 +92,21 @@ def gptq(
         perm = torch.argsort(h.diagonal(), descending=True)
     else:
         perm = torch.arange(k, device=w.device)
-    w, h = w[:, perm], h[perm][:, perm]
+    h = h[perm][:, perm]
     hinv, _ = inverse_cholesky(h, damp)
-    q = torch.empty_like(w)
+    # transposed, in visiting order: input column perm[i] is the contiguous row wt[i]
+    wt = w.float()[:, perm].T.contiguous()
+    qt = torch.empty_like(wt)
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
-        w1, hinv1 = w[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
+        w1, hinv1 = wt[i1:i2].clone(), hinv[i1:i2, i1:i2]
+        rows = grid.rows(perm[i1:i2])
         err1 = torch.empty_like(w1)
         for j in range(i2 - i1):
-            col = w1[:, j:j + 1]
-            qcol = grid.round(col, perm[i1 + j:i1 + j + 1])
-            q[:, i1 + j:i1 + j + 1] = qcol
-            e = (col - qcol) / hinv1[j, j]
-            w1[:, j:] -= e @ hinv1[j:j + 1, j:]
-            err1[:, j:j + 1] = e
-        w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
-    out = torch.empty_like(q)
-    out[:, perm] = q
+            qt[i1 + j] = q = rows(j, w1[j])
+            e = err1[j] = (w1[j] - q) / hinv1[j, j]
+            w1[j + 1:] -= torch.outer(hinv1[j, j + 1:], e)
+        wt[i2:] -= (err1.T.contiguous() @ hinv[i1:i2, i2:]).T  # the (N, B) × (B, rest) product, as untransposed
+    out = torch.empty_like(w, dtype=torch.float32)
+    out[:, perm] = qt.T
     return out

@@ -23,12 +23,13 @@ Scale rules (:func:`grid_for`), all free at run time (they only change the store
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from .. import formats
+from .. import formats, kernels
 from ..formats import integer, nvfp4
 from ..formats.constants import E4M3_MIN_NORMAL, F4_E2M1_MAX, F8_E4M3_MAX, NVFP4_BLOCK
-from ..formats.minifloat import E2M1
 
 SCALE_RULES = ("absmax", "mse", "4/6")
 
@@ -50,6 +51,11 @@ class Grid:
         """The format's container of a whole weight whose values are on the grid (:meth:`round`'s)."""
         raise NotImplementedError
 
+    def rows(self, cols: torch.Tensor) -> Callable[[int, torch.Tensor], torch.Tensor]:  # pragma: no cover
+        """``f(j, x)``: :meth:`round` of ``x`` (``(N,)``) as column ``cols[j]``, bit for bit, with
+        those columns' scales gathered once (GPTQ rounds the transposed weight row by row)."""
+        raise NotImplementedError
+
 
 class NVFP4Grid(Grid):
     def __init__(self, scales: torch.Tensor, global_scale: torch.Tensor):
@@ -60,10 +66,14 @@ class NVFP4Grid(Grid):
 
     def round(self, w, cols):
         scaled = torch.clamp(w * self._reciprocal[:, cols], -F4_E2M1_MAX, F4_E2M1_MAX)
-        return E2M1.round(scaled) * self._value[:, cols]
+        return kernels.e2m1_round(scaled) * self._value[:, cols]
 
     def pack(self, q):
         return nvfp4.quantize(q, global_scale=self.global_scale, scales=self.scales)
+
+    def rows(self, cols):
+        reciprocal, value = self._reciprocal[:, cols].T.contiguous(), self._value[:, cols].T.contiguous()
+        return lambda j, x: kernels.e2m1_round(torch.clamp(x * reciprocal[j], -F4_E2M1_MAX, F4_E2M1_MAX)) * value[j]
 
 
 class IntGrid(Grid):
@@ -80,6 +90,13 @@ class IntGrid(Grid):
     def pack(self, q):
         gran = "group" if self.group_size else "channel"
         return integer.quantize(q, self.bits, True, gran, self.group_size, scale=self.scale)
+
+    def rows(self, cols):
+        if not self.group_size:  # one scale per row: the same for every column
+            s = self._value[:, 0]
+            return lambda j, x: torch.round(x / s).clamp_(-self.qmax, self.qmax) * s
+        value = self._value[:, cols].T.contiguous()
+        return lambda j, x: torch.round(x / value[j]).clamp_(-self.qmax, self.qmax) * value[j]
 
 
 def supports(fmt_name: str) -> bool:
@@ -126,26 +143,34 @@ def grid_for(w: torch.Tensor, fmt_name: str, rule: str = "absmax", importance: t
     return _int_grid(w, fmt, rule, importance)
 
 
-def _weighted_error(w: torch.Tensor, q: torch.Tensor, importance: torch.Tensor | None, block: int) -> torch.Tensor:
-    """Squared error per block: ``(..., rows, K/block)`` from ``(..., rows, K)`` tensors."""
-    err = (w - q).square()
-    if importance is not None:
-        err = err * importance
-    return err.reshape(*err.shape[:-1], -1, block).sum(-1)
+def _pick(candidates, errors) -> torch.Tensor:
+    """Per block, the candidate scale with the least (weighted) squared error: ``candidates``
+    yields ``(key, scale)`` (keys ``(n, blocks)``, scales ``(n, blocks, 1)``), ``errors(scale)``
+    gives that scale's block errors. Candidates are tried one at a time and the first of equal
+    errors is kept (the absmax scale goes first: never worse than it). Returns the chosen keys."""
+    best = keys = None
+    for key, scale in candidates:
+        err = errors(scale)
+        if best is None:
+            best, keys = err, key.clone()
+        else:
+            better = err < best
+            best = torch.where(better, err, best)
+            keys = torch.where(better, key, keys)
+    return keys
 
 
-def _rows_per_chunk(k: int, candidates: int) -> int:
-    return max(1, _CHUNK_BYTES // (4 * k * max(candidates, 1) * 3))
+def _rows_per_chunk(k: int) -> int:
+    return max(1, _CHUNK_BYTES // (4 * k * 3))
 
 
 def _nvfp4_grid(w: torch.Tensor, rule: str, importance) -> NVFP4Grid:
-    base = nvfp4.quantize(w)  # the absmax scales (and the global scale every rule keeps)
+    scales, gs = nvfp4.block_scales(w)  # the absmax scales (and the global scale every rule keeps)
     if rule == "absmax":
-        return NVFP4Grid(base.scales, base.global_scale)
-    gs = base.global_scale
+        return NVFP4Grid(scales, gs)
     lo_code, hi_code = (torch.tensor(v).to(torch.float8_e4m3fn).view(torch.uint8).item()
                         for v in (E4M3_MIN_NORMAL, F8_E4M3_MAX))
-    codes0 = base.scales.view(torch.uint8).long()
+    codes0 = scales.view(torch.uint8).long()
     if rule == "mse":
         offsets = torch.arange(-_E4M3_BELOW, _E4M3_ABOVE + 1)
         others = (codes0.unsqueeze(0) + offsets.view(-1, 1, 1)).clamp(lo_code, hi_code)
@@ -153,19 +178,17 @@ def _nvfp4_grid(w: torch.Tensor, rule: str, importance) -> NVFP4Grid:
         amax = w.reshape(w.shape[0], -1, NVFP4_BLOCK).abs().amax(-1)
         four = torch.clamp(amax / 4.0 / gs, E4M3_MIN_NORMAL, F8_E4M3_MAX).to(torch.float8_e4m3fn)
         others = four.view(torch.uint8).long().unsqueeze(0)
-    # the absmax scale goes first and argmin keeps the first of equal errors: never worse than it
     cand = torch.cat([codes0.unsqueeze(0), others]).to(torch.uint8)  # (C, N, K/16) E4M3 bit patterns
-    best = torch.empty_like(base.scales)
-    step = _rows_per_chunk(w.shape[1], cand.shape[0])
+    blocks = w.reshape(w.shape[0], -1, NVFP4_BLOCK)
+    weights = None if importance is None else importance.reshape(1, -1, NVFP4_BLOCK)
+
+    best = torch.empty_like(scales)
+    step = _rows_per_chunk(w.shape[1])
     for r in range(0, w.shape[0], step):
-        c = cand[:, r:r + step]
-        s = c.view(torch.float8_e4m3fn).float()
-        value = (s * gs).repeat_interleave(NVFP4_BLOCK, dim=-1)
-        recip = ((1.0 / gs) / s).repeat_interleave(NVFP4_BLOCK, dim=-1)  # as nvfp4.quantize rounds
-        wr = w[r:r + step].unsqueeze(0)
-        q = E2M1.round(torch.clamp(wr * recip, -F4_E2M1_MAX, F4_E2M1_MAX)) * value
-        err = _weighted_error(wr, q, importance, NVFP4_BLOCK)  # (C, n, K/16)
-        best[r:r + step] = c.gather(0, err.argmin(0, keepdim=True)).squeeze(0).view(torch.float8_e4m3fn)
+        rows = blocks[r:r + step]
+        tried = ((c, c.view(torch.float8_e4m3fn).float().unsqueeze(-1)) for c in cand[:, r:r + step])
+        errors = lambda s: kernels.nvfp4_block_errors(rows, s, gs, weights, numel=w.numel())  # noqa: E731
+        best[r:r + step] = _pick(tried, errors).view(torch.float8_e4m3fn)
     return NVFP4Grid(best, gs)
 
 
@@ -177,15 +200,15 @@ def _int_grid(w: torch.Tensor, fmt, rule: str, importance) -> IntGrid:
     qmax = 2 ** (bits - 1) - 1
     block = group or w.shape[1]
     shrink = torch.cat([torch.ones(1), _INT_SHRINK[:-1]])  # 1.0 (absmax) first: ties keep it
+    blocks = w.reshape(w.shape[0], -1, block)
+    weights = None if importance is None else importance.reshape(1, -1, block)
+
     best = torch.empty_like(base.scale)
-    step = _rows_per_chunk(w.shape[1], shrink.numel())
+    step = _rows_per_chunk(w.shape[1])
     for r in range(0, w.shape[0], step):
-        wr = w[r:r + step]
-        s0 = base.scale[r:r + step].reshape(wr.shape[0], -1)  # (n, K/block)
-        s = s0.unsqueeze(0) * shrink.view(-1, 1, 1)  # (C, n, K/block)
-        value = s.repeat_interleave(block, dim=-1)
-        q = torch.round(wr / value).clamp_(-qmax, qmax) * value
-        err = _weighted_error(wr.unsqueeze(0), q, importance, block)
-        pick = s.gather(0, err.argmin(0, keepdim=True)).squeeze(0)
-        best[r:r + step] = pick.reshape(best[r:r + step].shape)
+        rows = blocks[r:r + step]
+        s0 = base.scale[r:r + step].reshape(rows.shape[0], -1, 1)  # (n, K/block, 1)
+        tried = ((s.squeeze(-1), s) for s in (s0 * f for f in shrink))
+        errors = lambda s: kernels.int_block_errors(rows, s, qmax, weights, numel=w.numel())  # noqa: E731
+        best[r:r + step] = _pick(tried, errors).reshape(best[r:r + step].shape)
     return IntGrid(best, bits, group)
