@@ -17,9 +17,8 @@ lowers ``‖W − Q‖²``. Details (the paper's, with the choices for low-bit b
   is rounded to nearest; unlike the reference code its weight is kept (not zeroed), since
   calibration may simply not have exercised it.
 - **Blocks of 128 columns with lazy updates.** Within a block, errors update the block's
-  columns one by one; the rest of the weight is updated once per block (one GEMM). The weight is
-  worked on transposed, so each column is a contiguous row, with the same products and sums as
-  on the untransposed weight (bit-identical results).
+  columns one by one; the rest of the weight is updated once per block (one GEMM). Each block is
+  worked on transposed, so that its columns are contiguous rows (the same products and sums).
 
 Everything runs in fp32 on the weight's device; peak memory is about three weight-sized fp32
 tensors plus two ``K × K`` matrices.
@@ -94,19 +93,20 @@ def gptq(
         perm = torch.arange(k, device=w.device)
     h = h[perm][:, perm]
     hinv, _ = inverse_cholesky(h, damp)
-    # transposed, in visiting order: input column perm[i] is the contiguous row wt[i]
-    wt = w.float()[:, perm].T.contiguous()
-    qt = torch.empty_like(wt)
+    w = w.float()[:, perm].contiguous()
+    q = torch.empty_like(w)
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
-        w1, hinv1 = wt[i1:i2].clone(), hinv[i1:i2, i1:i2]
+        # the block transposed: each of its columns a contiguous row for the one-by-one updates
+        w1, hinv1 = w[:, i1:i2].T.contiguous(), hinv[i1:i2, i1:i2]
         rows = grid.rows(perm[i1:i2])
-        err1 = torch.empty_like(w1)
+        q1, err1 = torch.empty_like(w1), torch.empty_like(w1)
         for j in range(i2 - i1):
-            qt[i1 + j] = q = rows(j, w1[j])
-            e = err1[j] = (w1[j] - q) / hinv1[j, j]
+            q1[j] = rows(j, w1[j])
+            e = err1[j] = (w1[j] - q1[j]) / hinv1[j, j]
             w1[j + 1:] -= torch.outer(hinv1[j, j + 1:], e)
-        wt[i2:] -= (err1.T.contiguous() @ hinv[i1:i2, i2:]).T  # the (N, B) × (B, rest) product, as untransposed
-    out = torch.empty_like(w, dtype=torch.float32)
-    out[:, perm] = qt.T
+        q[:, i1:i2] = q1.T
+        w[:, i2:] -= err1.T.contiguous() @ hinv[i1:i2, i2:]
+    out = torch.empty_like(q)
+    out[:, perm] = q
     return out
