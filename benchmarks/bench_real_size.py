@@ -156,12 +156,15 @@ def child_write(name: str, folder: str, blocks: int | None) -> dict:
     return {"bytes": total, "seconds": time.perf_counter() - t0, "peak_gib": _peak_gib()}
 
 
-def _calibration(folder: str, frames: int, side: int):
+def _calibration(folder: str, frames: int, side: int | str):
     """For GPTQ presets: ``calibration(transformer)`` runs two transformer calls (two timesteps, as
     the two CFG branches of two steps would) on random latents of ``frames`` × ``side`` × ``side``
-    and random text embeddings: with random weights there is no video to calibrate on; what this
-    measures is the streamed GPTQ's memory and time at the model's real width."""
+    (or ``"HxW"``: 480p is ``"60x104"``) and random text embeddings: with random weights there is
+    no video to calibrate on; what this measures is the streamed GPTQ's memory and time at the
+    model's real width."""
     import torch
+
+    height, width = (int(v) for v in side.split("x")) if isinstance(side, str) else (side, side)
 
     config = json.loads((Path(folder) / "config.json").read_text())
     cogvideox = config["_class_name"].startswith("CogVideoX")
@@ -172,7 +175,7 @@ def _calibration(folder: str, frames: int, side: int):
         dtype = next(p.dtype for p in transformer.parameters() if p.device.type != "meta")
         g = torch.Generator().manual_seed(0)
         c = config["in_channels"]
-        shape = (2, frames, c, side, side) if cogvideox else (2, c, frames, side, side)
+        shape = (2, frames, c, height, width) if cogvideox else (2, c, frames, height, width)
         with torch.no_grad():
             for t in (900, 300):
                 transformer(hidden_states=torch.randn(shape, generator=g).to(dtype),
@@ -181,7 +184,7 @@ def _calibration(folder: str, frames: int, side: int):
     return calibration
 
 
-def child_convert(folder: str, preset: str, output: str, frames: int, side: int) -> dict:
+def child_convert(folder: str, preset: str, output: str, frames: int, side: int | str) -> dict:
     import torch
 
     import sixbit
@@ -352,7 +355,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="video tokens of the timed block call (default 64)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--calib-frames", type=int, default=2, help="GPTQ presets: latent frames of the calibration calls")
-    parser.add_argument("--calib-side", type=int, default=16, help="GPTQ presets: latent height and width of the calibration calls")
+    parser.add_argument("--calib-side", default="16", help="GPTQ presets: latent height and width of the calibration "
+                        "calls (one number, or HxW: 60x104 is 480p)")
     parser.add_argument("--workdir", default="/tmp/sixbit-real-size")
     parser.add_argument("--keep", action="store_true", help="keep the random folders and checkpoints")
     parser.add_argument("--rss-limit-gib", type=float, default=20.0)

@@ -1,0 +1,350 @@
+"""What a 4-bit conversion costs, stage by stage, and what it holds in memory → BENCHMARKS.md
+(sections ``conversion-profile``, ``conversion-block``, ``conversion-memory``).
+
+    python benchmarks/bench_conversion.py                              # all three parts
+    python benchmarks/bench_conversion.py --parts profile --before /tmp/old/src
+    python benchmarks/bench_conversion.py --parts block --json /tmp/conversion.json
+
+``--before SRC`` runs the same children on another checkout's ``src`` (e.g. the commit before a
+change), so every table shows *before* and *after* side by side; ``--json`` keeps each part's
+raw results, so one side can be measured again without the other. Each
+measurement runs in a fresh child process (``bench_real_size``'s runner: peak RSS is the
+child's ``VmHWM``, a child past ``--rss-limit-gib`` is killed).
+
+- **profile**: the ``w4a8`` recipe on one weight of each shape of three widths (1536: Wan2.1-1.3B,
+  3072: CogVideoX-5B / HunyuanVideo, 5120: Wan2.1-14B; the square attention projection and the
+  FFN's up and down projections), random weights (N(0, 1/K)) and a Hessian from random inputs
+  (the cost does not depend on the values). Stages, each timed once after a warm-up on a small
+  weight (compiling the CPU kernels is timed apart): the input Hessian (``hessians.collect``
+  over 12,480 bf16 rows, two calls of 4 latent frames at 480p, the layer's own forward
+  subtracted), its Hadamard rotation, one SVD split of the low-rank branch, one MSE scale search,
+  GPTQ, and ``quantize_weight`` whole (three scale searches, three SVDs, GPTQ, the packing).
+- **block**: Wan2.1-1.3B's width, 2 blocks of random bf16 weights on disk, converted by
+  ``sixbit.convert_pretrained`` with ``w4a8`` (GPTQ, calibrated on two calls of 4 latent frames
+  at 480p) and with the round-to-nearest layout of the same formats; seconds per block, and the
+  output error of the converted 2-block model against bf16 on a held-out call.
+- **memory**: CogVideoX-2B (random bf16 weights, built in memory) converted in memory by
+  ``sixbit.convert_model`` with the ``w4a8`` layout (round to nearest): peak RSS with the
+  replaced layers spilled to disk (the default), and with ``TMPDIR`` on tmpfs, which keeps them
+  in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_real_size import CONFIGS, ROOT, _calibration, _config, _peak_gib, _rss_gib, _run_child, child_write  # noqa: E402
+
+WIDTHS = {1536: 8960, 3072: 12288, 5120: 13824}  # model width → FFN width
+CALIB_ROWS = 2 * 2 * 4 * 30 * 52  # two calls × batch 2 × 4 latent frames × 480p tokens (60×104 latents, patch 2)
+STAGES = ("hessian", "rotate", "svd", "scale search", "gptq", "layer")
+
+
+# ----------------------------------------------------------------------------- children
+
+def _timed(fn, *args, **kwargs) -> tuple[object, float]:
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def child_profile(width: int) -> dict:
+    """Seconds per stage of the w4a8 recipe on each weight shape of ``width``."""
+    import importlib
+
+    import torch
+    from torch import nn
+
+    from sixbit.calibration import hessians
+    from sixbit.config import QuantConfig
+    from sixbit.presets import resolve
+    from sixbit.rounding import quantize_weight
+    from sixbit.transforms import hadamard, lowrank
+
+    grid = importlib.import_module("sixbit.rounding.grid")
+    gptq = importlib.import_module("sixbit.rounding.gptq").gptq
+    recipe: QuantConfig = resolve("w4a8").weights
+    g = torch.Generator().manual_seed(0)
+    small = torch.randn(256, 4096, generator=g)  # large enough to take the compiled kernels
+    _, compile_s = _timed(quantize_weight, small, "nvfp4", recipe.scale_rule, torch.eye(4096), True,
+                          recipe.gptq_damp, 16, recipe.lowrank_iterations)
+    shapes = [(width, width), (WIDTHS[width], width), (width, WIDTHS[width])]
+    rows = []
+    for n, k in shapes:
+        w = torch.randn(n, k, generator=g) / k ** 0.5
+        x = torch.randn(CALIB_ROWS, k, generator=g).to(torch.bfloat16)
+        layer = nn.Linear(k, n, dtype=torch.bfloat16)
+        with torch.no_grad():
+            _, forward_s = _timed(layer, x)
+            stats, collect_s = _timed(hessians.collect, layer, lambda: layer(x), {"": layer})
+        h = stats[""].hessian
+        del x
+        rank = recipe.lowrank_rank_for(k, n)
+        _, rotate_s = _timed(lambda: hadamard.rotate(hadamard.rotate(h, 128).T.contiguous(), 128))
+        _, svd_s = _timed(lowrank.split, w, rank)
+        chosen, grid_s = _timed(grid.grid_for, w, "nvfp4", recipe.scale_rule, h.diagonal())
+        _, gptq_s = _timed(gptq, w, h, chosen, damp=recipe.gptq_damp)
+        _, layer_s = _timed(quantize_weight, w, "nvfp4", recipe.scale_rule, h, True, recipe.gptq_damp, rank,
+                            recipe.lowrank_iterations)
+        rows.append({"shape": [n, k], "rank": rank, "hessian": max(collect_s - forward_s, 0.0), "rotate": rotate_s,
+                     "svd": svd_s, "scale search": grid_s, "gptq": gptq_s, "layer": layer_s})
+    return {"width": width, "threads": torch.get_num_threads(), "compile_s": compile_s, "rows": rows}
+
+
+def _held_out(config: dict):
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    return dict(hidden_states=torch.randn(1, config["in_channels"], 2, 30, 52, generator=g).to(torch.bfloat16),
+                encoder_hidden_states=torch.randn(1, 512, config["text_dim"], generator=g).to(torch.bfloat16),
+                timestep=torch.tensor([500]), return_dict=False)
+
+
+def child_block(folder: str, preset: str, output: str) -> dict:
+    """Convert the 2-block folder with ``preset`` (streamed), then the converted model's output
+    error against the bf16 one on a held-out call."""
+    import diffusers
+    import torch
+
+    import sixbit
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    spec = _config(preset)
+    calibration = _calibration(folder, 4, "60x104") if spec.needs_calibration else None
+    base = _rss_gib()
+    result = sixbit.convert_pretrained(folder, spec, output, calibration, progress=False)
+    peak = _peak_gib()
+    blocks = {p: s for p, s in result.part_seconds.items() if p not in ("outside blocks", "calibration runs")}
+    reference = diffusers.WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch.bfloat16)
+    converted = sixbit.load_pretrained(output, folder)
+    with torch.no_grad():
+        want = reference(**_held_out(config))[0].float()
+        got = converted(**_held_out(config))[0].float()
+    error = float((got - want).square().mean() / want.square().mean())
+    return {"seconds": result.seconds, "block_s": statistics.median(blocks.values()), "blocks": len(blocks),
+            "calibration_s": result.part_seconds.get("calibration runs", 0.0), "relative_mse": error,
+            "peak_gib": peak, "base_gib": base, "threads": torch.get_num_threads()}
+
+
+def child_memory(preset: str) -> dict:
+    """CogVideoX-2B built in memory in bf16, then ``convert_model`` with ``preset``: peak RSS."""
+    import diffusers
+    import torch
+
+    import sixbit
+
+    cls, kwargs = CONFIGS["CogVideoX-2B"]
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy before the conversion
+    model = getattr(diffusers, cls)(**kwargs)
+    torch.set_default_dtype(torch.float32)
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    Path("/proc/self/clear_refs").write_text("5")  # the peak from here on
+    start = _rss_gib()
+    t0 = time.perf_counter()
+    sixbit.convert_model(model, None, _config(preset))
+    seconds = time.perf_counter() - t0
+    held = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return {"seconds": seconds, "peak_gib": _peak_gib(), "start_gib": start, "model_bytes": model_bytes,
+            "held_bytes": held, "end_gib": _rss_gib(), "tmpdir": os.environ.get("TMPDIR", "")}
+
+
+# ----------------------------------------------------------------------------- tables
+
+def _s(v: float) -> str:
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}"
+
+
+def section_profile(results: dict) -> str:
+    from report import machine_description
+
+    after = results["profile"]
+    before = results.get("profile_before", {})
+    threads = next(iter(after.values()))["threads"]
+    lines = [
+        "## Conversion cost, stage by stage: the `w4a8` recipe on one weight",
+        "",
+        f"Written by `python benchmarks/bench_conversion.py --parts profile` on {machine_description()}, {threads} threads. "
+        "One weight of each shape (N × K: the attention projection, the FFN's up and down projections) at three "
+        "model widths, random weights and a Hessian from random inputs (the cost does not depend on the values). "
+        f"*Hessian*: `hessians.collect` over {CALIB_ROWS:,} bf16 rows (two calibration calls of batch 2, 4 latent "
+        "frames at 480p), the layer's own forward subtracted; *rotate*: its Hadamard rotation; *SVD*, *scale search*, "
+        "*GPTQ*: one of each; *layer*: `quantize_weight` whole (three scale searches and three SVDs: the low-rank "
+        "branch is refit twice, then GPTQ and packing). Seconds, each stage timed once; *before*: the same child on "
+        "the `--before` checkout (the code before these changes), on the same machine, its rows measured by the "
+        "same script before the *after* rows (quiet both times).",
+        "",
+        "| width | weight N × K | rank | Hessian | rotate | SVD | scale search | GPTQ | layer | layer before | speed-up |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for width in sorted(after, key=int):
+        old = {tuple(r["shape"]): r for r in before.get(width, {}).get("rows", [])}
+        for r in after[width]["rows"]:
+            b = old.get(tuple(r["shape"]))
+            tail = f"{_s(b['layer'])} | {b['layer'] / r['layer']:.1f}×" if b else "– | –"
+            lines.append(f"| {width} | {r['shape'][0]} × {r['shape'][1]} | {r['rank']} | " +
+                         " | ".join(_s(r[s]) for s in STAGES) + f" | {tail} |")
+    if before:
+        lines += ["", "Stage by stage before (same order):", "",
+                  "| width | weight N × K | Hessian | rotate | SVD | scale search | GPTQ | layer |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for width in sorted(before, key=int):
+            for r in before[width]["rows"]:
+                lines.append(f"| {width} | {r['shape'][0]} × {r['shape'][1]} | " +
+                             " | ".join(_s(r[s]) for s in STAGES) + " |")
+    compile_s = statistics.median(v["compile_s"] for v in after.values())
+    lines += ["", f"Compiling the CPU kernels of the scale search (once per process, in the warm-up): ~{compile_s:.0f} s."]
+    return "\n".join(lines)
+
+
+def section_block(results: dict) -> str:
+    from report import machine_description
+
+    rows = results["block"]
+    lines = [
+        "## Conversion time per block at Wan2.1-1.3B's width, streamed",
+        "",
+        f"Written by `python benchmarks/bench_conversion.py --parts block` on {machine_description()}. Two Wan2.1-1.3B "
+        "blocks (dim 1536, FFN 8960) with random bf16 weights on disk, converted by `sixbit.convert_pretrained`. "
+        "`w4a8`: GPTQ + MSE scales + the low-rank branch, calibrated on two random-latent calls of 4 latent frames at "
+        "480p (60 × 104 latents, 6,240 tokens, batch 2; each block's inputs kept once and replayed); `w4a8 (layout)`: "
+        "the same formats rounded to nearest. *s / block*: median over the blocks (Hessians, rounding, the replay "
+        "of the quantized block); *calibration*: the one full-precision pass that records the first block's inputs. "
+        "*output error*: mean squared error of the converted 2-block model's output against bf16 on a held-out call, "
+        "relative to the output's mean square; *vs RTN*: its ratio to the round-to-nearest layout's. *before*: the "
+        "`--before` checkout, measured by the same script on the same machine (quiet both times).",
+        "",
+        "| code | preset | s / block | calibration s | total s | output error | vs RTN | peak GiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for code in ("before", "after"):
+        got = rows.get(code, {})
+        rtn = got.get("w4a8 (layout)", {}).get("relative_mse")
+        for preset, r in got.items():
+            if "error" in r:
+                lines.append(f"| {code} | `{preset}` | {r['error']} | | | | | |")
+                continue
+            ratio = f"{r['relative_mse'] / rtn:.2f}×" if rtn else "–"
+            lines.append(f"| {code} | `{preset}` | {_s(r['block_s'])} | {_s(r['calibration_s'])} | {_s(r['seconds'])} | "
+                         f"{r['relative_mse']:.3g} | {ratio} | {r['peak_gib']:.2f} |")
+    return "\n".join(lines)
+
+
+def section_memory(results: dict) -> str:
+    from report import machine_description
+
+    lines = [
+        "## In-memory conversion: peak memory of `convert_model` at CogVideoX-2B size",
+        "",
+        f"Written by `python benchmarks/bench_conversion.py --parts memory` on {machine_description()}. CogVideoX-2B's "
+        "configuration with random weights, built in memory in bf16, then `sixbit.convert_model(model, None, config)` "
+        "with the `w4a8` layout (NVFP4 with the low-rank branch, rounded to nearest). Peak: the child's RSS "
+        "high-water mark from just before the conversion, Python, torch and the model included; *target*: 1.3 × the "
+        "model's bytes + 1 GiB. *spilled*: the replaced layers wait in a temporary file on disk (the default); "
+        "*in memory*: `TMPDIR` on tmpfs, where spilling would not free memory, so they stay (as before spilling). "
+        "Times are not compared here (`conversion-profile` and `conversion-block` measure them).",
+        "",
+        "| code | replaced layers | model GiB | RSS before GiB | peak GiB | target GiB | RSS after GiB |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, r in results["memory"].items():
+        if "error" in r:
+            lines.append(f"| {key} | {r['error']} | | | | | |")
+            continue
+        model = r["model_bytes"] / 2**30
+        target = 1.3 * model + 1
+        mark = "✓" if r["peak_gib"] <= target else "✗"
+        code, where = key.split(":")
+        lines.append(f"| {code} | {where} | {model:.2f} | {r['start_gib']:.2f} | {r['peak_gib']:.2f} {mark} | "
+                     f"{target:.2f} | {r['end_gib']:.2f} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="profile,block,memory")
+    parser.add_argument("--widths", default=",".join(str(w) for w in WIDTHS))
+    parser.add_argument("--before", help="another checkout's src/ to measure beside this one")
+    parser.add_argument("--workdir", default="/tmp/sixbit-conversion")
+    parser.add_argument("--rss-limit-gib", type=float, default=20.0)
+    parser.add_argument("--json", help="write raw results here (and read previous ones from it to merge)")
+    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        fn = {"profile": child_profile, "block": child_block, "memory": child_memory, "write": child_write}[kind]
+        typed = [int(x) if x.isdigit() else (None if x == "none" else x) for x in rest]
+        print(json.dumps(fn(*typed)))
+        return 0
+
+    def log(msg):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    from report import update_section
+
+    results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() else {}
+    codes = {"after": ROOT / "src", **({"before": Path(args.before)} if args.before else {})}
+
+    def run(child: list[str], src: Path, env: dict | None = None) -> dict:
+        saved = dict(os.environ)
+        os.environ.update(env or {})
+        try:
+            return _run_child(child, args.rss_limit_gib, log, script=__file__, src=src)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def save():
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+
+    parts = args.parts.split(",")
+    if "profile" in parts:
+        for code, src in codes.items():
+            key = "profile" if code == "after" else "profile_before"
+            for width in args.widths.split(","):
+                log(f"profile ({code}): width {width}")
+                results.setdefault(key, {})[width] = r = run(["profile", width], src)
+                log(f"{r}")
+                save()
+        update_section(args.output, "conversion-profile", section_profile(results))
+    if "block" in parts:
+        folder = Path(args.workdir) / "Wan2_1-1_3B-2blocks"
+        if not (folder / "config.json").exists():
+            log(f"writing 2 random Wan2.1-1.3B blocks to {folder}")
+            log(f"{run(['write', 'Wan2.1-1.3B', str(folder), '2'], codes['after'])}")
+        for code, src in codes.items():
+            for preset in ("w4a8 (layout)", "w4a8"):
+                output = Path(args.workdir) / f"block-{code}-{preset.replace(' ', '_')}.safetensors"
+                log(f"block ({code}): {preset}")
+                results.setdefault("block", {}).setdefault(code, {})[preset] = r = run(
+                    ["block", str(folder), preset, str(output)], src)
+                log(f"{r}")
+                output.unlink(missing_ok=True)
+                save()
+        update_section(args.output, "conversion-block", section_block(results))
+    if "memory" in parts:
+        for code, src in codes.items():
+            for where, env in (("spilled", {}), ("in memory", {"TMPDIR": "/dev/shm"})):
+                if code == "before" and where == "spilled":
+                    continue  # the code before had nowhere to spill them
+                log(f"memory ({code}, {where})")
+                results.setdefault("memory", {})[f"{code}:{where}"] = r = run(["memory", "w4a8 (layout)"], src, env)
+                log(f"{r}")
+                save()
+        update_section(args.output, "conversion-memory", section_memory(results))
+    log(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
