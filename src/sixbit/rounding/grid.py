@@ -19,6 +19,8 @@ Scale rules (:func:`grid_for`), all free at run time (they only change the store
 
 ``importance`` weights each input channel's error, e.g. the calibration Hessian's diagonal
 (the mean squared input of the channel): a channel the layer's inputs never use costs nothing.
+The searches try one candidate scale at a time; on large weights each candidate's block errors
+come from one compiled pass (:func:`sixbit.kernels.nvfp4_block_errors`, ``int_block_errors``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..formats.constants import E4M3_MIN_NORMAL, F4_E2M1_MAX, F8_E4M3_MAX, NVFP4
 
 SCALE_RULES = ("absmax", "mse", "4/6")
 
-# fp32 temporaries of one scale-search chunk (candidates × rows × K) stay under this many bytes.
+# fp32 temporaries of one scale-search chunk (rows × K, three of them per candidate) stay under this many bytes.
 _CHUNK_BYTES = 64 << 20
 # E4M3 codes searched around the amax/6 scale's code (8 codes per octave).
 _E4M3_BELOW, _E4M3_ABOVE = 4, 6
