@@ -295,13 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     codes = {"after": ROOT / "src", **({"before": Path(args.before)} if args.before else {})}
 
     def run(child: list[str], src: Path, env: dict | None = None) -> dict:
-        saved = dict(os.environ)
-        os.environ.update(env or {})
-        try:
-            return _run_child(child, args.rss_limit_gib, log, script=__file__, src=src)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        return _run_child(child, args.rss_limit_gib, log, script=__file__, src=src, env=env)
 
     def save():
         if args.json:

@@ -263,11 +263,12 @@ def child_block(name: str, folder: str, precision: str, tokens: int, repeats: in
 
 # ----------------------------------------------------------------------------- parent
 
-def _run_child(args: list[str], limit_gib: float, log, script: str = __file__, src: Path = ROOT / "src") -> dict:
-    """Run ``script`` (default: this one) in child mode on the package in ``src``; kill it past
-    ``limit_gib`` of RSS. Returns its JSON (or an error)."""
+def _run_child(args: list[str], limit_gib: float, log, script: str = __file__, src: Path = ROOT / "src",
+               env: dict | None = None) -> dict:
+    """Run ``script`` (default: this one) in child mode on the package in ``src``, with ``env``
+    added to its environment; kill it past ``limit_gib`` of RSS. Returns its JSON (or an error)."""
     proc = subprocess.Popen([sys.executable, script, "--child", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(src)})
+                            text=True, env={**os.environ, **(env or {}), "PYTHONPATH": str(src)})
     killed = {}
 
     def guard():
