@@ -76,3 +76,14 @@ def test_gptq_needs_a_matching_hessian():
         gptq(w, torch.eye(16), grid_for(w, "int4"))
     with pytest.raises(ValueError, match="needs the layer's input Hessian"):
         quantize_weight(w, "nvfp4", use_gptq=True)
+
+
+@pytest.mark.parametrize("k", [40, 1100])  # 1100: the triangular inverse splits in halves (twice, unevenly)
+def test_inverse_cholesky_is_the_upper_factor_of_the_damped_inverse(k):
+    x = torch.randn(3 * k, k, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+    h = x.T @ x / x.shape[0]
+    upper, lam = inverse_cholesky(h.float(), 0.01)
+    assert lam == 0.01 and torch.equal(upper, upper.triu()) and bool((upper.diagonal() > 0).all())
+    damped = h + 0.01 * h.diagonal().mean() * torch.eye(k, dtype=torch.float64)
+    want = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(damped)), upper=True)
+    torch.testing.assert_close(upper.double(), want, rtol=0, atol=1e-4 * float(want.abs().max()))

@@ -33,27 +33,41 @@ from .grid import Grid
 BLOCK = 128
 DAMP = 0.01
 _RETRIES = 4
+_SOLVE_BELOW = 512
 
 
 def inverse_cholesky(hessian: torch.Tensor, damp: float = DAMP) -> tuple[torch.Tensor, float]:
-    """Upper Cholesky factor of ``(H + λI)⁻¹`` and the damping ``λ / mean(diag H)`` that worked."""
-    h = hessian.clone()
-    mean_diag = float(h.diagonal().mean())
+    """Upper Cholesky factor of ``(H + λI)⁻¹`` and the damping ``λ / mean(diag H)`` that worked:
+    one Cholesky factorization of the reversed matrix and one triangular inverse (the inverse is
+    never formed, nor factored again)."""
+    mean_diag = float(hessian.diagonal().mean())
     if not mean_diag > 0:
         mean_diag = 1.0
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    eye = torch.eye(hessian.shape[0], dtype=hessian.dtype, device=hessian.device)
+    flipped = hessian.flip(0, 1)  # J·H·J (J reverses the order): its lower factor L gives H = R·Rᵀ with R = J·L·J upper
     for attempt in range(_RETRIES):
         lam = damp * 10**attempt
-        factor, info = torch.linalg.cholesky_ex(h + lam * mean_diag * eye)
-        if int(info) == 0:
-            inv = torch.cholesky_inverse(factor)
-            upper, info = torch.linalg.cholesky_ex(inv, upper=True)
-            if int(info) == 0:
-                return upper, lam
+        factor, info = torch.linalg.cholesky_ex(flipped + lam * mean_diag * eye)
+        if int(info) == 0:  # (H + λI)⁻¹ = R⁻ᵀ·R⁻¹, so its upper Cholesky factor is R⁻¹ = J·L⁻¹·J
+            return _lower_inverse(factor).flip(0, 1), lam
     raise ValueError(
         f"GPTQ: the input Hessian is not positive definite even with damping {damp * 10 ** (_RETRIES - 1):g}: "
         "calibrate on more or more varied data, or raise gptq_damp"
     )
+
+
+def _lower_inverse(lower: torch.Tensor) -> torch.Tensor:
+    """The inverse of a lower-triangular matrix, by halves: ``[[A, 0], [C, D]]⁻¹ =
+    [[A⁻¹, 0], [−D⁻¹·C·A⁻¹, D⁻¹]]`` (GEMMs; triangular solves below 512 rows)."""
+    n = lower.shape[0]
+    if n <= _SOLVE_BELOW:
+        return torch.linalg.solve_triangular(lower, torch.eye(n, dtype=lower.dtype, device=lower.device), upper=False)
+    half = n // 2
+    a_inv, d_inv = _lower_inverse(lower[:half, :half]), _lower_inverse(lower[half:, half:])
+    out = torch.zeros_like(lower)
+    out[:half, :half], out[half:, half:] = a_inv, d_inv
+    out[half:, :half] = -(d_inv @ (lower[half:, :half] @ a_inv))
+    return out
 
 
 def gptq(
