@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import sixbit
-from sixbit import checkpoint
+from sixbit import checkpoint, models
 from sixbit.bench.counting import WorkCounter
 from sixbit.checkpoint_layers import build_layer
 from sixbit.nn import QuantLinear, QuantPointwiseConv, QuantUnfoldedConv
@@ -150,16 +150,24 @@ def test_quantize_takes_pointwise_convs_by_name_and_pattern():
 def test_a_failed_calibrated_conversion_puts_the_convs_back():
     tm = sana_video()
     originals = dict(tm.model.named_modules())
-    calls = []
+    calibrating = []
+    _, _, second, _ = list(models.iter_blocks(tm.model))[1]
+
+    def interrupted(module, args):  # block 1 fails in its replay, after the run: block 0 is quantized by now
+        if not calibrating:
+            raise RuntimeError("interrupted")
 
     def calibration():
-        calls.append(1)
-        if len(calls) == 2:  # block 0 is quantized by now
-            raise RuntimeError("interrupted")
-        return sample(tm, 1)
+        calibrating.append(1)
+        try:
+            return sample(tm, 1)
+        finally:
+            calibrating.clear()
 
+    handle = second.register_forward_pre_hook(interrupted)
     with pytest.raises(RuntimeError, match="interrupted"):
         sixbit.convert_model(tm.model, calibration, "w4a8")
+    handle.remove()
     assert all(m is originals[n] for n, m in tm.model.named_modules())
 
 

@@ -164,9 +164,11 @@ def test_streamed_gptq_matches_the_in_memory_first_block_and_stays_close(name, t
 def test_streamed_calibration_refuses_what_it_cannot_replay(tmp_path):
     tm = build_tiny("hunyuanvideo")  # dual-stream then single-stream blocks: model code between the lists
     folder = _folder(tm, tmp_path)
+    ran = []
     with pytest.raises(ValueError, match="block lists"):
         sixbit.convert_pretrained(folder, "w4a8", tmp_path / "o.safetensors",
-                                  lambda t: sample(dataclasses.replace(tm, model=t), 1), progress=False)
+                                  lambda t: ran.append(sample(dataclasses.replace(tm, model=t), 1)), progress=False)
+    assert not ran  # refused before any generation
     with pytest.raises(ValueError, match="needs calibration="):
         sixbit.convert_pretrained(folder, "w4a8", tmp_path / "o.safetensors", progress=False)
     with pytest.raises(ValueError, match="fitted on generations of the converted model"):

@@ -131,7 +131,7 @@ def _quantize_and_fit(transformer: nn.Module, config: ConvertConfig, chosen: dic
     """Quantize ``transformer``'s weights as ``config`` says, then fit each chosen method that
     needs calibration; what each method is applied with."""
     if config.weights is not None:
-        logger.info("quantizing weights%s", " (GPTQ: one calibration run per block)" if config.weights.gptq else "")
+        logger.info("quantizing weights%s", " (GPTQ: one calibration run, then each block replays its inputs)" if config.weights.gptq else "")
         quantize(transformer, config.weights, calibration=run)
     return fit_methods(transformer, chosen, run, calibration)
 

@@ -13,11 +13,10 @@ calibration generations run once on the full-precision model streamed from disk 
 mapped from the shards just before it computes and freed after), and every call's inputs to
 the first block are kept in memory. Then block by block: the block's input Hessians are
 recorded by replaying the kept calls, its layers are quantized (GPTQ), and the *quantized*
-block's outputs become the next block's kept inputs — so, as in the in-memory conversion,
-GPTQ sees the error the blocks before it pass on (here along the full-precision sampling
-trajectory; the in-memory conversion re-runs the whole generation per block instead, which a
-model larger than memory cannot afford). Kept inputs cost ``calls × tokens × width`` floats:
-calibrate with few, short generations. Presets that fit runtime methods on generations of the
+block's outputs become the next block's kept inputs — so, as in the in-memory conversion (the
+same :mod:`sixbit.builder.block_inputs`), GPTQ sees the error the blocks before it pass on,
+along the full-precision sampling trajectory. Kept inputs cost ``calls × tokens × width``
+floats: calibrate with few, short generations. Presets that fit runtime methods on generations of the
 converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
 
 :func:`load_pretrained` builds the model on the meta device and loads a checkpoint into it:
@@ -43,13 +42,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint
-from .builder import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of, plan_layers, quantized_linear
+from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, build, keeping, parts_of, plan_layers,
+                      quantized_linear)
 from .calibration import hessians
 from .conversion import Conversion, conversion_state
 from .integrations.diffusers.folder import checkpoint_writer
 from .io import SafetensorsFolder, check_can_write
 from .memory import allocator
-from .models import iter_blocks, spec_for
+from .models import spec_for
 from .presets import calibration_free, resolve
 from .rounding import refine
 
@@ -168,67 +168,22 @@ class _Streamed:
         return handles
 
 
-class _KeptCalls:
-    """Every call's inputs to the first block, kept to replay block after block."""
-
-    def __init__(self, io):
-        self.io, self.calls = io, []  # [(args, kwargs)] in call order
-
-    def record(self, module, args, kwargs):
-        clone = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
-        self.calls.append((tuple(clone(a) for a in args), {k: clone(v) for k, v in kwargs.items()}))
-
-    def replay(self, block: nn.Module, advance: bool) -> None:
-        """Run ``block`` on every kept call; ``advance``: its outputs become the kept inputs."""
-        with torch.no_grad():
-            for i, (args, kwargs) in enumerate(self.calls):
-                out = block(*args, **kwargs)
-                if advance:
-                    for stream in ("hidden", "encoder"):
-                        value = self.io.stream_output(out, stream)
-                        if value is not None:
-                            args, kwargs = self.io.with_input(block, args, kwargs, value, stream)
-                    self.calls[i] = (args, kwargs)
-
-
-def _first_calls(streamed: _Streamed, parts, calibration: Callable[[nn.Module], object]) -> _KeptCalls:
-    """Run the calibration generations on the full-precision model streamed from disk; keep
-    the first block's inputs, after checking that each block feeds the next one directly."""
+def _first_calls(streamed: _Streamed, parts, calibration: Callable[[nn.Module], object]) -> BlockInputs:
+    """Run the calibration generations on the full-precision model streamed from disk and keep
+    the first block's inputs (:mod:`sixbit.builder.block_inputs`)."""
     net = streamed.net
-    spec = spec_for(net)
-    blocks = list(iter_blocks(net, spec))
-    if len(spec.block_lists) != 1:
-        raise ValueError(
-            f"{type(net).__name__} has {len(spec.block_lists)} block lists, with model code between them: a streamed "
-            "calibrated conversion replays each block on the previous block's outputs, which needs one list. Convert it "
-            "in memory (sixbit.convert_model) or choose a calibration-free preset (e.g. 'w4a8-rtn', 'w8a8')"
-        )
-    kept = _KeptCalls(blocks[0][3])
-    seen: dict[int, torch.Tensor] = {}  # block 0's output and block 1's input in the first call
     handles = streamed.running_from_disk(parts)
-    handles.append(blocks[0][2].register_forward_pre_hook(kept.record, with_kwargs=True))
-
-    def output_of_first(module, args, kwargs, out) -> None:
-        seen.setdefault(0, kept.io.stream_output(out))
-
-    def input_of_second(module, args, kwargs) -> None:
-        seen.setdefault(1, kept.io.stream_input(module, args, kwargs))
-
-    if len(blocks) > 1:
-        handles.append(blocks[0][2].register_forward_hook(output_of_first, with_kwargs=True))
-        handles.append(blocks[1][2].register_forward_pre_hook(input_of_second, with_kwargs=True))
     try:
-        calibration(net)
+        with keeping(net) as kept:
+            if kept.problem is None:  # more than one block list is known before any generation
+                calibration(net)
     finally:
         for h in handles:
             h.remove()
-    if not kept.calls:
-        raise ValueError("the calibration callable never called the transformer it was given")
-    if len(blocks) > 1 and not (isinstance(seen.get(0), torch.Tensor) and isinstance(seen.get(1), torch.Tensor)
-                                and torch.equal(seen[0], seen[1])):
+    if kept.problem is not None:
         raise ValueError(
-            f"{type(net).__name__} changes the hidden states between its blocks, so a block cannot be replayed on the "
-            "previous block's outputs: convert it in memory (sixbit.convert_model) or choose a calibration-free preset"
+            f"{kept.problem}: a streamed calibrated conversion replays each block on the previous block's outputs. "
+            "Convert it in memory (sixbit.convert_model) or choose a calibration-free preset (e.g. 'w4a8-rtn', 'w8a8')"
         )
     return kept
 
@@ -239,7 +194,7 @@ class _StreamedParts(Recipe):
     checkpoint and freed, so one block is resident at a time."""
 
     def __init__(self, streamed: _Streamed, plan: dict, config, writer, parts: list[Part],
-                 kept: _KeptCalls | None, outside_stats: dict, bar):
+                 kept: BlockInputs | None, outside_stats: dict, bar):
         self.streamed, self.plan, self.weights, self.writer = streamed, plan, config.weights, writer
         self.in_blocks = {k for part in parts[1:] for k in part.keys}
         self.kept, self.outside_stats, self.bar = kept, outside_stats, bar
@@ -361,7 +316,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         if config.needs_calibration:
             logger.info("calibration generations on the full-precision model, streamed from disk")
             outside = {name: net.get_submodule(name) for name in parts[0].layers}
-            runs: list[_KeptCalls] = []
+            runs: list[BlockInputs] = []
             outside_stats = hessians.collect(net, lambda: runs.append(_first_calls(streamed, parts, calibration)), outside)
             kept = runs[0]
             seconds["calibration runs"] = time.perf_counter() - start

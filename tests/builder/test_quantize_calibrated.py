@@ -43,7 +43,12 @@ def _toy():
     return ToyTransformer(dim=32, depth=3)
 
 
-def test_gptq_runs_one_calibration_per_block_and_beats_round_to_nearest():
+@pytest.mark.parametrize("kept", [True, False], ids=["replayed", "run per block"])
+def test_gptq_calibrates_once_and_beats_round_to_nearest(kept, monkeypatch):
+    """The calibration runs once and each block replays the first block's kept inputs; where
+    they cannot be kept (here: over the memory budget) it runs once per block instead."""
+    if not kept:
+        monkeypatch.setattr("sixbit.builder.in_memory._keep_budget", lambda model: 0)
     reference = _run(_toy(), seed=100)()
     errors = {}
     for hadamard in (None, 16):  # GPTQ's Hessian must follow the rotation into the stored space
@@ -52,10 +57,30 @@ def test_gptq_runs_one_calibration_per_block_and_beats_round_to_nearest():
             sixbit.quantize(model, QuantConfig(weight_format="int4-g16", hadamard_block=hadamard,
                                                role_formats={"output": "int4-g16"}, **kw),
                             calibration=_run(model, log=calls), progress=False)
-            assert len(calls) == (3 if kw.get("gptq") else 0)  # block 0 with proj_out, then blocks 1 and 2
+            runs = (1 if kept else 3) if kw.get("gptq") else 0  # run per block: block 0 with proj_out, then 1 and 2
+            assert len(calls) == runs
             errors[name, hadamard] = _error(model, reference)
         assert errors["mse", hadamard] < errors["rtn", hadamard]
         assert errors["gptq", hadamard] < 0.5 * errors["mse", hadamard]  # on held-out inputs of the same kind
+
+
+def test_replayed_calibration_matches_the_block_inputs_a_rerun_would_see():
+    """With full-precision calibration inputs, a replay of the kept inputs gives each block the
+    inputs a fresh generation would: the converted weights are the same either way."""
+    def codes(monkeypatch_budget):
+        model = _toy()
+        with pytest.MonkeyPatch.context() as mp:
+            if monkeypatch_budget:
+                mp.setattr("sixbit.builder.in_memory._keep_budget", lambda model: 0)
+            sixbit.quantize(model, QuantConfig(weight_format="int4-g16", gptq=True, calibration_inputs="full_precision"),
+                            calibration=_run(model), progress=False)
+        return {n: m.quantized_weight().tensors() for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+    replayed, rerun = codes(False), codes(True)
+    assert replayed.keys() == rerun.keys() and len(replayed) == 3
+    for name in replayed:
+        for key, value in replayed[name].items():
+            torch.testing.assert_close(value.float(), rerun[name][key].float(), rtol=0, atol=0, msg=f"{name}.{key}")
 
 
 def test_full_precision_calibration_inputs_build_each_layer_whatever_the_others_are():
@@ -85,15 +110,17 @@ def test_gptq_needs_calibration_and_a_failed_run_changes_nothing():
         sixbit.quantize(model, QuantConfig(gptq=True))
     calls = []
 
-    def flaky():
+    def flaky(module, args):  # block 1 fails once the calibration run is over: in its replay, after block 0 is built
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) > len(TIMESTEPS):
             raise RuntimeError("calibration died")
-        _run(model)()
 
     before = {n: m for n, m in model.named_modules()}
+    handle = model.blocks[1].register_forward_pre_hook(flaky)
     with pytest.raises(RuntimeError, match="calibration died"):
-        sixbit.quantize(model, QuantConfig(gptq=True, role_formats={"output": "nvfp4"}), calibration=flaky, progress=False)
+        sixbit.quantize(model, QuantConfig(gptq=True, role_formats={"output": "nvfp4"}), calibration=_run(model),
+                        progress=False)
+    handle.remove()
     assert {n: m for n, m in model.named_modules()} == before  # block 0's swapped layers went back
     assert not any(isinstance(m, QuantLinear) for m in model.modules())
 
@@ -200,7 +227,7 @@ def test_smoothing_before_the_split_is_exact_and_saved(tmp_path):
     calls = []
     sixbit.quantize(model, QuantConfig(weight_format="nvfp4", hadamard_block=16, lowrank_rank=4, smooth_alpha=0.5),
                     calibration=_run(model, log=calls), progress=False)
-    assert len(calls) == 3  # smoothing's activation ranges come from the calibration runs
+    assert len(calls) == 1  # smoothing's activation ranges: from the calibration run, replayed block by block
     layer = model.blocks[1].proj
     assert layer.input_divisor is not None and layer.hadamard_block is None  # smoothing replaces the rotation
     assert _error(model, reference) < 0.05 * sum(float(r.square().sum()) for r in reference)

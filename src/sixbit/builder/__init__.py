@@ -9,13 +9,16 @@
   :mod:`sixbit.methods.static_w8a8`), with :class:`LayerSwap` as its rollback;
 - :mod:`.in_memory`: :func:`quantize` (``sixbit.quantize``), with or without calibration;
 - :mod:`.spill`: :func:`spilling`, inside which the replaced full-precision layers wait on disk
-  for a rollback instead of in memory.
+  for a rollback instead of in memory;
+- :mod:`.block_inputs`: :func:`keeping`, the first block's inputs kept from one calibration run,
+  which calibrated builds (in memory and streamed) replay block by block.
 """
 
+from .block_inputs import BlockInputs, keeping
 from .in_memory import quantize, quantize_layers
 from .layers import branch_rank, format_fits, plan_layers, quantized_linear, stored_bits
 from .spill import spilling
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
-__all__ = ["OUTSIDE", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "format_fits", "parts_of", "plan_layers",
-           "quantize", "quantize_layers", "quantized_linear", "spilling", "stored_bits"]
+__all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "format_fits", "keeping",
+           "parts_of", "plan_layers", "quantize", "quantize_layers", "quantized_linear", "spilling", "stored_bits"]

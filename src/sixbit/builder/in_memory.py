@@ -2,28 +2,37 @@
 at once (no calibration), or block by block on input Hessians recorded from calibration
 generations (GPTQ, Hessian-weighted scale search).
 
-Calibrated: the first pass records the inputs of the layers outside the blocks and of block 0,
-which are then quantized and swapped in; each later pass records block ``i``'s inputs from the
-model whose blocks before ``i`` are already quantized, so GPTQ corrects the error those blocks
-pass on. With ``calibration_inputs="full_precision"`` each block's layers are put back to full
-precision once built (and refined), and all are swapped in at the end: every pass sees the
-unchanged model. Only one block's Hessians are held at a time (``K × K`` fp64 sums per layer).
-One calibration run per block: the price of the method, paid once at conversion.
+Calibrated: the generations run once, recording the inputs of the layers outside the blocks
+and of the first block, and every call's inputs to that block
+(:mod:`sixbit.builder.block_inputs`). Each block is then quantized from the Hessians of a
+replay of those inputs, and (``calibration_inputs="quantized"``, the default) the *quantized*
+block's outputs become the next block's inputs, so GPTQ corrects the error the blocks before it
+pass on; with ``"full_precision"`` the full-precision block's outputs do, each block's layers go
+back to full precision once built (and refined), and all are swapped in at the end. The cost
+is one generation run plus two block calls per kept call and block. Where the inputs cannot be
+kept (more than one block list, a model that changes the hidden states between its blocks, or
+more than a quarter of the device's memory), the generations run once per block instead, each
+on the model whose blocks before it are quantized. Only one block's Hessians are held at a time
+(``K × K`` fp64 sums per layer).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 
+import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..calibration import hessians
+from .block_inputs import BlockInputs, keeping
 from ..config import QuantConfig
 from ..memory import allocator
+from ..models import iter_blocks
 from ..rounding import refine
 from .layers import plan_layers, quantized_linear
 from .swap import LayerSwap, Part, Recipe, build, parts_of
@@ -50,50 +59,86 @@ class _Layers(Recipe):
 
 
 class _Calibrated(_Layers):
-    """Statistics from a calibration run per part; refinement of each block's low-rank branches."""
+    """Statistics from the calibration run, then from replays of the first block's kept inputs
+    (or from a run per part, where they cannot be kept); refinement of each block's low-rank
+    branches."""
 
-    def __init__(self, model: nn.Module, plan: Plan, config: QuantConfig, run: Callable[[], object], bar):
+    def __init__(self, model: nn.Module, plan: Plan, config: QuantConfig, run: Callable[[], object], bar, last: int):
         super().__init__(plan, config, bar)
-        self.model, self.run = model, run
+        self.model, self.run, self.last = model, run, last  # last: the index of the last block built
         self.sequential = config.calibration_inputs == "quantized"
         self.releases_originals = self.sequential  # otherwise the originals run every later pass
+        self.blocks = [block for _, _, block, _ in iter_blocks(model)]
         self.built_layers: dict[str, nn.Module] = {}
-        self.recorder = None
+        self.kept: BlockInputs | None = None  # the next block's inputs, once the first run kept them
+        self.recorder = None  # refinement's block inputs from a run (None: from the kept calls, or no refinement)
+        self.block_calls: list = []  # the block's kept inputs, for refinement
         self.refined: list[refine.RefineResult] = []
         self.peak = 0
+        self.passes = 0
 
     def inputs(self, part: Part) -> dict[str, object]:
-        # refinement needs the block's inputs: recorded in the same run (None without refinement)
-        config = self.config
-        recording = refine.recording(self.model, part.index, config.refine_calls) if config.refine_steps \
-            else contextlib.nullcontext()
-        with recording as self.recorder:
-            stats = hessians.collect(self.model, self.run, {n: self.model.get_submodule(n) for n in part.layers})
+        layers = {n: self.model.get_submodule(n) for n in part.layers}
+        stats = self._generated(part, layers) if self.kept is None else self._replayed(part, layers)
         unused = [n for n in part.layers if n not in stats]
         if unused:
             logger.warning("calibration never ran %d layer(s) (e.g. %s): rounded without GPTQ", len(unused), unused[0])
         self.peak = max(self.peak, sum(s.hessian.numel() * 12 for s in stats.values()))  # fp64 sums + fp32 means
         return stats
 
+    def _generated(self, part: Part, layers: dict) -> dict[str, object]:
+        """A calibration run; the first also keeps the block's inputs."""
+        config = self.config
+        recording = refine.recording(self.model, part.index, config.refine_calls) if config.refine_steps \
+            else contextlib.nullcontext()
+        first = self.passes == 0
+        keep = keeping(self.model, part.index, _keep_budget(self.model)) if first else contextlib.nullcontext()
+        with recording as self.recorder, keep as kept:
+            stats = hessians.collect(self.model, self.run, layers)
+        self.passes += 1
+        if first and kept.problem is None:
+            self.kept = kept
+            if not self.sequential:  # the next block's inputs: this full-precision block's outputs
+                self.block_calls = list(kept.calls)
+                kept.replay(part.module, advance=True)
+            logger.info("calibration: %d calls to the first block kept (%.1f MiB); each block replays them",
+                        len(kept.calls), kept.nbytes / 2**20)
+        elif first:
+            logger.info("calibration: %s, so the generations run once per block", kept.problem)
+        return stats
+
+    def _replayed(self, part: Part, layers: dict) -> dict[str, object]:
+        """The block's statistics from a replay of the kept inputs."""
+        kept = self.kept
+        while kept.index < part.index:  # blocks without planned layers run as they are
+            kept.replay(self.blocks[kept.index], advance=True)
+        self.recorder, self.block_calls = None, list(kept.calls)
+        return hessians.collect(part.module, lambda: kept.replay(part.module, advance=not self.sequential), layers)
+
     def built(self, part: Part, layers: dict[str, nn.Module], swap: LayerSwap) -> None:
-        if self.recorder is not None:
+        config = self.config
+        if config.refine_steps:
             prefix = part.name + "."
             inside = {n[len(prefix):]: swap.original(n) for n in part.layers if n.startswith(prefix)}
-            result = refine.refine_block(part.name, part.module, inside, self.recorder.calls, self.config.refine_steps)
+            calls = self.recorder.calls if self.recorder is not None else \
+                refine.sample_calls(self.block_calls, config.refine_calls)
+            result = refine.refine_block(part.name, part.module, inside, calls, config.refine_steps)
             self.refined.append(result)
             logger.info("refined the low-rank branches of %s (%d layers): output error %.3g -> %.3g (%s)",
                         part.name, result.layers, result.error_before, result.error_after,
                         "kept" if result.kept else "discarded: no better")
         self.built_layers.update(layers)
+        if self.sequential and self.kept is not None and part.index < self.last:  # its outputs feed the next one
+            self.kept.replay(part.module, advance=True)
         if not self.sequential:  # the next blocks' inputs come from the unchanged model
             swap.put_back(part.layers)
 
     def finish(self, swap: LayerSwap) -> None:
         swap.put(self.built_layers)
 
-    def log(self, layers: int, passes: int, seconds: float) -> None:
-        logger.info("calibrated weight quantization of %d layers in %d passes: %.1f s, Hessians ≤ %.1f MiB at a time",
-                    layers, passes, seconds, self.peak / 2**20)
+    def log(self, layers: int, seconds: float) -> None:
+        logger.info("calibrated weight quantization of %d layers with %d calibration run(s): %.1f s, "
+                    "Hessians ≤ %.1f MiB at a time", layers, self.passes, seconds, self.peak / 2**20)
         refined = self.refined
         if refined:
             kept = [r for r in refined if r.kept]
@@ -120,9 +165,17 @@ def quantize_layers(model: nn.Module, plan: Plan, config: QuantConfig, run: Call
             return
         start = time.perf_counter()
         parts = parts_of(model, plan, outside_alone=False)
-        recipe = _Calibrated(model, plan, config, run, bar)
+        recipe = _Calibrated(model, plan, config, run, bar, parts[-1].index)
         build(model, parts, recipe)
-    recipe.log(len(plan), len(parts), time.perf_counter() - start)
+    recipe.log(len(plan), time.perf_counter() - start)
+
+
+def _keep_budget(model: nn.Module) -> int:
+    """Bytes of kept block inputs allowed: a quarter of the memory of the model's device."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 4
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
 def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: Callable[[], object] | None = None,
@@ -140,7 +193,8 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
         config: the :class:`~sixbit.QuantConfig` (default: NVFP4 attention and feed-forward).
         calibration: a callable that runs generations with ``model`` (e.g.
             ``lambda: pipe(prompts, num_inference_steps=20, generator=torch.Generator().manual_seed(0))``), needed when ``config.gptq``:
-            it is run once per transformer block to record the layers' input Hessians.
+            it is run once, and each block's input Hessians come from replaying the first
+            block's inputs (once per block where they cannot be kept: see the module doc).
         progress: show a progress bar over the layers (default ``True``).
 
     Example:

@@ -75,8 +75,9 @@ class QuantConfig(Serializable):
             others round to nearest) on input Hessians recorded from
             calibration generations, one transformer block at a time (each block's inputs come
             from the already quantized blocks before it, unless ``calibration_inputs`` says
-            otherwise). Needs calibration data; costs one calibration run per block at
-            conversion, nothing at run time. Default ``False``.
+            otherwise). Needs calibration data; costs one calibration run at conversion (each
+            block replays the first block's kept inputs: :mod:`sixbit.builder.block_inputs`),
+            nothing at run time. Default ``False``.
         calibration_inputs: where the calibrated steps (GPTQ, the Hessian-weighted scale search,
             smoothing, refinement) take each block's inputs from: ``"quantized"`` (default: the
             model whose blocks before it are already quantized) or ``"full_precision"`` (the
