@@ -47,7 +47,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_real_size import CONFIGS, ROOT, _calibration, _config, _peak_gib, _rss_gib, _run_child, child_write  # noqa: E402
+from bench_real_size import (CONFIGS, ROOT, _calibration, _config, _peak_gib, _rss_gib, _run_child, child_write,  # noqa: E402
+                             log, run_child_mode)
 
 WIDTHS = {1536: 8960, 3072: 12288, 5120: 13824}  # model width → FFN width
 CALIB_ROWS = 2 * 2 * 4 * 30 * 52  # two calls × batch 2 × 4 latent frames × 480p tokens (60×104 latents, patch 2)
@@ -430,15 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        kind, *rest = args.child
-        fn = {"profile": child_profile, "block": child_block, "memory": child_memory, "shipped": child_shipped,
-              "real": child_real, "write": child_write}[kind]
-        typed = [int(x) if x.isdigit() else (None if x == "none" else x) for x in rest]
-        print(json.dumps(fn(*typed)))
-        return 0
-
-    def log(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        return run_child_mode({"profile": child_profile, "block": child_block, "memory": child_memory, "shipped": child_shipped,
+              "real": child_real, "write": child_write}, args.child)
 
     from report import update_section
 

@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_real_size import _config, _peak_gib, _run_child
+from bench_real_size import _config, _peak_gib, _run_child, log, run_child_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "CogVideoX-2B"
@@ -415,11 +415,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     if args.child:
-        kind, *rest = args.child
-        fn = {"call": child_call, "steps": child_steps, "fold": child_fold}[kind]
-        typed = [int(x) if x.isdigit() else (None if x == "none" else x) for x in rest]
-        print(json.dumps(fn(*typed)))
-        return 0
+        return run_child_mode({"call": child_call, "steps": child_steps, "fold": child_fold}, args.child)
 
     import torch
 
@@ -429,9 +425,6 @@ def main(argv=None) -> int:
     if args.section:
         update_section(args.output, "cpu-speed", section(json.loads(Path(args.json).read_text())))
         return 0
-
-    def log(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     folder = Path(args.workdir) / MODEL.replace(".", "_")
     if not (folder / "config.json").exists():

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_real_size import CONFIGS, SHARD_BYTES, _gib, _peak_gib, _rss_gib, _run_child, child_write
+from bench_real_size import CONFIGS, SHARD_BYTES, _gib, _peak_gib, _rss_gib, _run_child, child_write, log, run_child_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("w8a8", "w4a8-rtn")
@@ -133,14 +133,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="raw results: read (runs add to them) and written after every row")
     args = parser.parse_args(argv)
     if args.child:
-        kind, *rest = args.child
-        fn = {"write": child_write, "onload": child_onload, "reload": child_reload, "sixbit_load": child_sixbit_load}[kind]
-        typed = [int(x) if x.isdigit() else (None if x == "none" else x) for x in rest]
-        print(json.dumps(fn(*typed)))
-        return 0
-
-    def log(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        return run_child_mode({"write": child_write, "onload": child_onload, "reload": child_reload, "sixbit_load": child_sixbit_load}, args.child)
 
     def run(*child_args):
         return _run_child([str(a) for a in child_args], args.rss_limit_gib, log, script=__file__)

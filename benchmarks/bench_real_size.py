@@ -263,6 +263,20 @@ def child_block(name: str, folder: str, precision: str, tokens: int, repeats: in
 
 # ----------------------------------------------------------------------------- parent
 
+def run_child_mode(children: dict, child_args: list[str]) -> int:
+    """A child process's part: ``children[kind](*args)`` (digits as ints, ``none`` as None), its
+    result printed as the JSON line :func:`_run_child` reads."""
+    kind, *rest = child_args
+    typed = [int(x) if x.isdigit() else (None if x == "none" else x) for x in rest]
+    print(json.dumps(children[kind](*typed)))
+    return 0
+
+
+def log(msg: str) -> None:
+    """A timestamped progress line of a parent process."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
 def _run_child(args: list[str], limit_gib: float, log, script: str = __file__, src: Path = ROOT / "src",
                env: dict | None = None) -> dict:
     """Run ``script`` (default: this one) in child mode on the package in ``src``, with ``env``
@@ -366,14 +380,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     if args.child:
-        kind, *rest = args.child
-        fn = {"write": child_write, "convert": child_convert, "load": child_load, "block": child_block}[kind]
-        typed = [int(x) if x.isdigit() else (None if x == "none" else x) for x in rest]
-        print(json.dumps(fn(*typed)))
-        return 0
-
-    def log(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        return run_child_mode({"write": child_write, "convert": child_convert, "load": child_load, "block": child_block}, args.child)
 
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() else {}
     models = ["Wan2.1-1.3B"] if args.quick else args.models.split(",")
