@@ -4,8 +4,13 @@ per precision, a profile of that call by op kind, and a 20-step ``balanced`` run
 
     python benchmarks/bench_cpu_speed.py                  # ~25 min on 2 cores
     python benchmarks/bench_cpu_speed.py --quick          # 2 blocks, 3 steps: checks the script
-    python benchmarks/bench_cpu_speed.py --update --settings "w8a8 + kept INT8" --step-settings "" --interleave
+    python benchmarks/bench_cpu_speed.py --update --settings "w8a8,w8a8 (compact)" --step-settings "" --interleave
                                                           # rerun rows, each against interleaved bf16 calls
+
+Each preset row is the model as a user gets it from the preset alone: ``convert_model`` or
+``load_pretrained`` with no other call, so sixbit's per-machine layout (:mod:`sixbit.layout`,
+``"auto"``) decides what runs; *(compact)* rows ask for ``layout="compact"`` (the stored weights
+alone), *+ kept INT8* rows call ``sixbit.keep_int8_weights`` by hand (``fold=False``: *unfolded*).
 
 The model: CogVideoX-2B's configuration with random bf16 weights, written once as a diffusers
 folder (``bench_real_size.py``'s writer) and loaded with ``from_pretrained``; the call: 4 latent
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -46,11 +52,12 @@ from bench_real_size import _config, _peak_gib, _run_child, log, run_child_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "CogVideoX-2B"
-KEPT = " + kept INT8"  # sixbit.keep_int8_weights: the INT8 GEMM operand kept ready (AMX-packed here)
+KEPT = " + kept INT8"  # sixbit.keep_int8_weights by hand: the INT8 GEMM operand kept ready (AMX-packed here)
 UNFOLDED = " (unfolded)"  # keep_int8_weights(fold=False): rotation and low-rank branch run per call
-SETTINGS = ("bf16", "fp32", "w8a8", "w8a8" + KEPT, "w4a8", "w4a8" + KEPT + UNFOLDED, "w4a8" + KEPT)
+COMPACT = " (compact)"  # layout="compact": the stored weights alone (sixbit.layout)
+SETTINGS = ("bf16", "fp32", "w8a8", "w8a8" + COMPACT, "w4a8", "w4a8" + COMPACT, "w4a8" + COMPACT + KEPT + UNFOLDED)
 EVERY_SKIP = " (every allowed skip)"  # threshold and error budget at infinity: a trained model's skip pattern
-STEP_SETTINGS = ("balanced" + KEPT, "balanced" + KEPT + EVERY_SKIP)
+STEP_SETTINGS = ("balanced", "balanced" + EVERY_SKIP)
 KINDS = ("16-bit GEMM", "integer GEMM", "activation quantization", "dequantization epilogue", "weight unpack (4 → 8 bit)",
          "Hadamard", "low-rank branch", "attention", "norms", "GELU")
 
@@ -71,13 +78,15 @@ def _load(folder: str, setting: str, blocks: int | None, w4a8: str | None):
     every_skip, setting = setting.endswith(EVERY_SKIP), setting.removesuffix(EVERY_SKIP)
     unfolded, setting = setting.endswith(UNFOLDED), setting.removesuffix(UNFOLDED)
     kept, setting = setting.endswith(KEPT), setting.removesuffix(KEPT)
+    compact, setting = setting.endswith(COMPACT), setting.removesuffix(COMPACT)
+    layout = {"layout": "compact"} if compact else {}  # as picked: no argument (an older sixbit has none)
     if setting in ("w4a8", "balanced"):
         if w4a8 is not None:
-            model = sixbit.load_pretrained(w4a8, folder)
+            model = sixbit.load_pretrained(w4a8, folder, **layout)
         else:
             model = diffusers.CogVideoXTransformer3DModel.from_pretrained(folder, torch_dtype=dtype)
             model.transformer_blocks = model.transformer_blocks[:blocks]
-            sixbit.convert_model(model, None, _config("w4a8 (layout)"))
+            sixbit.convert_model(model, None, _config("w4a8 (layout)"), **layout)
         if setting == "balanced":  # on a CPU: these weights, INT8 activations, the delta cache
             config = resolve("balanced")
             if every_skip:  # skip whenever the warm-up and the cap allow; warm-up 5: see the module doc
@@ -87,7 +96,7 @@ def _load(folder: str, setting: str, blocks: int | None, w4a8: str | None):
     else:
         model = diffusers.CogVideoXTransformer3DModel.from_pretrained(folder, torch_dtype=dtype)
         if setting == "w8a8":
-            sixbit.convert_model(model, None, "w8a8")
+            sixbit.convert_model(model, None, "w8a8", **layout)
         elif setting not in ("bf16", "fp32"):
             raise ValueError(f"unknown setting {setting!r}")
     if kept:
@@ -203,10 +212,12 @@ def child_call(folder: str, setting: str, repeats: int, blocks: int | None, fram
         y = load_file(ref)["y"]
         rel = float((out - y).norm() / y.norm())
     converted = sixbit.summary(model).converted_bytes if setting not in ("bf16", "fp32") else 0
+    laid_out = getattr(sixbit, "layout_of", lambda m: None)(model)  # what sixbit chose here (None: an older sixbit)
     return {"call_s": statistics.median(times[1:]), "first_s": times[0], "load_s": load_s, "rel_error": rel,
             "profile": prof.seconds, "profile_total_s": total, "tensor_gib": sum(
                 t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 2**30,
             "converted_gib": converted / 2**30, "peak_gib": _peak_gib(),
+            "layout": None if laid_out is None else laid_out.describe(),
             **({"base_s": statistics.median(base_times[1:]), "interleaved": True} if base_times else {})}
 
 
@@ -299,9 +310,12 @@ def section(r: dict) -> str:
         f"{'–'.join(map(str, sorted({c.get('repeats', 2) for c in calls.values()})))} calls after a warm-up. **Baseline: {base}**, the fastest full-precision dtype this CPU runs "
         f"(fp32 kept as a column). *rel. error*: the call's output against the bf16 model's. 4-bit rows: the `w4a8` "
         "preset's formats and branch ranks, round-to-nearest values (GPTQ changes values, not the work). "
-        f"*{KEPT.removeprefix(' + ')}*: `sixbit.keep_int8_weights` (the INT8 GEMM operand kept ready: on this AMX CPU "
-        "packed for oneDNN's AMX INT8 kernel, which `torch._int_mm` does not reach; 8 more bits per weight resident, "
-        "counted by `summary()`).",
+        "Preset rows (`w8a8`, `w4a8`, `balanced`) are the model **as picked**: `convert_model` or `load_pretrained` "
+        "and no other call, so sixbit's per-machine layout (`sixbit.layout`, `\"auto\"`) decides what runs (on this "
+        "CPU kind: the INT8 GEMM operand kept ready, packed for oneDNN's AMX INT8 kernel, which `torch._int_mm` does "
+        "not reach, rotations and branches folded in; 8 more bits per weight resident, counted by `summary()`). "
+        f"*{COMPACT.strip(' ()')}*: `layout=\"compact\"`, the stored low-bit weights alone, re-rounded per call; "
+        f"*{KEPT.removeprefix(' + ')}*: `sixbit.keep_int8_weights` called by hand (*unfolded*: `fold=False`).",
         "",
         f"| setting | s / call | vs {base} | vs fp32 | rel. error vs bf16 | weights + views GiB | peak RSS GiB | first call s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -369,18 +383,19 @@ def section(r: dict) -> str:
         for arch, rows in fold.items():
             lines.append(f"| shapes-{arch} | " + " | ".join(
                 f"{statistics.mean(v):.2f} ({min(v):.2f})" for v in rows.values()) + " |")
-    lines += ["", "Checks (issue 24): " + "; ".join(_checks(r)) + "."]
+    layouts = {c["layout"] for c in calls.values() if c.get("layout") and "(asked: auto)" in c["layout"]}
+    lines += ["", "What sixbit chose for the rows as picked: " + "; ".join(f"`{x}`" for x in sorted(layouts)) + "."] if layouts else []
+    lines += ["", "Checks (issues 24 and 46, on this CPU kind; no other kind measured): " + "; ".join(_checks(r)) + "."]
     return "\n".join(lines) + "\n"
 
 
 def _checks(r: dict) -> list[str]:
     base, calls, out = r["baseline"], r["calls"], []
-    for name, bar in (("w8a8", 1.3), ("w4a8", 1.25)):
-        for setting in (name, name + KEPT):
-            c = calls.get(setting, {})
-            if "call_s" in c:
-                ratio = c.get("base_s", calls[base]["call_s"]) / c["call_s"]
-                out.append(f"`{setting}` ≥ {bar}× {base}: **{'yes' if ratio >= bar else 'no'}** ({ratio:.2f}×)")
+    for setting, bar in (("w8a8", 1.3), ("w4a8", 1.25)):
+        c = calls.get(setting, {})
+        if "call_s" in c:
+            ratio = c.get("base_s", calls[base]["call_s"]) / c["call_s"]
+            out.append(f"`{setting}` as picked ≥ {bar}× {base}: **{'yes' if ratio >= bar else 'no'}** ({ratio:.2f}×)")
     for name, s in r.get("steps", {}).items():
         if "mean_step_s" in s:
             ratio = s["base_s"] / s["mean_step_s"]
@@ -444,6 +459,7 @@ def main(argv=None) -> int:
     base = {torch.bfloat16: "bf16", torch.float32: "fp32"}[fastest_float_dtype("cpu")]
     r = {"baseline": base, "machine": machine_description(), "frames": args.frames, "side": args.side, "calls": {}, "steps": {}}
     previous = json.loads(Path(args.json).read_text()) if args.update else None
+    os.environ.pop("SIXBIT_LAYOUT", None)  # the rows as picked take sixbit's default, whatever this shell says
     for setting in dict.fromkeys(["bf16", *settings]):  # bf16 first: its output is the reference
         log(f"one call: {setting}")
         r["calls"][setting] = c = _run_child(["call", str(folder), setting, str(args.repeats), blocks, str(args.frames),

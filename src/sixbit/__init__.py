@@ -28,8 +28,9 @@ _EXPORTS = {
     "checkpoint": ["load", "read_header", "save"],
     "config": ["QuantConfig", "Role"],
     "convert": ["Conversion", "conversion_of", "convert_model"],
-    "footprint": ["keep_int8_weights", "summary"],
+    "footprint": ["summary"],
     "integrations.diffusers": ["SixbitConfig"],
+    "layout": ["keep_int8_weights", "layout_of"],
     "lora": ["load_lora", "loras", "set_lora_scale", "unload_lora"],
     "methods.attention": ["AttentionQuantConfig", "apply_attention_quant", "remove_attention_quant"],
     "methods.delta_cache": ["DeltaCacheConfig", "disable_delta_cache", "enable_delta_cache"],
@@ -52,8 +53,9 @@ if TYPE_CHECKING:  # what type checkers and editors see; mirrors _EXPORTS (tests
     from .checkpoint import load, read_header, save
     from .config import QuantConfig, Role
     from .convert import Conversion, conversion_of, convert_model
-    from .footprint import keep_int8_weights, summary
+    from .footprint import summary
     from .integrations.diffusers import SixbitConfig
+    from .layout import keep_int8_weights, layout_of
     from .lora import load_lora, loras, set_lora_scale, unload_lora
     from .methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant
     from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache

@@ -56,6 +56,8 @@ from .io import (
     read_safetensors_header,
     tensor_bytes,
 )
+from .layout import attach as attach_layout
+from .layout import check_choice
 from .lora import check_no_loras, loras
 from .memory import resident_weights
 from .methods.registry import extensions
@@ -263,7 +265,7 @@ def _format_fix(version) -> str:
     return "the header is damaged or the file was not written by sixbit.save"
 
 
-def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
+def load(path: str | os.PathLike, model: nn.Module, *, layout: str | None = None) -> nn.Module:
     """Restore a checkpoint written by :func:`save` into ``model`` (same architecture).
 
     ``model`` may be freshly built in full precision: its ``nn.Linear`` layers (and convs)
@@ -279,6 +281,10 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     it may have been built on the meta device (``accelerate.init_empty_weights()``): its
     parameters are then materialized from the file on the CPU.
 
+    ``layout`` (``"auto"``, ``"fast"``, ``"compact"``; default ``$SIXBIT_LAYOUT`` or ``"auto"``):
+    what the model keeps resident to run fast on the device it runs on, decided at its first
+    call there (:mod:`sixbit.layout`): the file itself is device-neutral.
+
     Example:
         >>> sixbit.load("6bit_model.safetensors", pipe)   # doctest: +SKIP
     """
@@ -288,9 +294,11 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
         raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
                          "(every rank loads the whole file, then wraps)")
     check_no_loras(model, "sixbit.load")
+    layout = check_choice(layout)
     header, tensors = _open(Path(path))
     restore(model, header, tensors, str(path))
     attach_save(model)
+    attach_layout(model, layout)
     if target is not model:
         attach_save(target)
     return target

@@ -22,6 +22,8 @@ from .builder import quantize, spilling
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
 from .conversion import Conversion, check, conversion_of, install, remove_methods, selected
+from .layout import attach as attach_layout
+from .layout import check_choice, planned
 from .lora import check_no_loras
 from .lora_diffusers import attach_diffusers_methods
 from .methods.default_precision import DefaultPrecision
@@ -151,6 +153,7 @@ def convert_model(
     *,
     pipeline=None,
     calibration_kwargs: dict | None = None,
+    layout: str | None = None,
 ):
     """Convert a diffusers video transformer in place: quantize, calibrate, install DMPQ / cache.
 
@@ -178,6 +181,9 @@ def convert_model(
             prompts or videos.
         calibration_kwargs: extra pipeline arguments for calibration runs (e.g.
             ``{"num_inference_steps": 20}``); ``batch_size`` (default 4) for prompt lists.
+        layout: ``"auto"`` (default, or ``$SIXBIT_LAYOUT``), ``"fast"`` or ``"compact"``: what the
+            model keeps resident to run fast on the device of its first call (:mod:`sixbit.layout`;
+            ``summary()`` says which, and its cost).
 
     Everything is checked before the model changes; if calibration itself fails (e.g. the
     callable raises), the model is restored to what it was and the error is re-raised. Until
@@ -197,6 +203,7 @@ def convert_model(
     pipe = model if transformer is not model else pipeline
     device = next((p.device for p in transformer.parameters() if p.device.type != "meta"), torch.device("cpu"))
     config, hardware = for_device(resolve(quant_config), device)
+    layout = check_choice(layout)
     if hardware:
         logger.info("%s", hardware)
     stabilize = StabilizeConfig.from_argument(stabilize_frames)
@@ -214,11 +221,19 @@ def convert_model(
         except Exception:  # the original error says what went wrong; a rollback error would hide it
             logger.exception("could not fully undo the failed conversion of %s", type(transformer).__name__)
         raise
+    _attach(transformer, model, layout)
+    return model
+
+
+def _attach(transformer: nn.Module, model, layout: str) -> None:
+    """What a converted model (and its pipeline) gets: ``.save``, diffusers' methods, its layout."""
     checkpoint.attach_save(transformer)
     attach_diffusers_methods(transformer)
+    attach_layout(transformer, layout)
+    if planned(transformer) is not None:
+        logger.info("%s (at its first call there)", planned(transformer).describe())
     if transformer is not model:
         checkpoint.attach_save(model)
-    return model
 
 
 __all__ = ["Conversion", "DefaultPrecision", "calibration_runner", "check_convertible", "conversion_of", "convert_model",

@@ -1,5 +1,5 @@
-"""What a converted model holds (:func:`summary`: layers per format, every byte) and the INT8
-weight copies it may keep for speed (:func:`keep_int8_weights`)."""
+"""What a converted model holds (:func:`summary`: layers per format, every byte, and the layout
+it runs with on its device, :mod:`sixbit.layout`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ import dataclasses
 import torch
 from torch import nn
 
-from . import kernels
+from . import layout
 from .conversion import conversion_of
-from .models import spec_for, transformer_of
-from .nn import QuantLinear, execution
+from .models import spec_for
+from .nn import QuantLinear
 from .nn.pointwise_conv import features, is_quantizable
-from .runtime.fusion import fuse_activations
 
 
 @dataclasses.dataclass
@@ -42,7 +41,8 @@ class Summary:
         converted_bytes: weight copies quantized layers keep converted for another activation
             mode (``cache_converted=True``), not in any buffer.
         notes: what the conversion's preset became on this device
-            (:func:`sixbit.presets.for_device`), when anything did.
+            (:func:`sixbit.presets.for_device`), when anything did; the layout the model runs
+            with (:mod:`sixbit.layout`) and its memory cost.
     """
 
     model: str
@@ -111,67 +111,6 @@ def _tensor_bytes(model: nn.Module) -> int:
     return total
 
 
-def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True) -> int:
-    """Keep every quantized layer's INT8 GEMM operand ready, built now: an INT8 copy of weights the
-    integer GEMM cannot read directly (NVFP4, MX, FP8, grouped formats: the 4-bit presets), and on
-    CPUs with AMX INT8 (:func:`sixbit.kernels.amx_int8`) every layer's INT8 weight packed for
-    oneDNN's AMX kernel; and each feed-forward's GELU applied inside its first linear's INT8
-    epilogue (:func:`sixbit.runtime.fusion.fuse_activations`: no pass of its own over the
-    (tokens, 4·hidden) output; that epilogue also makes the second linear's per-token INT8
-    codes where it takes them as they come). On CPUs, weight-only NVFP4 layers (the 4-bit
-    presets' modulation), which dequantize their weight on every call, keep its values unpacked,
-    one int8 per weight (:meth:`~sixbit.nn.QuantLinear.unpack_nvfp4`: a multiply instead of a
-    table lookup, bit-identical).
-    ``enabled=False`` drops them. Returns the bytes they hold (0 after dropping them);
-    :func:`summary` counts them.
-
-    Speed against memory, on CPUs: without it each INT8 call of a 4-bit layer re-rounds its weight
-    to per-channel INT8, which at CogVideoX-2B size costs more than the GEMM, and INT8 GEMMs take
-    ``torch._int_mm``, which does not reach AMX (BENCHMARKS.md ``cpu-speed``). With it every layer
-    holds 8 more bits per weight and a scale per row (``w4a8``: 4.9 → 13 bits; ``w8a8`` on AMX:
-    8 → 16, bf16's size). Checkpoints never hold the copies.
-
-    ``fold`` (default True; AMX CPUs): a layer that rotates its input or has a low-rank branch (the
-    4-bit presets) packs the INT8 rounding of everything it computes, ``(W_q + U·D)·H``, so its
-    INT8 calls are plain W8A8 ones: the input quantized per token unrotated, one GEMM, no rotation
-    and no branch (at CogVideoX-2B size `w4a8` then runs at 1.33× bf16 instead of 1.21×). That
-    changes results by quantization noise: on the shipped models' 16 held-out pairs, PSNR against
-    full precision moved +0.5 dB (shapes-cogvideox) and −0.3 dB (shapes-wan) against the unfolded
-    kept path (BENCHMARKS.md ``cpu-speed``). Calls at another precision (PDR's refreshes, DMPQ)
-    still use the stored weight and branch.
-
-    Unfolded, results differ from the model without the copies by rounding only: on AMX the two
-    fp32 scale multiplies come in the other order, and on bf16 models the GEMM's output times the
-    weight scale is rounded once to bf16 before the token scale (a low-rank branch, divided by the
-    token scale, is added to it before that rounding: no (tokens, N) tensor of its own, and the
-    scaling writes in place); the fused GELU runs in fp32 before the output's one rounding
-    (unfused: after it).
-
-    Example:
-        >>> extra = sixbit.keep_int8_weights(pipe.transformer)   # doctest: +SKIP
-    """
-    model = transformer_of(model)  # a pipeline's transformer, as every other entry point takes
-    # weight-only layers never multiply in INT8; static W8A8 layers use their quantizer's weights
-    layers = [m for m in model.modules()
-              if isinstance(m, QuantLinear) and not m.weight_only and not execution.is_static(m)]
-    weight_only = [m for m in model.modules() if isinstance(m, QuantLinear) and m.weight_only]
-    for layer in weight_only:
-        layer.drop_converted()
-        if enabled and next(layer.buffers()).device.type == "cpu":
-            layer.unpack_nvfp4()
-    for layer in layers:
-        layer.cache_converted = bool(enabled)
-        layer.drop_converted()
-        if not enabled:
-            continue
-        if kernels.amx_int8() and next(layer.buffers()).device.type == "cpu":
-            layer.pack_int8(fold)
-        else:
-            layer.int8_weight()  # builds and keeps the copy (a no-op for INT8-ready weights)
-    fuse_activations(model, enabled)
-    return sum(m.converted_nbytes() for m in layers + weight_only)
-
-
 def summary(model: nn.Module) -> Summary:
     """Layers per format, linear-weight bytes before/after quantization, and every byte the model
     holds (as data; ``str`` reads well).
@@ -195,5 +134,9 @@ def summary(model: nn.Module) -> Summary:
     notes = [conversion.hardware] if conversion is not None and conversion.hardware else []
     if conversion is not None and conversion.attention is not None:
         notes.append(f"attention quantized where {conversion.config.attention.describe()}: {conversion.attention.path}")
+    laid_out = layout.planned(model)
+    if laid_out is not None:
+        pending = "" if layout.layout_of(model) is laid_out else " (at its first call there)"
+        notes.append(laid_out.describe() + pending)
     return Summary(type(model).__name__, rows, _tensor_bytes(model), converted, notes)
 

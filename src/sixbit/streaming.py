@@ -331,15 +331,16 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     return StreamedConversion(path, type(net).__name__, shards.nbytes(), written, total, seconds)
 
 
-def load_pretrained(checkpoint_path: str | os.PathLike, model: str | os.PathLike) -> nn.Module:
+def load_pretrained(checkpoint_path: str | os.PathLike, model: str | os.PathLike, *, layout: str | None = None) -> nn.Module:
     """A converted transformer: built on the meta device from ``model``'s ``config.json`` (a
     model or pipeline folder; its weights are not read) and loaded from ``checkpoint_path``.
 
     The packed weights map the checkpoint file (read as they are used); no full-precision copy
     of a quantized layer is made. Use it in a pipeline as diffusers allows:
     ``DiffusionPipeline.from_pretrained(folder, transformer=load_pretrained(ckpt, folder))``.
+    ``layout``: as in :func:`sixbit.load`.
 
     Example:
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
-    return checkpoint.load(checkpoint_path, empty_model(model))
+    return checkpoint.load(checkpoint_path, empty_model(model), layout=layout)

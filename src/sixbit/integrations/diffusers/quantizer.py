@@ -32,6 +32,7 @@ from ...checkpoint_restore import restore
 from ...config import ConvertConfig
 from ...conversion import check, install, selected
 from ...convert import fit_methods
+from ...layout import attach as attach_layout
 from ...lora_diffusers import attach_diffusers_methods
 from ...memory import allocator
 from ...nn import QuantLinear
@@ -145,6 +146,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         attach_save(model)
         attach_diffusers_methods(model)
         attach_casts(model)
+        attach_layout(model)  # the fastest layout for the device of each call, decided there (sixbit.layout)
         return model
 
     def _finish(self, model: nn.Module) -> None:
