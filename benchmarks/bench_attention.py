@@ -7,7 +7,8 @@ Each model runs through ``sixbit.bench.harness.run_bench`` (the harness of the b
 sections: the same held-out pairs and seeds for every method, FP first) with the full-precision
 model, ``int8-attention`` (every attention call of every block and step quantized: INT8 Q·Kᵀ
 after smoothing K, FP16 P·V) and ``int8-attention-2`` (the first two steps left in full
-precision). Attention is **EMULATED** on this CPU (the method's numerics in fp32 matmuls): its
+precision), and ``int8-attention-p-{int8,e2m3,e3m2}`` (every call, with the attention matrix P rounded
+to INT8 or to seed 000's 6-bit floats, a scale per 32 keys, before P·V). Attention is **EMULATED** on this CPU (the method's numerics in fp32 matmuls): its
 time is not INT8 speed. *attention share*: attention FLOPs (QKᵀ and PV) over all FLOPs of the FP
 run as the work counter measured them; *quantized*: the share of those attention FLOPs that ran
 quantized (the counter sees only full-precision attention calls: 1 − counted / FP).
@@ -24,7 +25,8 @@ from sixbit.bench.layer_shapes import model_flops
 from report import machine_description, update_section
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["fp", "int8-attention", "int8-attention-2"]
+METHODS = ["fp", "int8-attention", "int8-attention-2", "int8-attention-p-int8", "int8-attention-p-e2m3",
+           "int8-attention-p-e3m2"]
 
 
 def rows_of(model: str, prompts: int, steps: int) -> list[dict]:
@@ -48,14 +50,16 @@ def rows_of(model: str, prompts: int, steps: int) -> list[dict]:
 def section(rows: list[dict], args) -> str:
     gemm, attn = model_flops("CogVideoX-2B")
     lines = [
-        "## Quantized attention on the shipped models (issue 18)", "",
+        "## Quantized attention on the shipped models (issues 18 and 46)", "",
         f"Written by `python benchmarks/bench_attention.py --prompts {args.prompts} --steps {args.steps}` on "
         f"{machine_description()}. {args.prompts} held-out (prompt, seed) pairs, {args.steps} steps, CFG 4, through the "
         "bench harness (FP first, the same seeds for every row); PSNR/SSIM against the FP videos; adherence: color, "
         "shape and direction all right per the shapes judge. **Attention is EMULATED on this CPU** (INT8 QKᵀ as an "
         "exact integer product in fp32 matmuls, FP16-rounded P·V): *s/video* is emulation time, not INT8 speed. "
         "*attention share*: QKᵀ + PV FLOPs over all FLOPs of the FP run (work counter); *quantized*: share of "
-        "those attention FLOPs run quantized. At real size attention weighs far more: "
+        "those attention FLOPs run quantized. *-p-int8 / -p-e2m3 / -p-e3m2*: every call, with the attention matrix P "
+        "rounded before P·V to INT8 or to seed 000's 6-bit floats (E2M3, E3M2), a scale per 32 keys taken from P (E8M0 "
+        "for the 6-bit ones), instead of FP16. At real size attention weighs far more: "
         f"{attn / (gemm + attn):.0%} of CogVideoX-2B's FLOPs at 49 frames (`sixbit.bench.layer_shapes`).", "",
         "| model | method | attention share | quantized | PSNR dB | SSIM | adherence | flicker | s/video |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -171,3 +171,33 @@ def test_int8_attention_kernel_rejects_bad_inputs():
         int8_attention_triton(x[0], x[0], x[0])
     with pytest.raises(ValueError, match="block_k must be a power of two"):
         int8_attention_triton(x, x, x, block_k=24)
+
+
+@pytest.mark.parametrize("p_format", ["e2m3", "e3m2"])
+@pytest.mark.parametrize("length,block_q,block_k", [(150, 32, 64), (45, 16, 32)])  # ragged key tiles
+def test_int8_attention_kernel_with_6bit_p_matches_its_twin(p_format, length, block_q, block_k):
+    import torch.nn.functional as F
+
+    from sixbit.kernels.attention import int8_attention_reference
+    from sixbit.kernels.triton.attention import int8_attention_triton
+
+    q, k, v = torch.randn(1, 2, length, 32) * 2, torch.randn(1, 2, length, 32) * 2 + 1, torch.randn(1, 2, length, 32)
+    y = int8_attention_triton(q, k, v, block_q=block_q, block_k=block_k, p_format=p_format)
+    ref = int8_attention_reference(q, k, v, block_q=block_q, block_k=block_k, p_format=p_format)
+    # the twin rounds the same tiles against the same running max: only fp32 summation order differs
+    # (measured ≤ 3.2e-7 · max|V|); rounding P another way (normalized first) would differ by ~1e-2
+    torch.testing.assert_close(y, ref, rtol=0, atol=1e-5 * v.abs().max().item())
+    fp16 = int8_attention_reference(q, k, v, block_q=block_q, block_k=block_k)
+    exact = F.scaled_dot_product_attention(q, k, v)
+    error = lambda out: ((out - exact).norm() / exact.norm()).item()  # noqa: E731
+    assert error(fp16) < error(ref) < 2 * error(fp16)  # 6-bit P costs something, not everything
+
+
+def test_int8_attention_kernel_refuses_p_formats_it_cannot_run():
+    from sixbit.kernels.triton.attention import int8_attention_triton
+
+    x = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="int8 P: the reference"):
+        int8_attention_triton(x, x, x, p_format="int8")
+    with pytest.raises(ValueError, match="block_k must be a multiple of 32"):
+        int8_attention_triton(x, x, x, block_k=16, p_format="e2m3")

@@ -40,6 +40,34 @@ def test_int8_attention_is_close_to_exact_attention_and_ignores_a_key_offset():
     assert torch.equal(int8_attention(q, k, v), y)
 
 
+def test_low_bit_p_rounds_each_32_keys_on_its_own_grid():
+    from sixbit.formats import mx
+    from sixbit.kernels.attention import round_probabilities
+
+    p = torch.rand(3, 64) ** 4  # probabilities: many small, a few large
+    p[0, :32] = 0.0  # an all-zero block stays zero
+    six = round_probabilities(p, "e2m3")
+    assert torch.equal(six, mx.quantize(p, "e2m3").dequantize()) and torch.equal(six[0, :32], p[0, :32])
+    eight = round_probabilities(p, "int8")
+    step = p.reshape(3, 2, 32).amax(-1, keepdim=True) / 127
+    codes = eight.reshape(3, 2, 32) / step.clamp_min(1e-30)
+    assert torch.all((codes - codes.round()).abs() < 1e-3) and codes.max() <= 127 + 1e-3  # whole codes per block
+    assert (eight - p).abs().max() <= step.max() / 2 + 1e-7
+
+
+@pytest.mark.parametrize("p_format", ["int8", "e2m3", "e3m2"])
+def test_low_bit_p_stays_close_to_exact_attention(p_format):
+    q, k, v = torch.randn(2, 3, 150, 64), torch.randn(2, 3, 150, 64) + 2, torch.randn(2, 3, 150, 64)
+    exact = F.scaled_dot_product_attention(q, k, v)
+    y = int8_attention_reference(q, k, v, p_format=p_format)
+    # on random inputs P is flat (150 keys of similar weight): 6-bit P's 3 mantissa bits show
+    # (measured: INT8 P 1.5 %, E2M3 3.8 %, E3M2 4.6 % against 1.2 % with FP16 P)
+    assert 0 < ((y - int8_attention_reference(q, k, v)).norm() / exact.norm()) < 0.05
+    assert ((y - exact).norm() / exact.norm()) < 0.06
+    assert torch.equal(int8_attention(q, k, v, p_format=p_format), y)  # on CPU the dispatcher runs the reference
+    assert torch.equal(int8_attention_reference(q, k, v, chunk=128, p_format=p_format), y)
+
+
 def test_int8_attention_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="same leading dims"):
         int8_attention_reference(torch.randn(1, 2, 5, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8))
@@ -67,6 +95,16 @@ def test_attention_quant_per_block_and_step_and_removal(arch):
     assert attention_quant_of(pipe.transformer) is None and np.array_equal(_generate(pipe), reference)
 
 
+def test_attention_quant_runs_p_in_the_configured_format():
+    pipe = load_pipeline("wan")
+    fp16 = apply_attention_quant(pipe.transformer, AttentionQuantConfig())
+    video = _generate(pipe, steps=2)
+    six = apply_attention_quant(pipe.transformer, AttentionQuantConfig(p_format="e2m3"))
+    assert "E2M3 P" in six.path and "E2M3 P" not in fp16.path
+    six_video = _generate(pipe, steps=2)
+    assert six.quantized_calls > 0 and not np.array_equal(six_video, video) and np.abs(six_video - video).max() < 0.2
+
+
 def test_attention_quant_leaves_masked_calls_alone():
     from sixbit.methods.attention.method import AttentionQuantState, _QuantSDPA
 
@@ -85,6 +123,9 @@ def test_attention_quant_config_is_checked():
         AttentionQuantConfig(blocks=(1,))
     with pytest.raises(ValueError, match="steps must be None or"):
         AttentionQuantConfig(steps=(-1, 3))
+    with pytest.raises(ValueError, match="p_format must be one of fp16, int8, e2m3, e3m2"):
+        AttentionQuantConfig(p_format="fp6")
+    assert AttentionQuantConfig(p_format="e3m2").describe() == "blocks all, steps all, P in E3M2"
 
 
 def test_int8_attention_path_names_the_kernel_each_device_runs(monkeypatch):
@@ -96,8 +137,11 @@ def test_int8_attention_path_names_the_kernel_each_device_runs(monkeypatch):
     assert attention.int8_attention_path("cuda").startswith("emulated")  # no INT8 tl.dot before sm_80
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert attention.int8_attention_path("cuda").startswith("real: sixbit Triton kernel")
+    assert "E2M3 P with E8M0 scales" in attention.int8_attention_path("cuda", "e2m3")
+    assert attention.int8_attention_path("cuda", "int8").startswith("emulated: INT8 QKᵀ and INT8 P")
     monkeypatch.setattr(attention, "sageattention_installed", lambda: True)
     assert attention.int8_attention_path("cuda").startswith("real: sageattention")
+    assert attention.int8_attention_path("cuda", "e3m2").startswith("real: sixbit Triton kernel")  # not sageattention's
     assert attention.int8_attention_path("cpu").startswith("emulated")
 
 

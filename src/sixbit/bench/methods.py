@@ -22,6 +22,7 @@ A peer whose library is missing or that fails here is reported with the reason, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import logging
@@ -191,15 +192,20 @@ if "balanced" in _preset_names():  # issue 7's ablations
                                       warmup_fraction=0.1), param="threshold"))
 
 
-def _apply_int8_attention(pipe, ctx, value):
+def _apply_int8_attention(pipe, ctx, value, p_format="fp16"):
     start = None if value is None else int(value)
-    state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(steps=(start, None)))
-    return f"INT8 QKᵀ (K smoothed) + FP16 PV, {'every step' if start is None else f'from step {start}'}; {state.path}"
+    state = apply_attention_quant(pipe.transformer, AttentionQuantConfig(steps=(start, None), p_format=p_format))
+    p = "FP16 PV" if p_format == "fp16" else f"{p_format.upper()} P"
+    return f"INT8 QKᵀ (K smoothed) + {p}, {'every step' if start is None else f'from step {start}'}; {state.path}"
 
 
 register(Method("int8-attention", "sixbit", "quantized attention (SageAttention's method) on the full-precision model",
                 _apply_int8_attention, param="first quantized step",
                 emulated=not torch.cuda.is_available() or importlib.util.find_spec("sageattention") is None))
+for _p in ("int8", "e2m3", "e3m2"):  # the attention matrix P rounded before P·V (seed 000's 6-bit P: e2m3, e3m2)
+    register(Method(f"int8-attention-p-{_p}", "sixbit", f"quantized attention with P in {_p.upper()} (scale per 32 keys)",
+                    functools.partial(_apply_int8_attention, p_format=_p), param="first quantized step",
+                    emulated=not torch.cuda.is_available() or _p == "int8"))
 
 
 # ------------------------------------------------------------------------ diffusers caches

@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..formats.constants import P_FORMATS
 from .serialize import Serializable
 
 
 @dataclasses.dataclass
 class AttentionQuantConfig(Serializable):
-    """Where attention is quantized.
+    """Where attention is quantized, and how P enters P·V.
 
     Args:
         blocks: ``(start, stop)`` block indices (``stop`` excluded; ``None`` = open end), or
             ``None`` for every block.
         steps: ``(start, stop)`` denoising step indices likewise, or ``None`` for every step.
+        p_format: the attention matrix P (softmax probabilities) as P·V takes it: ``"fp16"``
+            (default), ``"int8"``, or seed 000's 6-bit dynamic float, ``"e2m3"`` or ``"e3m2"``,
+            each low-bit one with a scale per 32 keys taken from P itself (MX-style E8M0 for the
+            6-bit ones). Quality per format: BENCHMARKS.md ``attention``.
     """
 
     blocks: tuple[int | None, int | None] | None = None
     steps: tuple[int | None, int | None] | None = None
+    p_format: str = "fp16"
 
     def __post_init__(self):
+        if self.p_format not in P_FORMATS:
+            raise ValueError(f"p_format must be one of {', '.join(P_FORMATS)}, got {self.p_format!r}")
         for name in ("blocks", "steps"):
             value = getattr(self, name)
             if value is None:
@@ -45,8 +53,10 @@ class AttentionQuantConfig(Serializable):
         return _within(self.blocks, block)
 
     def describe(self) -> str:
-        """Where attention is quantized, in words: ``"blocks all, steps 2–end"``."""
-        return f"blocks {_span(self.blocks)}, steps {_span(self.steps)}"
+        """Where attention is quantized, in words: ``"blocks all, steps 2–end"`` (and P's format
+        when it is not FP16: ``"…, P in E2M3"``)."""
+        p = "" if self.p_format == "fp16" else f", P in {self.p_format.upper()}"
+        return f"blocks {_span(self.blocks)}, steps {_span(self.steps)}{p}"
 
 
 def _span(span) -> str:

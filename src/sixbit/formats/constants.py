@@ -22,3 +22,8 @@ MX_BLOCK = 32
 E8M0_BIAS = 127
 E8M0_MIN_EXP = -127
 E8M0_MAX_EXP = 127
+
+# How quantized attention's matrix P (the softmax probabilities) may enter P·V: FP16, or rounded to
+# INT8 or to a 6-bit float (seed 000's "attention matrix in 6-bit dynamic floating point"), the
+# low-bit ones with a scale per MX_BLOCK keys.
+P_FORMATS = ("fp16", "int8", "e2m3", "e3m2")

@@ -88,14 +88,37 @@ def quantize(x: torch.Tensor, element_name: str = "e4m3") -> MXQuantized:
     blocks = split_blocks(x, MX_BLOCK, "MX")
     amax = blocks.abs().amax(dim=-1)
     check_finite(x, stat=amax)
-    _, e = torch.frexp(amax)  # amax = m·2^e, m in [0.5, 1): floor(log2 amax) = e - 1
-    exp = torch.where(amax > 0, e - 1 - EMAX_ELEM[fmt.name], E8M0_MIN_EXP)
-    exp = exp.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
+    exp = scale_exponents(amax, fmt.name)
     scale = torch.ldexp(torch.ones_like(amax), exp)
     codes = fmt.encode(blocks / scale.unsqueeze(-1))  # exact division by a power of two
     return MXQuantized(
         pack_bits(codes, fmt.bits), (exp + E8M0_BIAS).to(torch.uint8), fmt.name, tuple(x.shape)
     )
+
+
+def scale_exponents(amax: torch.Tensor, element_name: str) -> torch.Tensor:
+    """The spec's E8M0 exponent of blocks whose largest magnitude is ``amax``:
+    ``floor(log2 amax) − emax_elem``, −127 for an all-zero block, clamped to [−127, 127]."""
+    _, e = torch.frexp(amax)  # amax = m·2^e, m in [0.5, 1): floor(log2 amax) = e - 1
+    exp = torch.where(amax > 0, e - 1 - EMAX_ELEM[element_name], E8M0_MIN_EXP)
+    return exp.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
+
+
+def round_blocks(x: torch.Tensor, element_name: str) -> torch.Tensor:
+    """``quantize(x, element_name).dequantize()`` without packing codes (fp32, ``x``'s shape):
+    each block of 32 along the last dimension (a multiple of 32) rounded onto its own
+    power-of-two-scaled element grid.
+
+    Example:
+        >>> x = torch.linspace(0, 1, 64).reshape(2, 32)
+        >>> torch.equal(round_blocks(x, "e2m3"), quantize(x, "e2m3").dequantize())
+        True
+    """
+    fmt = element(element_name)
+    blocks = split_blocks(to_float32(x), MX_BLOCK, "MX")
+    exp = scale_exponents(blocks.abs().amax(dim=-1, keepdim=True), fmt.name)
+    scale = torch.ldexp(torch.ones(exp.shape, device=exp.device), exp)
+    return (fmt.round(blocks / scale) * scale).reshape(x.shape)
 
 
 for _name, _el in MX_FORMATS.items():

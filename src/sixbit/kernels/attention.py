@@ -27,8 +27,11 @@ import importlib.util
 
 import torch
 
+from ..formats import mx
+from ..formats.constants import MX_BLOCK, P_FORMATS
 from . import triton as tri
 from .triton.attention import int8_attention_triton, quantize_blocks_int8
+
 
 
 def _int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,13 +41,53 @@ def _int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tenso
     return codes.float(), scales.repeat_interleave(block, dim=-1)[..., :x.shape[-2], None]
 
 
+def check_p_format(p_format: str, block_k: int = 64) -> None:
+    """Refuse an unknown P format, or key blocks a 6-bit P's 32-key scale blocks do not tile."""
+    if p_format not in P_FORMATS:
+        raise ValueError(f"p_format must be one of {', '.join(P_FORMATS)}, got {p_format!r}")
+    if p_format != "fp16" and block_k % MX_BLOCK:
+        raise ValueError(f"p_format={p_format!r} scales P per {MX_BLOCK} keys: block_k must be a multiple of "
+                         f"{MX_BLOCK}, got {block_k}")
+
+
+def round_probabilities(p: torch.Tensor, p_format: str) -> torch.Tensor:
+    """``p ≥ 0 (…, L)`` (L a multiple of 32) rounded as P·V takes it: ``"int8"``: codes 0…127
+    times ``amax / 127`` per 32 values; ``"e2m3"`` / ``"e3m2"``: MX, an E8M0 scale per 32
+    (:func:`sixbit.formats.mx.round_blocks`). fp32."""
+    if p_format == "int8":
+        blocks = p.reshape(*p.shape[:-1], -1, MX_BLOCK)
+        amax = blocks.amax(dim=-1, keepdim=True)
+        step = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+        return (torch.round(blocks / step) * step).reshape(p.shape)
+    return mx.round_blocks(p, p_format)
+
+
+def _low_bit_pv(scores: torch.Tensor, v16: torch.Tensor, p_format: str, block_k: int) -> torch.Tensor:
+    """``softmax(scores)·V`` as the Triton kernel walks the keys: per tile of ``block_k`` keys,
+    P relative to the running max (values ≤ 1) is rounded (:func:`round_probabilities`) before
+    P·V; earlier tiles are rescaled as the max grows, and the sum of the unrounded P normalizes."""
+    pad = (-scores.shape[-1]) % block_k
+    tiles = torch.nn.functional.pad(scores, (0, pad), value=float("-inf")).unflatten(-1, (-1, block_k))
+    running = tiles.amax(dim=-1).cummax(dim=-1).values  # the kernel's max after each tile
+    p = torch.exp(tiles - running[..., None])
+    rescale = torch.exp(running - running[..., -1:])[..., None]  # what later tiles' growth multiplies each by
+    total = (p * rescale).sum(dim=(-2, -1))[..., None]
+    rounded = round_probabilities(p.flatten(-2), p_format).unflatten(-1, (-1, block_k)) * rescale
+    return (rounded.flatten(-2) @ torch.nn.functional.pad(v16, (0, 0, 0, pad))) / total
+
+
 def int8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-                             block_q: int = 128, block_k: int = 64, chunk: int = 4096) -> torch.Tensor:
+                             block_q: int = 128, block_k: int = 64, chunk: int = 4096,
+                             p_format: str = "fp16") -> torch.Tensor:
     """Reference (and CPU) twin: the method in torch ops. ``q (…, Lq, D)``, ``k, v (…, Lk, D)``
-    with the same leading dims; returns ``(…, Lq, D)`` in ``q``'s dtype."""
+    with the same leading dims; returns ``(…, Lq, D)`` in ``q``'s dtype. ``p_format``
+    (:data:`P_FORMATS`): P in FP16 (default, normalized first), or rounded to ``"int8"`` or a
+    6-bit float (``"e2m3"``, ``"e3m2"``) per 32 keys with a dynamic scale, as the flash kernel
+    does it (:func:`_low_bit_pv`)."""
     if q.shape[-1] != k.shape[-1] or k.shape[:-1] != v.shape[:-1] or q.shape[:-2] != k.shape[:-2]:
         raise ValueError(f"int8 attention needs q (…, Lq, D), k and v (…, Lk, D) with the same leading dims, "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    check_p_format(p_format, block_k)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     kf = k.float()
     kc, ks = _int8_blocks(kf - kf.mean(dim=-2, keepdim=True), block_k)
@@ -54,8 +97,10 @@ def int8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     for start in range(0, q.shape[-2], chunk):
         qc, qs = _int8_blocks(q[..., start:start + chunk, :].float(), block_q)
         scores = (qc @ kc.transpose(-1, -2)) * (qs * scale) * ks.transpose(-1, -2)
-        p = torch.softmax(scores, dim=-1).to(torch.float16).float()
-        out.append(p @ v16)
+        if p_format == "fp16":
+            out.append(torch.softmax(scores, dim=-1).to(torch.float16).float() @ v16)
+        else:
+            out.append(_low_bit_pv(scores, v16, p_format, block_k))
     return torch.cat(out, dim=-2).to(q.dtype)
 
 
@@ -69,22 +114,29 @@ def _triton_runs(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
-def int8_attention_path(device: torch.device | str) -> str:
-    """How :func:`int8_attention` runs on ``device``.
+def _p_words(p_format: str) -> str:
+    return {"fp16": "FP16 PV", "int8": "INT8 P"}.get(p_format, f"{p_format.upper()} P (6-bit, scale per 32 keys)")
+
+
+def int8_attention_path(device: torch.device | str, p_format: str = "fp16") -> str:
+    """How :func:`int8_attention` runs on ``device`` with P in ``p_format``.
 
     Example:
         >>> int8_attention_path("cpu")
         'emulated: INT8 QKᵀ and FP16 PV in fp32 matmuls'
     """
     device = torch.device(device)
-    if device.type == "cuda" and sageattention_installed():
+    if device.type == "cuda" and sageattention_installed() and p_format == "fp16":
         return "real: sageattention (INT8 QKᵀ, FP16/FP8 PV)"
-    if _triton_runs(device):
-        return "real: sixbit Triton kernel (INT8 QKᵀ, FP16 PV, online softmax)"
-    return "emulated: INT8 QKᵀ and FP16 PV in fp32 matmuls"
+    if _triton_runs(device) and p_format != "int8":
+        p = ("FP16 PV" if p_format == "fp16" else
+             f"{p_format.upper()} P with E8M0 scales per 32 keys through tl.dot_scaled (E4M3 containers)")
+        return f"real: sixbit Triton kernel (INT8 QKᵀ, {p}, online softmax)"
+    return f"emulated: INT8 QKᵀ and {_p_words(p_format)} in fp32 matmuls"
 
 
-def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                   p_format: str = "fp16") -> torch.Tensor:
     """Quantized attention on ``(B, H, L, D)`` tensors, by the path :func:`int8_attention_path` names.
 
     Example:
@@ -92,10 +144,10 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         >>> torch.equal(int8_attention(q, k, v), int8_attention_reference(q, k, v))  # CPU: the reference
         True
     """
-    if q.device.type == "cuda" and sageattention_installed():
+    if q.device.type == "cuda" and sageattention_installed() and p_format == "fp16":
         from sageattention import sageattn
 
         return sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=scale)
-    if _triton_runs(q.device):
-        return int8_attention_triton(q, k, v, scale)
-    return int8_attention_reference(q, k, v, scale)
+    if _triton_runs(q.device) and p_format != "int8":
+        return int8_attention_triton(q, k, v, scale, p_format=p_format)
+    return int8_attention_reference(q, k, v, scale, p_format=p_format)

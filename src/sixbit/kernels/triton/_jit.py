@@ -98,11 +98,40 @@ def epilogue(a_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, M, N, TM: tl.constexpr, TN: tl
 
 
 @triton.jit
+def pow2(e):
+    """fp32 ``2^e`` of int32 exponents in [−126, 127], from its bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mx_round(p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+             EMAX: tl.constexpr, PMAX: tl.constexpr):
+    """``p ≥ 0 (BLOCK_M, BLOCK_N)`` rounded per block of 32 columns as
+    :func:`sixbit.formats.mx.round_blocks` does: an E8M0 exponent ``floor(log2 amax) − EMAX``
+    (−127 for a zero block), then each value divided by it, saturated at ``PMAX`` and rounded to
+    nearest even on the element's grid (``MBITS`` mantissa bits, subnormals below ``2^EMIN``).
+    Returns the grid values (before the scale) and the E8M0 codes ``(BLOCK_M, BLOCK_N / 32)``."""
+    blocks = tl.reshape(p, (BLOCK_M, BLOCK_N // 32, 32))
+    amax = tl.max(blocks, axis=2)
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 255) - 127  # floor(log2 amax) of a normal amax
+    exp = tl.where(amax > 0, tl.maximum(e - EMAX, -127), -127)
+    x = tl.minimum(blocks * pow2(-exp)[:, :, None], PMAX)  # a power of two: exact
+    binade = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 255) - 127, EMIN)
+    quanta = x * pow2(MBITS - binade)
+    quanta = (quanta + 12582912.0) - 12582912.0  # 1.5·2^23: rounds to nearest even
+    return tl.reshape(quanta * pow2(binade - MBITS), (BLOCK_M, BLOCK_N)), (exp + 127).to(tl.uint8)
+
+
+@triton.jit
 def int8_attention(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, o_ptr, LQ, LK, D, DV, QBLOCKS, KBLOCKS, sm_scale,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+                   P_MX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                   PMAX: tl.constexpr):
     """One (query block, batch·head): INT8 codes ``q (BH, LQ, D)``, ``k (BH, LK, D)``, one fp32
     scale per block of ``BLOCK_M`` query / ``BLOCK_N`` key tokens; ``v (BH, LK, DV)`` in any float
-    dtype, rounded to FP16 here; ``o (BH, LQ, DV)``."""
+    dtype, rounded to FP16 here; ``o (BH, LQ, DV)``. ``P_MX``: each tile's probabilities rounded to
+    a 6-bit float (``MBITS``, ``EMIN``, ``EMAX``, ``PMAX`` of E2M3 or E3M2) with an E8M0 scale per 32
+    keys (:func:`mx_round`), multiplied by ``tl.dot_scaled``; else P in FP16."""
     qb = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rm = qb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -127,7 +156,11 @@ def int8_attention(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, o_ptr, LQ, LK, D, DV, QB
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + bh * LK * DV + cols[:, None] * DV + dv[None, :],
                     mask=(cols[:, None] < LK) & (dv[None, :] < DV), other=0.0).to(tl.float16)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v, out_dtype=tl.float32)
+        if P_MX:  # 6-bit values, exact in E4M3 (this Triton's dot_scaled has no e2m3/e3m2 operand)
+            values, scales = mx_round(p, BLOCK_M, BLOCK_N, MBITS, EMIN, EMAX, PMAX)
+            acc = acc * alpha[:, None] + tl.dot_scaled(values.to(tl.float8e4nv), scales, "e4m3", v, None, "fp16")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v, out_dtype=tl.float32)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(o_ptr + bh * LQ * DV + rm[:, None] * DV + dv[None, :], out.to(o_ptr.dtype.element_ty),

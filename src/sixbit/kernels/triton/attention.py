@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import torch
 
+from ...formats.constants import EMAX_ELEM
+from ...formats.minifloat import element
 from . import jit, require
 
 ATOL = 2.0 ** -9  # kernel vs reference, in units of max|V| (see the module docstring)
+_P_ELEMENTS = {"fp16": None, "e2m3": element("e2m3"), "e3m2": element("e3m2")}  # P's element format
 
 
 def quantize_blocks_int8(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +71,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bloc
 
 
 def int8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-                          block_q: int = 128, block_k: int = 64) -> torch.Tensor:
+                          block_q: int = 128, block_k: int = 64, p_format: str = "fp16") -> torch.Tensor:
     """Triton kernel: ``softmax(Q·Kᵀ·scale)·V`` by SageAttention's method on ``(B, H, L, D)``
     tensors (``scale`` default ``D ** -0.5``); returns ``(B, H, Lq, Dv)`` in ``q``'s dtype.
 
@@ -77,6 +80,12 @@ def int8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sca
     (slightly more accurate) and run less efficiently. Any lengths (the last blocks are masked)
     and head dims (padded to a power of two inside the kernel).
 
+    ``p_format="e2m3"`` / ``"e3m2"``: each tile's P rounded to that 6-bit float with an E8M0
+    scale per 32 keys, multiplied by ``tl.dot_scaled``; its values travel as E4M3 (which holds
+    every E2M3 and E3M2 value exactly: this Triton's ``dot_scaled`` takes no e2m3/e3m2 operand).
+    Its reference twin is :func:`sixbit.kernels.attention.int8_attention_reference` with the same
+    ``p_format``, which rounds the same tiles relative to the same running max.
+
     Example:
         >>> q = k = v = torch.randn(1, 2, 37, 16, device="cuda", dtype=torch.bfloat16)  # doctest: +SKIP
         >>> int8_attention_triton(q, k, v).shape                                          # doctest: +SKIP
@@ -84,6 +93,11 @@ def int8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sca
     """
     require(q.device)
     _check(q, k, v, block_q, block_k)
+    if p_format not in _P_ELEMENTS:
+        raise ValueError(f"the Triton kernel takes p_format fp16, e2m3 or e3m2, got {p_format!r} (int8 P: the reference)")
+    if p_format != "fp16" and block_k % 32:
+        raise ValueError(f"p_format={p_format!r} scales P per 32 keys: block_k must be a multiple of 32, got {block_k}")
+    mx = _P_ELEMENTS[p_format]
     b, h, lq, d = q.shape
     lk, dv = k.shape[-2], v.shape[-1]
     scale = d ** -0.5 if scale is None else float(scale)
@@ -97,7 +111,9 @@ def int8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sca
         grid = (q_scales.shape[-1], b * h)
         jit().int8_attention[grid](q_codes.contiguous(), k_codes.contiguous(), v.contiguous(), q_scales.contiguous(),
                                    k_scales.contiguous(), out, lq, lk, d, dv, q_scales.shape[-1], k_scales.shape[-1],
-                                   scale, BLOCK_M=block_q, BLOCK_N=block_k, DP=dp, DVP=dvp,
+                                   scale, BLOCK_M=block_q, BLOCK_N=block_k, DP=dp, DVP=dvp, P_MX=mx is not None,
+                                   MBITS=0 if mx is None else mx.mbits, EMIN=0 if mx is None else mx.emin,
+                                   EMAX=0 if mx is None else EMAX_ELEM[mx.name], PMAX=0.0 if mx is None else mx.max,
                                    # Triton's flash-attention tutorial: 8 warps for 128 × 128 accumulators
                                    num_warps=8 if block_q >= 128 and dvp >= 128 else 4)
     return out

@@ -108,7 +108,7 @@ class _QuantSDPA(TorchFunctionMode):
             if (call.get("attn_mask") is None and not call.get("dropout_p") and not call.get("is_causal")
                     and not call.get("enable_gqa") and q.shape[:-2] == k.shape[:-2]):
                 self.state.quantized_calls += 1
-                return int8_attention(q, k, v, call.get("scale"))
+                return int8_attention(q, k, v, call.get("scale"), p_format=self.state.config.p_format)
             self.state.unsupported_calls += 1
         return func(*args, **kwargs)
 
@@ -165,7 +165,7 @@ def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None 
         raise ValueError(f"config must be an AttentionQuantConfig, got {type(config).__name__}")
     modules = check_attention(model, config)
     remove_attention_quant(model)
-    state = AttentionQuantState(config, int8_attention_path(next(model.parameters()).device))
+    state = AttentionQuantState(config, int8_attention_path(next(model.parameters()).device, config.p_format))
     tracker = track_steps(model)
     window = _StepWindow(config, tracker)
     for index, module in modules:
