@@ -41,6 +41,14 @@ class AttentionQuantConfig(Serializable):
                                  f"use ({value[0]}, {value[0] + 1}) or more, or (start, None) for every one from start")
             setattr(self, name, tuple(value))
 
+    def to_dict(self) -> dict:
+        """The JSON form; ``p_format`` only when it is not FP16 (the field came later: a config
+        written before is written again unchanged, and loads in a sixbit that predates it)."""
+        data = super().to_dict()
+        if self.p_format == "fp16":
+            del data["p_format"]
+        return data
+
     def selects(self, block: int, step: int) -> bool:
         return _within(self.blocks, block) and _within(self.steps, step)
 

@@ -45,6 +45,8 @@ def to_dict(config) -> dict[str, Any]:
 
 
 def _plain(value):
+    if isinstance(value, Serializable):  # a config may write its own form (e.g. leave out a field added later)
+        return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_dict(value)
     if isinstance(value, enum.Enum):
