@@ -46,13 +46,17 @@ def _inputs(tokens: int):
     return q, k, torch.randn(shape, generator=g).bfloat16()
 
 
-def _blocked_bf16(q, k, v, parts):
-    out, scale = torch.empty_like(q), q.shape[-1] ** -0.5
+def _blocked(q, v, parts, head, scores_of):
+    """Attention over blocks of ``CHUNK`` queries: per (batch, head), ``head(b, h)`` prepares what
+    ``scores_of(prepared, b, h, s)`` needs to give the fp32 scores of the block at ``s``; softmax in
+    fp32, P·V in bf16. Each part's time is added to ``parts``."""
+    out = torch.empty_like(q)
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
+            prepared = head(b, h)
             for s in range(0, q.shape[2], CHUNK):
                 t0 = time.perf_counter()
-                scores = (q[b, h, s:s + CHUNK] @ k[b, h].t()).float() * scale
+                scores = scores_of(prepared, b, h, s)
                 t1 = time.perf_counter()
                 p = torch.softmax(scores, dim=-1).bfloat16()
                 t2 = time.perf_counter()
@@ -61,6 +65,12 @@ def _blocked_bf16(q, k, v, parts):
                 for name, dt in (("Q·Kᵀ", t1 - t0), ("softmax", t2 - t1), ("P·V", t3 - t2)):
                     parts[name] = parts.get(name, 0.0) + dt
     return out
+
+
+def _blocked_bf16(q, k, v, parts):
+    scale = q.shape[-1] ** -0.5
+    return _blocked(q, v, parts, lambda b, h: k[b, h].t(),
+                    lambda kt, b, h, s: (q[b, h, s:s + CHUNK] @ kt).float() * scale)
 
 
 def _int8_codes(x):
@@ -76,23 +86,16 @@ def _blocked_int8(q, k, v, parts):
     k_codes, k_scale = _int8_codes(kf - kf.mean(dim=-2, keepdim=True))
     q_codes, q_scale = _int8_codes(q.float())
     parts["quantize Q, K"] = parts.get("quantize Q, K", 0.0) + time.perf_counter() - t0
-    out, scale = torch.empty_like(q), q.shape[-1] ** -0.5
-    for b in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            t0 = time.perf_counter()
-            packed, ks = pack_int8_weight(k_codes[b, h]), k_scale[b, h, :, 0].contiguous()
-            parts["pack K"] = parts.get("pack K", 0.0) + time.perf_counter() - t0
-            for s in range(0, q.shape[2], CHUNK):
-                t0 = time.perf_counter()
-                scores = packed_int8_matmul(q_codes[b, h, s:s + CHUNK], packed, ks).mul_(q_scale[b, h, s:s + CHUNK] * scale)
-                t1 = time.perf_counter()
-                p = torch.softmax(scores, dim=-1).bfloat16()
-                t2 = time.perf_counter()
-                out[b, h, s:s + CHUNK] = p @ v[b, h]
-                t3 = time.perf_counter()
-                for name, dt in (("Q·Kᵀ", t1 - t0), ("softmax", t2 - t1), ("P·V", t3 - t2)):
-                    parts[name] = parts.get(name, 0.0) + dt
-    return out
+    scale = q.shape[-1] ** -0.5
+
+    def head(b, h):  # K packed once per head for oneDNN's AMX INT8 kernel
+        t0 = time.perf_counter()
+        packed = pack_int8_weight(k_codes[b, h]), k_scale[b, h, :, 0].contiguous()
+        parts["pack K"] = parts.get("pack K", 0.0) + time.perf_counter() - t0
+        return packed
+
+    return _blocked(q, v, parts, head, lambda packed, b, h, s: packed_int8_matmul(
+        q_codes[b, h, s:s + CHUNK], *packed).mul_(q_scale[b, h, s:s + CHUNK] * scale))
 
 
 def _per_head(fn, q, k, v):
