@@ -77,6 +77,10 @@ def check_not_split(model: nn.Module) -> None:
     from .parallel.wrapped import wrapper_of
 
     wrapper = wrapper_of(model)
+    if wrapper is not None and getattr(wrapper, "driver", None) is not None:
+        raise ValueError(f"this model runs in {wrapper.world} worker processes started by a TensorParallelWrapper: "
+                         "load the LoRA before wrapping (the workers get it with the model), or close() the wrapper "
+                         "and wrap again after loading it")
     if wrapper is not None and wrapper.mode == "tensor" and wrapper.shards is not None:
         raise ValueError(f"this model is already split across {wrapper.world} ranks by a TensorParallelWrapper "
                          "(mode='tensor'), so each layer holds only its rank's rows: load the LoRA before wrapping "
@@ -116,6 +120,22 @@ def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale:
                 hooks.register_innermost(layer, _LinearLora(), HOOK_NAME)
     state.factors[adapter_name] = {n: f for n, (_, _, f) in pairs.items()}
     state.scales[adapter_name] = scale
+
+
+def linear_factors(model: nn.Module) -> dict[str, dict[str, list]]:
+    """The LoRA terms of ``model``'s full-precision linears by layer name. They are kept beside the
+    layers, not in them, so a copy of the model made by pickling (the workers of a
+    TensorParallelWrapper) needs them again: :func:`set_linear_factors`."""
+    return {name: {adapter: list(entry) for adapter, entry in _LINEAR[m].items()}
+            for name, m in model.named_modules() if m in _LINEAR}
+
+
+def set_linear_factors(model: nn.Module, factors: dict[str, dict[str, list]]) -> None:
+    """Give the full-precision linears of a copy of a model the LoRA terms :func:`linear_factors`
+    read from the original (the copy's hooks are already in place)."""
+    modules = dict(model.named_modules())
+    for name, entries in factors.items():
+        _LINEAR[modules[name]] = {adapter: list(entry) for adapter, entry in entries.items()}
 
 
 def linear_up_factors(layer: nn.Linear) -> dict[str, torch.Tensor]:

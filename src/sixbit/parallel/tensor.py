@@ -39,10 +39,9 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 from ..lora import linear_up_factors, set_linear_up
-from ..nn import QuantLinear, QuantPointwiseConv, QuantUnfoldedConv, execution
+from ..nn import QuantLinear, execution
 from ..nn.row_shards import LORA_PREFIX
-
-_ELEMENTWISE = ("GELU", "ApproximateGELU", "LinearActivation")  # diffusers FeedForward inputs cut by hidden units
+from .feed_forward import feed_forwards, is_linear, last_linear
 
 
 def _rows(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -116,12 +115,6 @@ class TensorShards:
     whole: list[str] = dataclasses.field(default_factory=list)
 
 
-def _linears(module: nn.Module) -> bool:
-    # a quantized conv's output channels are not its last dimension: it stays whole on every rank,
-    # as the full-precision conv does
-    return isinstance(module, (nn.Linear, QuantLinear)) and not isinstance(module, (QuantPointwiseConv, QuantUnfoldedConv))
-
-
 def _attention_modules(model: nn.Module) -> dict[str, nn.Module]:
     return {name: m for name, m in model.named_modules()
             if all(isinstance(getattr(m, a, None), nn.Module) for a in ("to_q", "to_k", "to_v"))
@@ -136,7 +129,7 @@ def check(model: nn.Module, world: int) -> None:
                              f"run with a number of processes that divides {attn.heads}, or mode='sequence'")
         for proj in ("to_q", "to_k", "to_v"):
             layer = getattr(attn, proj)
-            if not _linears(layer):
+            if not is_linear(layer):
                 raise ValueError(f"{name}.{proj} is a {type(layer).__name__}, not a linear: cannot cut it by heads")
             if layer.out_features != attn.to_q.out_features:
                 raise ValueError(f"{name} has fewer key/value heads than query heads (grouped-query attention), "
@@ -171,7 +164,7 @@ def shard(model: nn.Module, group) -> TensorShards:
     for name, attn in _attention_modules(model).items():
         heads = attn.heads
         for proj in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
-            if _linears(getattr(attn, proj, None)):
+            if is_linear(getattr(attn, proj, None)):
                 cut(f"{name}.{proj}", getattr(attn, proj).out_features)
                 local.add(f"{name}.{proj}")
         inner = shards.cut[f"{name}.to_q"]
@@ -182,24 +175,22 @@ def shard(model: nn.Module, group) -> TensorShards:
                 n.register_forward_pre_hook(_gather_input(group))
                 n.register_forward_hook(lambda _, __, y, a=start, b=stop: y[..., a:b])
         for out in ("to_out.0", "to_add_out"):
-            if _linears(modules.get(f"{name}.{out}")):
+            if is_linear(modules.get(f"{name}.{out}")):
                 gathered_in.add(f"{name}.{out}")
         attn.heads = heads // world
         for attr in ("inner_dim", "inner_kv_dim", "kv_inner_dim"):
             if isinstance(getattr(attn, attr, None), int):
                 setattr(attn, attr, getattr(attn, attr) // world)
         shards.heads[name] = heads
-    for name, m in modules.items():  # diffusers FeedForward: proj → element-wise activation → linear
-        net = getattr(m, "net", None)
-        if (isinstance(net, nn.ModuleList) and len(net) >= 2 and type(net[0]).__name__ in _ELEMENTWISE
-                and _linears(getattr(net[0], "proj", None)) and _linears(net[-1])
-                and net[0].proj.out_features % world == 0):
-            first, last = f"{name}.net.0.proj", f"{name}.net.{len(net) - 1}"
+    for name, m in feed_forwards(model).items():  # proj → element-wise activation → linear: cut by hidden units
+        net = m.net
+        if net[0].proj.out_features % world == 0:
+            first, last = f"{name}.net.0.proj", f"{name}.net.{last_linear(net)}"
             cut(first, net[0].proj.out_features)
             local.add(first)
             gathered_in.add(last)
     for name, m in modules.items():
-        if not _linears(m) or name in local:
+        if not is_linear(m) or name in local:
             continue
         if name not in gathered_in and m.out_features % world:
             shards.whole.append(name)

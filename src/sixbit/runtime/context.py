@@ -211,9 +211,10 @@ class _Observed(BaseState):
         pass
 
 
-class _ContextRecorder(StateManager):
+class ContextRecorder(StateManager):
     """Keeps the ``CacheContext`` (name, step index, step count) diffusers hands the
-    StateManagers of stateful hooks inside ``transformer.cache_context(...)``."""
+    StateManagers of stateful hooks inside ``transformer.cache_context(...)``: a stateful hook
+    that holds one as an attribute reads the current context from its ``current``."""
 
     def __init__(self):
         super().__init__(_Observed)
@@ -235,7 +236,7 @@ class _StepHook(ModelHook):
         super().__init__()
         self.tracker = tracker
         self.timestep_index = timestep_index
-        self.context = _ContextRecorder()
+        self.context = ContextRecorder()
 
     def new_forward(self, module, *args, **kwargs):
         t = kwargs.get("timestep")

@@ -1,0 +1,201 @@
+"""The seed's call in one plain process: ``TensorParallelWrapper(model, device_ids=[0, 1],
+chunk_size=32)`` starts two CPU workers (gloo) and gives the unwrapped model's videos and
+outputs bit for bit; no worker outlives the wrapper, however it ends."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import sixbit
+from sixbit.methods.delta_cache import DeltaCache, DeltaCacheConfig
+from sixbit.nn import QuantLinear
+from sixbit.parallel import TensorParallelWrapper, feed_forward
+from sixbit.presets import resolve
+from sixbit.runtime import blocks
+from sixbit.zoo.shapes import load_pipeline
+
+SCRIPT = Path(__file__).with_name("driver_script.py")
+PROMPT = ["a red circle moving right"]
+
+
+def video(pipe, steps: int = 4) -> np.ndarray:
+    return pipe(PROMPT, num_inference_steps=steps, guidance_scale=4.0,
+                generator=[torch.Generator().manual_seed(0)]).frames
+
+
+def gone(pids, seconds: float = 15.0) -> bool:
+    """Whether every process in ``pids`` has ended (a zombie counts as ended), within ``seconds``."""
+    def alive(pid):
+        try:
+            return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return False
+    deadline = time.monotonic() + seconds
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(map(alive, pids))
+
+
+def pids_of(wrapper) -> list[int]:
+    return wrapper.on_workers(lambda w: os.getpid())
+
+
+@pytest.mark.parametrize("arch, preset, mode, chunk_size", [
+    ("wan", None, "tensor", 32),        # the seed's call, full precision
+    ("wan", "w8a8", "tensor", 32),      # the seed's call, quantized
+    ("cogvideox", "tdc", "sequence", None),  # a runtime method (the delta cache) across generations
+])
+def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size, tmp_path):
+    pipe = load_pipeline(arch)
+    if preset == "tdc":  # a threshold at which the cache skips blocks within the few steps
+        sixbit.convert_model(pipe, None, dataclasses.replace(resolve("tdc"), cache=DeltaCacheConfig(threshold=0.4)))
+    elif preset is not None:
+        sixbit.convert_model(pipe, None, preset)
+    steps = 10 if preset == "tdc" else 4
+    skipped = lambda w: sum(d == "skip" for cache in blocks.attached(w.transformer, DeltaCache)  # noqa: E731
+                            for d in cache.report().decisions.values())
+    want = [video(pipe, steps)]
+    skips_here = skipped(types.SimpleNamespace(transformer=pipe.transformer))
+    want.append(video(pipe, steps=3))
+    wrapped = TensorParallelWrapper(pipe, device_ids=[0, 1], mode=mode, chunk_size=chunk_size)
+    try:
+        workers = pids_of(wrapped)
+        assert len(set(workers)) == 2 and os.getpid() not in workers
+        got = [video(wrapped, steps)]
+        if preset == "tdc":  # the cache ran in the workers, and skipped there as here
+            assert wrapped.on_workers(skipped) == [skips_here] * 2 and skips_here > 0
+        got.append(video(wrapped, steps=3))  # a second generation: the end of the first reached the workers
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+        if mode == "tensor":
+            whole = sum(t.numel() * t.element_size() for t in (*pipe.transformer.parameters(), *pipe.transformer.buffers()))
+            assert wrapped.weight_bytes() <= 0.55 * whole
+        if preset == "w8a8":  # this process kept the whole model: it writes the one checkpoint
+            path = sixbit.save(wrapped, tmp_path / "m.safetensors")
+            fresh = load_pipeline(arch)
+            sixbit.load(path, fresh)
+            assert np.array_equal(video(fresh, steps), want[0])
+    finally:
+        back = wrapped.close()
+    assert gone(workers)
+    assert back is pipe and np.array_equal(video(pipe, steps), want[0])  # runs here again, whole
+
+
+def test_a_plain_loop_with_a_lora_and_garbage_collection():
+    """A bare converted transformer with a LoRA on every linear (quantized and full precision),
+    called in a plain loop; the wrapper dropped without close(): its workers end."""
+    transformer = load_pipeline("cogvideox").transformer
+    sixbit.convert_model(transformer, None, "w8a8")
+    g = torch.Generator().manual_seed(3)
+    linears = [(n, m) for n, m in transformer.named_modules() if isinstance(m, (torch.nn.Linear, QuantLinear))]
+    assert {type(m).__name__ for _, m in linears} == {"Linear", "QuantLinear"}
+    sixbit.load_lora(transformer, {
+        **{f"{n}.lora_A.weight": torch.randn(2, m.in_features, generator=g) / m.in_features ** 0.5 for n, m in linears},
+        **{f"{n}.lora_B.weight": 0.05 * torch.randn(m.out_features, 2, generator=g) for n, m in linears}})
+    x = torch.randn(2, 4, 3, 32, 32, generator=g)  # 4 latent frames in 2 × 8 × 8 patches: 128 video tokens
+    text = torch.randn(2, 8, transformer.config.text_embed_dim, generator=g)
+
+    def loop(model):
+        latents, outs = x.clone(), []
+        with torch.no_grad():
+            for t in (900, 600, 300):
+                out = model(hidden_states=latents, encoder_hidden_states=text, timestep=torch.tensor([t, t]),
+                            return_dict=False)[0]
+                latents = latents - 0.1 * out
+                outs.append(out)
+        return outs
+
+    want = loop(transformer)
+    wrapped = TensorParallelWrapper(transformer, device_ids=[0, 1], chunk_size=32)
+    workers = pids_of(wrapped)
+    assert all(torch.equal(a, b) for a, b in zip(loop(wrapped), want))
+    with pytest.raises(ValueError, match="load the LoRA before wrapping"):
+        sixbit.load_lora(transformer, {})
+    del wrapped, transformer
+    gc.collect()
+    assert gone(workers)
+
+
+def test_bad_arguments_are_refused_before_any_worker_starts():
+    pipe = load_pipeline("wan")  # 4 heads
+    with pytest.raises(ValueError, match="mixes CPU and CUDA") if torch.cuda.is_available() else \
+            pytest.raises(ValueError, match="no CUDA device"):
+        TensorParallelWrapper(pipe, device_ids=["cpu", "cuda:0"])
+    with pytest.raises(ValueError, match="device_ids is a list"):
+        TensorParallelWrapper(pipe, device_ids=2)
+    with pytest.raises(ValueError, match="chunk_size is the number of tokens"):
+        TensorParallelWrapper(pipe, device_ids=[0, 1], chunk_size=0)
+    with pytest.raises(ValueError, match="4 attention heads, which do not divide across 3 ranks"):
+        TensorParallelWrapper(pipe, device_ids=[0, 1, 2])
+    with pytest.raises(ValueError, match="group names a process group"):
+        TensorParallelWrapper(pipe, device_ids=[0, 1], group=object())
+    nvfp4, w4a4 = load_pipeline("wan"), resolve("w4a4")
+    sixbit.convert_model(nvfp4, None, dataclasses.replace(w4a4, weights=dataclasses.replace(w4a4.weights, gptq=False)))
+    with pytest.raises(ValueError, match="NVFP4 with one scale over all of a call's tokens"):
+        TensorParallelWrapper(nvfp4, device_ids=[0, 1], chunk_size=32)
+    assert not multiprocessing.active_children()
+    assert sixbit.parallel.wrapper_of(pipe.transformer) is None
+
+
+def test_chunks_reproduce_whole_feed_forwards_in_one_process():
+    transformer = load_pipeline("cogvideox").transformer
+    sixbit.convert_model(transformer, None, "w8a8")
+    g = torch.Generator().manual_seed(0)
+    inputs = {"hidden_states": torch.randn(2, 4, 3, 32, 32, generator=g), "timestep": torch.tensor([500, 500]),
+              "encoder_hidden_states": torch.randn(2, 8, transformer.config.text_embed_dim, generator=g),
+              "return_dict": False}
+    with torch.no_grad():
+        want = transformer(**inputs)[0]
+        names = feed_forward.chunk(transformer, 7)  # 8 text + 128 video tokens: 20 chunks, the last one short
+        got = transformer(**inputs)[0]
+    assert len(names) == len(transformer.transformer_blocks) and torch.equal(got, want)
+    feed_forward.unchunk(transformer)
+    assert all(not sixbit.runtime.hooks.names(m) for m in feed_forward.feed_forwards(transformer).values())
+
+
+def _run_script(case: str, interrupt: bool = False) -> list[dict]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), case], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    events = []
+    try:
+        for line in proc.stdout:
+            if line.startswith("{"):
+                events.append(json.loads(line))
+                if interrupt and events[-1].get("generating"):
+                    time.sleep(2)  # mid-generation
+                    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return events, proc.returncode, proc.stderr.read()
+
+
+def test_an_error_in_a_worker_is_raised_here_and_exit_leaves_no_worker():
+    events, code, err = _run_script("error")
+    assert code == 0, err[-3000:]
+    first, raised, after, second = events
+    assert raised["raised"] == "ValueError" and raised["message"] == "injected failure in rank 1"
+    assert "in worker 1" in raised["cause"] and "boom" in raised["cause"]  # the worker's traceback
+    assert "workers of this TensorParallelWrapper are stopped" in after["after"]
+    assert gone(first["pids"]) and gone(second["pids"])  # the second was never closed: exit stopped it
+
+
+def test_ctrl_c_in_the_caller_leaves_no_worker():
+    events, code, err = _run_script("interrupt", interrupt=True)
+    assert "KeyboardInterrupt" in err and code != 0
+    assert gone(events[0]["pids"])
