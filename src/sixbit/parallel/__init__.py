@@ -3,7 +3,7 @@
 From a plain script or a notebook, name the devices and the wrapper starts one worker process
 per device and drives them (:mod:`.driver`)::
 
-    import sixbit
+    import torch, sixbit
     from sixbit.parallel import TensorParallelWrapper
     from sixbit.zoo.shapes import load_pipeline
 
