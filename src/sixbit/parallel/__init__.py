@@ -117,7 +117,7 @@ class TensorParallelWrapper:
             if chunk_size is not None:
                 feed_forward.check_chunkable(transformer)
             self.group, self.rank, self.world = None, None, len(found)
-            self.driver = driver.Driver(transformer, found, mode, chunk_size)
+            self.driver = driver.Driver(transformer, found, mode, chunk_size, TensorParallelWrapper)
             driver.attach(transformer, self.driver)
         mark(transformer, self)
 

@@ -173,14 +173,13 @@ def _call(wrapper, device: torch.device, rank: int, args, kwargs, context):
     return _to(out, "cpu") if rank == 0 else None
 
 
-def _serve(conn, rank: int, world: int, device: torch.device, mode: str, chunk_size: int | None,
+def _serve(conn, wrap, rank: int, world: int, device: torch.device, mode: str, chunk_size: int | None,
            model_path: str, store: str, threads: int, parent: int) -> None:
-    """A worker: join the group, load and split the model, then answer the caller until told to stop."""
+    """A worker: join the group, load the model and split it (``wrap``: the wrapper class, under
+    this worker's process group), then answer the caller until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
     try:
-        from . import TensorParallelWrapper  # the package imports this module
-
         torch.set_num_threads(threads)
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -188,8 +187,8 @@ def _serve(conn, rank: int, world: int, device: torch.device, mode: str, chunk_s
                                 rank=rank, world_size=world)
         transformer, factors = torch.load(model_path, mmap=True, weights_only=False)
         set_linear_factors(transformer, factors)
-        wrapper = TensorParallelWrapper(transformer, device_ids=[device.index] * world if device.type == "cuda" else None,
-                                        mode=mode, chunk_size=chunk_size)
+        wrapper = wrap(transformer, device_ids=[device.index] * world if device.type == "cuda" else None,
+                       mode=mode, chunk_size=chunk_size)
         _reply(conn, {"pid": os.getpid(), "threads": torch.get_num_threads()})
     except BaseException as e:  # noqa: BLE001 - everything goes back to the caller
         _fail(conn, e)
@@ -256,9 +255,10 @@ def _stop(processes: list, conns: list, folder: str, graceful: bool) -> None:
 
 
 class Driver:
-    """``N`` worker processes holding a split copy of ``transformer`` (see the module doc)."""
+    """``N`` worker processes holding a split copy of ``transformer`` (see the module doc); each
+    splits its copy with ``wrap`` (the TensorParallelWrapper class) under its process group."""
 
-    def __init__(self, transformer: nn.Module, devices: list[torch.device], mode: str, chunk_size: int | None):
+    def __init__(self, transformer: nn.Module, devices: list[torch.device], mode: str, chunk_size: int | None, wrap):
         if any(d.type == "cuda" for d in devices) and not dist.is_nccl_available():
             raise ValueError("this PyTorch build has no NCCL, which workers on GPUs need")
         self.world, self.devices = len(devices), devices
@@ -276,7 +276,7 @@ class Driver:
                 for rank, device in enumerate(devices):
                     mine, theirs = context.Pipe()
                     p = context.Process(target=_serve, name=f"sixbit-worker-{rank}", daemon=True,
-                                        args=(theirs, rank, self.world, device, mode, chunk_size, model_path,
+                                        args=(theirs, wrap, rank, self.world, device, mode, chunk_size, model_path,
                                               os.path.join(folder, "store"), threads, os.getpid()))
                     p.start()
                     theirs.close()
