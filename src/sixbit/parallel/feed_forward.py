@@ -10,7 +10,11 @@ blocks that support it; CogVideoX's and Wan's blocks do not). A tensor-parallel 
 ``1/N`` of the hidden units, and gathers each chunk's output in turn.
 
 Each token's output is computed alone in a feed-forward (per-token activation scales, per-token
-INT8 codes), so the chunks reproduce the unchunked call bit for bit. The one exception is an
+INT8 codes), so the chunks reproduce the unchunked call, bit for bit where the GEMM kernels give
+a row the same bits whatever the row count. They do not for a few rows: a LoRA's rank-2 product
+over 16 rows differs from the same rows in a 272-row call in fp32 (seen here). So every chunk
+runs on the same row count: the last one is padded with zero tokens to ``chunk_size``, and the
+padded rows' outputs are dropped. The one exception is an
 activation quantized with one scale over all of a call's tokens (NVFP4 activations, and DMPQ,
 which picks NVFP4 per block and step): :func:`check_chunkable` refuses those models.
 """
@@ -96,9 +100,15 @@ class _Chunked(ModelHook):
 
     def new_forward(self, module, hidden_states, *args, **kwargs):
         forward = self.fn_ref.original_forward
-        if hidden_states.dim() < 3 or hidden_states.shape[-2] <= self.size:
+        tokens = hidden_states.shape[-2] if hidden_states.dim() >= 3 else 0
+        if tokens <= self.size:
             return forward(hidden_states, *args, **kwargs)
-        return torch.cat([forward(part, *args, **kwargs) for part in hidden_states.split(self.size, dim=-2)], dim=-2)
+        parts = list(hidden_states.split(self.size, dim=-2))
+        short = tokens % self.size
+        if short:  # the last piece padded with zero tokens: every GEMM runs on the same row count
+            parts[-1] = torch.nn.functional.pad(parts[-1], (0, 0, 0, self.size - short))
+        out = torch.cat([forward(part.contiguous(), *args, **kwargs) for part in parts], dim=-2)
+        return out[..., :tokens, :] if short else out
 
 
 def chunk(model: nn.Module, size: int) -> list[str]:
