@@ -9,10 +9,16 @@ denoising step, both CFG branches) and a CogVideoX-2B-width transformer with 2 b
 × 64, FFN 5120, random weights, bf16; a plain loop: *s / step* is one call with the CFG batch of
 2 on 4 latent frames of 32×32 = 1024 video + 226 text tokens), full precision and ``w4a8-rtn``.
 Settings, each in fresh processes: one process with 1 thread and with 2 threads (the same two
-cores the two processes use), and two processes (``torchrun --nproc-per-node 2``, 1 thread each)
-in each mode. *comm*: the share of a profiled step spent in collectives (torch.profiler: the gloo
+cores the two processes use), two processes (``torchrun --nproc-per-node 2``, 1 thread each)
+in each mode, and the driver (issue 47): the seed's ``TensorParallelWrapper(model, device_ids=[0, 1])``
+in one plain process, which starts 2 CPU worker processes (1 thread each, tensor mode) and sends
+them every transformer call, with and without ``chunk_size=32`` (tokens per feed-forward call).
+*comm*: the share of a profiled step spent in collectives (torch.profiler: the gloo
 and functional-collective ops, waits included). *weights MiB / rank*: parameters and buffers one
-rank holds (packed weights as stored). *video PSNR*: the two-process video against the
+rank holds (packed weights as stored). *peak RSS MiB*: the process's high-water mark (``VmHWM``,
+the model file's mapped pages included) and, in brackets, its proportional share (``Pss``: pages
+shared with other processes split between them) after the timed calls; torchrun rows: rank 0;
+driver rows: the larger worker, then the caller, which keeps its whole copy. *video PSNR*: the two-process video against the
 one-process one. CPU measurements: on GPUs with NVLink the balance is another one.
 """
 
@@ -21,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,7 +40,8 @@ import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("shapes-cogvideox", "shapes-wan", "cogvideox-2b-width")
-SETTINGS = ("1 process, 1 thread", "1 process, 2 threads", "2 processes, tensor", "2 processes, sequence")
+SETTINGS = ("1 process, 1 thread", "1 process, 2 threads", "2 processes, tensor", "2 processes, sequence",
+            "driver, 2 workers", "driver, 2 workers, chunk_size 32")
 COLLECTIVE = ("c10d", "gloo", "all_gather", "all_to_all", "allreduce", "all_reduce", "alltoall", "allgather",
               "wait_tensor")
 
@@ -90,6 +96,14 @@ def _collective_share(run) -> float:
     return comm / 1e6 / total
 
 
+def _memory_mib(pid: int) -> tuple[float, float]:
+    """A process's peak RSS (``VmHWM``) and its proportional set size now (``Pss``), in MiB."""
+    def field(path: str, name: str) -> float:
+        line = next(line for line in Path(path).read_text().splitlines() if line.startswith(name + ":"))
+        return int(line.split()[1]) / 1024
+    return field(f"/proc/{pid}/status", "VmHWM"), field(f"/proc/{pid}/smaps_rollup", "Pss")
+
+
 def worker(model: str, preset: str, setting: str, out: str, quick: bool) -> None:
     """One setting of one model; rank 0 (or the one process) writes its measurements to ``out``."""
     from sixbit.parallel import TensorParallelWrapper
@@ -100,6 +114,8 @@ def worker(model: str, preset: str, setting: str, out: str, quick: bool) -> None
     if mode:
         dist.init_process_group("gloo")
         pipe = TensorParallelWrapper(pipe, mode=mode)
+    elif setting.startswith("driver"):
+        pipe = TensorParallelWrapper(pipe, device_ids=[0, 1], chunk_size=32 if "chunk_size" in setting else None)
     run, per = _step_fn(model, pipe, steps)
     run()  # warm-up
     times = []
@@ -107,15 +123,20 @@ def worker(model: str, preset: str, setting: str, out: str, quick: bool) -> None
         t0 = time.perf_counter()
         output = run()
         times.append((time.perf_counter() - t0) / per)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the profiler's own memory
-    share = _collective_share(run) if mode else 0.0
-    target = pipe.transformer if hasattr(pipe, "transformer") else pipe
-    weights = sum(t.numel() * t.element_size() for t in (*target.parameters(), *target.buffers()))
+    memory = {"peak_rss_mib": _memory_mib(os.getpid())}  # before the profiler's own memory
+    if setting.startswith("driver"):  # the workers' memory; this process is the caller
+        memory = {"caller_rss_mib": memory["peak_rss_mib"],
+                  "peak_rss_mib": max(_memory_mib(p.pid) for p in pipe.driver.processes)}
+        weights = pipe.weight_bytes()
+        pipe.close()
+    else:
+        target = pipe.transformer if hasattr(pipe, "transformer") else pipe
+        weights = sum(t.numel() * t.element_size() for t in (*target.parameters(), *target.buffers()))
+    share = _collective_share(run) if mode else None  # the driver's collectives run in its workers
     if not mode or dist.get_rank() == 0:
         np.save(out + ".npy", np.asarray(output, dtype=np.float32))
         Path(out).write_text(json.dumps({
-            "s_per_step": statistics.median(times), "comm_share": share, "weights_mib": weights / 2**20,
-            "peak_rss_mib": rss}))
+            "s_per_step": statistics.median(times), "comm_share": share, "weights_mib": weights / 2**20, **memory}))
     if mode:
         dist.destroy_process_group()
 
@@ -149,16 +170,22 @@ def section(rows: list[dict], quick: bool) -> str:
     from report import machine_description
 
     lines = [
-        "## Two processes against one (issue 20: `sixbit.parallel`, CPU measurements)", "",
+        "## Two processes against one (issues 20 and 47: `sixbit.parallel`, CPU measurements)", "",
         f"Written by `python benchmarks/bench_parallel.py{' --quick' if quick else ''}`. Machine: {machine_description()}; "
         "gloo over shared memory on the same two cores. " + __doc__.split("\n\n", 2)[2].replace("\n", " ").strip(),
-        "", "| model | weights | setting | s / step | vs 1 process, 1 thread | comm | weights MiB / rank | video PSNR dB |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "", "| model | weights | setting | s / step | vs 1 process, 1 thread | comm | weights MiB / rank | "
+        "peak RSS MiB (Pss) / process | video PSNR dB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def memory(peak_pss) -> str:
+        return f"{peak_pss[0]:.0f} ({peak_pss[1]:.0f})"
     for r in rows:
         psnr = "—" if r["psnr"] is None else ("identical" if r["psnr"] == float("inf") else f"{r['psnr']:.1f}")
+        comm = "—" if r["comm_share"] is None else f"{r['comm_share'] * 100:.0f}%"
+        rss = memory(r["peak_rss_mib"]) + (f"; caller {memory(r['caller_rss_mib'])}" if "caller_rss_mib" in r else "")
         lines.append(f"| {r['model']} | {r['preset']} | {r['setting']} | {r['s_per_step']:.3f} | "
-                     f"{r['base'] / r['s_per_step']:.2f}× | {r['comm_share'] * 100:.0f}% | {r['weights_mib']:.1f} | {psnr} |")
+                     f"{r['base'] / r['s_per_step']:.2f}× | {comm} | {r['weights_mib']:.1f} | {rss} | {psnr} |")
     return "\n".join(lines) + "\n"
 
 
@@ -189,7 +216,7 @@ def main(argv=None) -> int:
                 for setting, r in by_setting.items():
                     rows.append({**{k: v for k, v in r.items() if k != "output"}, "model": model, "preset": preset,
                                  "setting": setting, "base": single["s_per_step"],
-                                 "psnr": _psnr(r["output"], single["output"]) if setting.startswith("2") else None})
+                                 "psnr": None if setting.startswith("1") else _psnr(r["output"], single["output"])})
                     print(rows[-1], file=sys.stderr, flush=True)
     body = section(rows, args.quick)
     if args.quick or args.models != list(MODELS):
