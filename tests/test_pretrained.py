@@ -133,6 +133,55 @@ def test_cli_streams_a_model_folder_into_a_model_folder_or_a_file(tmp_path, caps
     assert config["quantization_config"]["checkpoint"] == checkpoint.read_header(out)
 
 
+def test_the_conversion_device_is_checked_before_anything_changes(tmp_path, capsys):
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    out = tmp_path / "out.safetensors"
+    before = {k: v.clone() for k, v in tm.model.state_dict().items()}
+    for device, message in [("tpu", "runs on 'cpu' or a CUDA device"), ("cuda:64", "CUDA device")]:
+        with pytest.raises(ValueError, match=message):
+            sixbit.convert_pretrained(folder, "w8a8", out, device=device, progress=False)
+        with pytest.raises(ValueError, match=message):
+            sixbit.convert_model(tm.model, None, "w8a8", device=device)
+        assert main(["convert", "--model", str(folder), "--config", "w8a8", "-o", str(out), "--device", device]) != 0
+        assert message.split("'")[0] in capsys.readouterr().err
+    assert not out.exists() and sixbit.conversion_of(tm.model) is None
+    assert all(torch.equal(v, before[k]) for k, v in tm.model.state_dict().items())
+
+
+def test_a_streamed_gptq_conversion_computes_on_its_device(tmp_path):
+    """Every part is read onto ``device`` (the construction-time buffers join it) and the
+    calibration gets the transformer there; the checkpoint is the default device's, bit for bit."""
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    seen = []
+
+    def calibration(transformer):
+        seen.append({t.device.type for t in [*transformer.parameters(), *transformer.buffers()]} - {"meta"})
+        return sample(dataclasses.replace(tm, model=transformer), 2)
+
+    default = sixbit.convert_pretrained(folder, "w4a8", tmp_path / "a.safetensors", calibration, progress=False)
+    here = sixbit.convert_pretrained(folder, "w4a8", tmp_path / "b.safetensors", calibration, device="cpu",
+                                     progress=False)
+    assert seen == [{sixbit.builder.conversion_device().type}, {"cpu"}]
+    if sixbit.builder.conversion_device().type == "cpu":
+        assert checkpoint.read_header(default.path) == checkpoint.read_header(here.path)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_conversion_on_the_gpu_gives_the_cpu_one_to_its_rounding(tmp_path):
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    cpu = sixbit.convert_pretrained(folder, "w8a8", tmp_path / "cpu.safetensors", device="cpu", progress=False)
+    gpu = sixbit.convert_pretrained(folder, "w8a8", tmp_path / "gpu.safetensors", device="cuda", progress=False)
+    want = sample(dataclasses.replace(tm, model=sixbit.load_pretrained(cpu.path, folder)), 2)
+    got = sample(dataclasses.replace(tm, model=sixbit.load_pretrained(gpu.path, folder)), 2)
+    assert float((got - want).norm() / want.norm()) < 1e-2
+    reference = copy.deepcopy(tm)
+    sixbit.convert_model(reference.model, None, "w8a8", device="cuda")
+    assert {t.device.type for t in reference.model.state_dict().values()} == {"cuda"}
+
+
 @pytest.mark.parametrize("name", ["cogvideox", "wan", "sana-video"])
 def test_streamed_gptq_matches_the_in_memory_first_block_and_stays_close(name, tmp_path):
     """Block 0's Hessians come from the same full-precision calls in both conversions, so its

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from . import checkpoint
-from .builder import quantize, spilling
+from .builder import conversion_device, moved_to, quantize, spilling
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
 from .conversion import Conversion, check, conversion_of, install, remove_methods, selected
@@ -154,36 +154,35 @@ def convert_model(
     pipeline=None,
     calibration_kwargs: dict | None = None,
     layout: str | None = None,
+    device: str | torch.device | None = None,
 ):
     """Convert a diffusers video transformer in place: quantize, calibrate, install DMPQ / cache.
 
     Args:
         model: the transformer (``pipe.transformer``) or the pipeline itself. It stays usable in
             its pipeline; the same object is returned, with a ``.save(path)`` method.
-        calibration_data: what calibration runs on (needed by ``"dynamic"`` and ``"static"``
-            activations, e.g. the ``"balanced"`` preset): a callable that runs generations with
-            the model (``lambda: pipe(prompts, generator=torch.Generator().manual_seed(0))``: every
-            run must generate the same videos); a list of prompts (with a pipeline); or a
-            folder of videos or frame folders (:mod:`sixbit.calibration.videos`; encoded with
-            the pipeline's VAE where it has one). More and more varied data fits better; the
-            source recipe is about 10 varied prompts.
+        calibration_data: what calibration runs on (GPTQ, ``"dynamic"`` and ``"static"``
+            activations): a callable that runs generations with the model (``lambda: pipe(prompts,
+            generator=torch.Generator().manual_seed(0))``: every run must generate the same
+            videos); a list of prompts (with a pipeline); or a folder of videos or frame folders
+            (:mod:`sixbit.calibration.videos`). About 10 varied prompts is the source recipe.
         quant_config: a preset name (``sixbit.presets.PRESETS``: ``"balanced"`` (default),
-            ``"high_quality"``, ``"aggressive"``, ``"w8a8-static"``, ``"w4a6-dynamic"``,
-            ``"w4a8"``, ``"w4a4"``, ``"w4a16"``, ``"w8a8"``, ``"tdc"``; measured trade-offs in
-            BENCHMARKS.md), a path to a JSON file (full schema or the short seed shape, see
-            :mod:`sixbit.presets`), a ``ConvertConfig`` or a ``QuantConfig``.
+            ``"high_quality"``, ``"aggressive"``, ``"w4a8"``, ``"w8a8"``, …; trade-offs in
+            BENCHMARKS.md), a JSON file (:mod:`sixbit.presets`), a ``ConvertConfig`` or a ``QuantConfig``.
         stabilize_frames: ``True`` (or a dead-zone value ≥ 0) to steady the frames
-            (:mod:`sixbit.methods.stabilize`): each quantized linear multiplies a video token's
-            temporal mean and its per-frame deviation separately, and treats tokens that barely
-            change as still. Less flicker, lower PSNR vs the full-precision video (measured in
-            BENCHMARKS.md); one extra GEMM on 1/F of the rows. Default ``False``.
+            (:mod:`sixbit.methods.stabilize`): a token's temporal mean and per-frame deviation
+            multiplied apart, near-still tokens held. Less flicker, lower PSNR (BENCHMARKS.md);
+            one extra GEMM on 1/F of the rows. Default ``False``.
         pipeline: the pipeline, when ``model`` is a bare transformer and calibration uses
             prompts or videos.
         calibration_kwargs: extra pipeline arguments for calibration runs (e.g.
             ``{"num_inference_steps": 20}``); ``batch_size`` (default 4) for prompt lists.
         layout: ``"auto"`` (default, or ``$SIXBIT_LAYOUT``), ``"fast"`` or ``"compact"``: what the
-            model keeps resident to run fast on the device of its first call (:mod:`sixbit.layout`;
-            ``summary()`` says which, and its cost).
+            model keeps resident to run fast where it first runs (:mod:`sixbit.layout`).
+        device: where the conversion computes (``"cuda"``, ``"cuda:1"``, ``"cpu"``; default: where
+            the model is). The pipeline, or the bare transformer, moves there once everything is
+            checked and stays (back where it was if the conversion fails). A model larger than
+            the GPU streams from its folder instead (:func:`sixbit.convert_pretrained`).
 
     Everything is checked before the model changes; if calibration itself fails (e.g. the
     callable raises), the model is restored to what it was and the error is re-raised. Until
@@ -201,7 +200,8 @@ def convert_model(
     """
     transformer = transformer_of(model)
     pipe = model if transformer is not model else pipeline
-    device = next((p.device for p in transformer.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    here = next((p.device for p in transformer.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    device = here if device is None else conversion_device(device)
     config, hardware = for_device(resolve(quant_config), device)
     layout = check_choice(layout)
     if hardware:
@@ -211,6 +211,7 @@ def convert_model(
     run, calibration = _calibration(config, chosen, calibration_data, pipe, calibration_kwargs)
     originals = {name: m for name, m in transformer.named_modules() if is_quantizable(m)}
     tracked = tracker_of(transformer) is not None  # a step tracker the caller installed survives a rollback
+    back = moved_to(model if pipe is None else pipe, device) if device != here else (lambda: None)
     try:
         with spilling():  # the replaced layers wait on disk; an error reads them back before the undo
             applied = _quantize_and_fit(transformer, config, chosen, run, calibration)
@@ -220,6 +221,7 @@ def convert_model(
             _undo(transformer, originals, tracked)
         except Exception:  # the original error says what went wrong; a rollback error would hide it
             logger.exception("could not fully undo the failed conversion of %s", type(transformer).__name__)
+        back()
         raise
     _attach(transformer, model, layout)
     return model

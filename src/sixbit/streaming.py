@@ -42,8 +42,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint
-from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, build, keeping, parts_of, plan_layers,
-                      quantized_linear)
+from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, build, conversion_device, keeping, parts_of,
+                      plan_layers, quantized_linear)
 from .calibration import hessians
 from .conversion import Conversion, conversion_state
 from .integrations.diffusers.folder import checkpoint_writer
@@ -110,14 +110,16 @@ class StreamedConversion:
     part_seconds: dict[str, float]
 
 
-def _materialize(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> None:
-    """Put the file's tensors in place of the meta ones, in ``dtype`` (``None``: the file's).
+def _materialize(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                 device: torch.device | None = None) -> None:
+    """Put the file's tensors in place of the meta ones, in ``dtype`` (``None``: the file's), on
+    ``device`` (``None``: the CPU).
 
     Copied out of the file's mapping: a mapped tensor starts wherever the file puts it, and CPU
     kernels round differently on unaligned inputs (the streamed and the in-memory conversion
     must compute the same); the mapping is released as soon as the copies are made."""
     for key, t in tensors.items():
-        t = t.to(dtype, copy=True) if dtype is not None and t.is_floating_point() else t.clone()
+        t = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype, copy=True)
         owner, _, attr = key.rpartition(".")
         module = model.get_submodule(owner)
         if attr in module._parameters:
@@ -152,11 +154,16 @@ def _check_layout(folder: Path, model: nn.Module, shards: SafetensorsFolder) -> 
 class _Streamed:
     """The model on the meta device and its shards: parts materialized on demand."""
 
-    def __init__(self, shards: SafetensorsFolder, net: nn.Module, dtype: torch.dtype | None):
-        self.shards, self.net, self.dtype = shards, net, dtype
+    def __init__(self, shards: SafetensorsFolder, net: nn.Module, dtype: torch.dtype | None,
+                 device: torch.device | None = None):
+        self.shards, self.net, self.dtype, self.device = shards, net, dtype, device
+        for module in net.modules():  # buffers computed at construction (positional tables) join the weights
+            for name, buffer in module._buffers.items():
+                if buffer is not None and buffer.device.type != "meta":
+                    module._buffers[name] = buffer.to(device)
 
     def load(self, keys: list[str]) -> None:
-        _materialize(self.net, self.shards.read(keys), self.dtype)
+        _materialize(self.net, self.shards.read(keys), self.dtype, self.device)
 
     def running_from_disk(self, parts):
         """Hooks that map each block from the shards just before it computes and free it after:
@@ -262,8 +269,8 @@ def _checked_config(quant_config, calibration):
 
 def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.PathLike,
                        calibration: Callable[[nn.Module], object] | None = None, *,
-                       torch_dtype: torch.dtype | None = None, progress: bool = True,
-                       max_shard_size: int | str = "10GB") -> StreamedConversion:
+                       torch_dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                       progress: bool = True, max_shard_size: int | str = "10GB") -> StreamedConversion:
     """Convert a diffusers transformer from its files, one block at a time, into a diffusers
     folder or a single-file checkpoint.
 
@@ -281,9 +288,16 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         calibration: for GPTQ presets, a callable ``calibration(transformer)`` that runs a few
             generations with the transformer it is given (e.g. your sampling loop, or
             ``lambda t: pipe(prompts, num_inference_steps=8)`` with ``pipe`` built around ``t``).
-            The transformer computes in ``torch_dtype`` with its blocks streamed from disk.
+            The transformer computes in ``torch_dtype`` on ``device``, with its blocks streamed
+            from disk: put the callable's inputs on ``transformer.device``.
         torch_dtype: dtype the weights are loaded in (default ``None``: as stored). Unquantized
             tensors are written in it.
+        device: where the conversion computes: each part is read from the shards straight onto
+            it, and the calibration, Hessians, rounding, GPTQ and low-rank splits run there
+            (``"cuda"``, ``"cuda:1"``, ``"cpu"``; default ``None``: the current CUDA device where
+            there is one, else the CPU; :func:`sixbit.builder.conversion_device`). One block,
+            the kept calibration inputs and the quantizer's temporaries are on it at a time; the
+            checkpoint is the same wherever it was made, to the device's rounding.
         progress: a progress bar over the parts (default ``True``).
         max_shard_size: bytes per weight file of a folder (``"10GB"``, ``"500MB"`` or an int;
             default ``"10GB"``), filled in the order the blocks are written.
@@ -298,6 +312,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
     config = _checked_config(quant_config, calibration)
+    device = conversion_device(device)
     # before any block is read, not when the checkpoint is moved into place (a folder's writer refuses a file)
     if Path(output).suffix == ".safetensors" or not Path(output).is_file():
         check_can_write(output if Path(output).suffix == ".safetensors" else Path(output) / "diffusion_pytorch_model.safetensors")
@@ -308,7 +323,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     names = _check_layout(folder, net, shards)
     plan = plan_layers(net, config.weights) if config.weights is not None else {}
     parts = parts_of(net, plan, names)
-    streamed = _Streamed(shards, net, torch_dtype)
+    streamed = _Streamed(shards, net, torch_dtype, device)
     start, seconds = time.perf_counter(), {}
     with checkpoint_writer(output, model, folder, net, max_shard_size) as writer:
         kept, outside_stats = None, {}
@@ -326,7 +341,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         seconds.update(recipe.seconds)
         path = writer.finish({"conversion": conversion_state(Conversion(config))})
     total = time.perf_counter() - start
-    logger.info("converted %s in %.1f s into %s", type(net).__name__, total, path)
+    logger.info("converted %s on %s in %.1f s into %s", type(net).__name__, device, total, path)
     written = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in model_folder(path).glob("*.safetensors"))
     return StreamedConversion(path, type(net).__name__, shards.nbytes(), written, total, seconds)
 

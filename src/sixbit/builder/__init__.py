@@ -11,14 +11,17 @@
 - :mod:`.spill`: :func:`spilling`, inside which the replaced full-precision layers wait on disk
   for a rollback instead of in memory;
 - :mod:`.block_inputs`: :func:`keeping`, the first block's inputs kept from one calibration run,
-  which calibrated builds (in memory and streamed) replay block by block.
+  which calibrated builds (in memory and streamed) replay block by block;
+- :mod:`.devices`: :func:`conversion_device`, where a conversion computes (CUDA where there is one),
+  and :func:`moved_to`, which takes a model there and back.
 """
 
 from .block_inputs import BlockInputs, keeping
+from .devices import conversion_device, moved_to
 from .in_memory import quantize, quantize_layers
 from .layers import branch_rank, format_fits, plan_layers, quantized_linear, stored_bits
 from .spill import spilling
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
-__all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "format_fits", "keeping",
-           "parts_of", "plan_layers", "quantize", "quantize_layers", "quantized_linear", "spilling", "stored_bits"]
+__all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "conversion_device",
+           "format_fits", "keeping", "moved_to", "parts_of", "plan_layers", "quantize", "quantize_layers", "quantized_linear", "spilling", "stored_bits"]

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .. import checkpoint, layout
+from ..builder import conversion_device
 from ..footprint import summary
 from ..convert import conversion_of, convert_model
 from ..pipelines import SHAPES_CLASSES, SHIPPED, is_transformer_folder, load_pipeline, shapes_arch
@@ -94,15 +95,16 @@ def _how_to_load(path: Path, model_class: str) -> str:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     config = resolve(args.config)
+    device = conversion_device(args.device)
     to_file = _check_convert_output(args)
     output = Path(args.output)
     if _streamable(args, config):
         from ..streaming import convert_pretrained
 
-        print(f"streaming {args.model} block by block with {args.config!r}: {config.description}")
+        print(f"streaming {args.model} block by block on {device} with {args.config!r}: {config.description}")
         if args.calib is not None:
             print(f"--calib is not used: {args.config!r} needs no calibration")
-        result = convert_pretrained(args.model, config, output)
+        result = convert_pretrained(args.model, config, output, device=device)
         print(f"converted in {result.seconds:.1f} s ({max(result.part_seconds.values()):.1f} s for the slowest part)")
         print(f"source weights {result.source_bytes / 2**20:.1f} MiB -> checkpoint {result.checkpoint_bytes / 2**20:.1f} MiB "
               f"({result.source_bytes / result.checkpoint_bytes:.2f}x)")
@@ -111,7 +113,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             print(_how_to_load(result.path, result.model_class))
         return 0
     pipe = load_pipeline(args.model, progress_bar=True)
-    runs_as, hardware = for_device(config, pipe.transformer.device)  # what convert_model will do here
+    runs_as, hardware = for_device(config, device)  # what convert_model will do there
     if hardware:
         print(hardware)
     calib = calibration(args, pipe) if runs_as.needs_calibration else None
@@ -119,7 +121,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         runs = 3 + runs_as.dmpq.step_groups * runs_as.dmpq.block_groups
         print(f"fitting DMPQ to what NVFP4 costs the videos: the calibration prompts run up to {runs} times")
     t0 = time.perf_counter()
-    convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=call_kwargs(args))
+    convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=call_kwargs(args),
+                  device=device)
     seconds = time.perf_counter() - t0
     if to_file:
         path = checkpoint.save(pipe.transformer, output)
@@ -127,7 +130,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         pipe.save_pretrained(output)
         path = output
     s = summary(pipe.transformer)
-    print(f"converted {args.model} with {args.config!r} in {seconds:.1f} s: {config.description}")
+    print(f"converted {args.model} with {args.config!r} on {device} in {seconds:.1f} s: {config.description}")
     print(f"transformer weights {s.bytes_before / 2**20:.2f} MiB -> {s.bytes_after / 2**20:.2f} MiB ({s.compression:.2f}x)")
     conv = conversion_of(pipe)
     if conv.predictor is not None:
@@ -326,6 +329,8 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="PATH",
                    help="a folder: the diffusers folder (pipeline, or transformer for a transformer folder); "
                    "or FILE.safetensors: the single-file checkpoint")
+    p.add_argument("--device", help="where the conversion computes: cpu, cuda or cuda:N (default: the GPU where there "
+                   "is one, else the CPU); a streamed conversion takes one block at a time to it")
     p.set_defaults(func=cmd_convert)
 
     def add_runtime(p):
