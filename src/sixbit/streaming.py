@@ -157,8 +157,8 @@ class _Streamed:
     def __init__(self, shards: SafetensorsFolder, net: nn.Module, dtype: torch.dtype | None,
                  device: torch.device | None = None):
         self.shards, self.net, self.dtype, self.device = shards, net, dtype, device
-        for module in net.modules():  # buffers computed at construction (positional tables) join the weights
-            for name, buffer in module._buffers.items():
+        for module in net.modules() if device is not None else ():  # buffers computed at construction
+            for name, buffer in module._buffers.items():  # (positional tables) join the weights there
                 if buffer is not None and buffer.device.type != "meta":
                     module._buffers[name] = buffer.to(device)
 

@@ -24,4 +24,5 @@ from .spill import spilling
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
 __all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "conversion_device",
-           "format_fits", "keeping", "moved_to", "parts_of", "plan_layers", "quantize", "quantize_layers", "quantized_linear", "spilling", "stored_bits"]
+           "format_fits", "keeping", "moved_to", "parts_of", "plan_layers", "quantize", "quantize_layers",
+           "quantized_linear", "spilling", "stored_bits"]

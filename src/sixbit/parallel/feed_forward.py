@@ -10,13 +10,14 @@ blocks that support it; CogVideoX's and Wan's blocks do not). A tensor-parallel 
 ``1/N`` of the hidden units, and gathers each chunk's output in turn.
 
 Each token's output is computed alone in a feed-forward (per-token activation scales, per-token
-INT8 codes), so the chunks reproduce the unchunked call, bit for bit where the GEMM kernels give
-a row the same bits whatever the row count. They do not for a few rows: a LoRA's rank-2 product
-over 16 rows differs from the same rows in a 272-row call in fp32 (seen here). So every chunk
-runs on the same row count: the last one is padded with zero tokens to ``chunk_size``, and the
-padded rows' outputs are dropped. The one exception is an
+INT8 codes), so the chunks reproduce the unchunked call bit for bit. The one exception is an
 activation quantized with one scale over all of a call's tokens (NVFP4 activations, and DMPQ,
 which picks NVFP4 per block and step): :func:`check_chunkable` refuses those models.
+
+Bit for bit also needs GEMM kernels that give a row the same bits whatever the row count, and
+for a few row counts they do not: a LoRA's rank-2 product over 16 rows differs from the same
+rows inside a 272-row call in fp32 (seen here). So every chunk runs on the same row count: the
+last one is padded with zero tokens to ``chunk_size``, and the padded rows' outputs are dropped.
 """
 
 from __future__ import annotations
