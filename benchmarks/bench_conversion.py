@@ -372,24 +372,36 @@ def section_shipped(results: dict) -> str:
 
     rows = results["shipped"]
     pairs = next(r["pairs"] for by_code in rows.values() for runs in by_code.values() for r in runs if "pairs" in r)
+    sets = max(len(runs) for by_code in rows.values() for runs in by_code.values())
     lines = [
         "## Conversion time and quality on the shipped models, before and after",
         "",
-        f"Written by `python benchmarks/bench_conversion.py --parts shipped` on {machine_description()}. Each shipped "
+        f"Written by `python benchmarks/bench_conversion.py --parts shipped --calib-sets {sets}` on "
+        f"{machine_description()}. Each shipped "
         "pipeline (fp32) converted by `sixbit.convert_model(pipe, prompts, preset)` with the calibration `sixbit "
         "convert` uses by default: 8 prompts (every color, shape and direction), the pipeline's 20 steps, CFG, in "
         "pipeline calls of 4 prompts. *convert s*: the whole `convert_model` call; *pipeline calls*: the "
-        f"calibration's (GPTQ, and DMPQ's cost map for `w4a6-dynamic`); PSNR / SSIM: {pairs} held-out (prompt, seed) "
-        "pairs, 20 steps, against the same pipeline's full-precision videos, the mean over the calibration prompt "
-        "sets (every 6th prompt from 0, 1, 2; range in brackets) where there are several: one conversion's PSNR "
-        "moves by up to ±1 dB with changes as small as the order of a sum. *before*: the `--before` checkout (the "
-        "code before issue 45), the same script, machine and session.",
+        f"calibration's (GPTQ, and DMPQ's cost map for `w4a6-dynamic`), the median over the calibration prompt sets; "
+        f"PSNR / SSIM: {pairs} held-out (prompt, seed) pairs, 20 steps, against the same pipeline's full-precision "
+        f"videos, the mean over the calibration prompt sets (every 6th prompt from 0, 1, …, {sets - 1}; range in "
+        "brackets) where there are several: one conversion's PSNR moves by up to ±1 dB with changes as small as the "
+        "order of a sum. *Δ PSNR*: after − before, paired by calibration set, ± its standard error (the paired "
+        "differences' SD / √sets). *before*: the `--before` checkout (the code before issue 45), the same script, "
+        "machine and session.",
         "",
         "| model | preset | code | convert s | pipeline calls | PSNR dB | SSIM | speed-up | Δ PSNR dB |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     def mean(runs, key):
         return statistics.mean(r[key] for r in runs)
+
+    def median_s(runs):
+        return statistics.median(r["seconds"] for r in runs)
+
+    def delta(after, before):
+        diffs = [a["psnr"] - b["psnr"] for a, b in zip(after, before)]
+        se = f" ± {statistics.stdev(diffs) / len(diffs) ** 0.5:.2f}" if len(diffs) > 1 else ""
+        return f"{statistics.mean(diffs):+.2f}{se}"
 
     for key in rows.get("after", {}):
         model, preset = key.split(":")
@@ -407,8 +419,8 @@ def section_shipped(results: dict) -> str:
                 psnr += f" ({min(r['psnr'] for r in runs):.2f}–{max(r['psnr'] for r in runs):.2f})"
             tail = "| |"
             if code == "after" and before:
-                tail = f"| {mean(before, 'seconds') / mean(runs, 'seconds'):.2f}× | {mean(runs, 'psnr') - mean(before, 'psnr'):+.2f} |"
-            lines.append(f"| {model} | `{preset}` | {code} | {_s(mean(runs, 'seconds'))} | {runs[0]['pipeline_calls']} | "
+                tail = f"| {median_s(before) / median_s(runs):.2f}× | {delta(runs, before)} |"
+            lines.append(f"| {model} | `{preset}` | {code} | {_s(median_s(runs))} | {runs[0]['pipeline_calls']} | "
                          f"{psnr} | {mean(runs, 'ssim'):.4f} {tail}")
     return "\n".join(lines)
 
