@@ -7,11 +7,16 @@ the mean diagonal). Sums are kept in fp64 (many calls of millions of rows); each
 one ``K × K`` matrix, so :func:`collect` is meant for a few layers at a time (one block).
 Layers fed the same input tensor (q, k and v projections) share one product, and each product
 computes only its upper triangle, in column panels (fp32 GEMMs, mirrored: ~1.8× faster at
-K = 8960 than the full ``xᵀx``, the same to fp32 rounding).
+K = 8960 than the full ``xᵀx``, the same to fp32 rounding). Inputs that are bf16 (a bf16
+model's activations) are multiplied by oneDNN's bf16 kernel with fp32 sums and output on CPUs
+that have one (``fp32_precision = "bf16"``): their values are bf16 already, so every product
+is exact and only the order of the fp32 sums changes (measured: 2.4e-6 of the largest entry,
+as fp32 itself; 6.4 → 3.2 s at K = 8960 over 24,960 rows on AMX).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
@@ -60,7 +65,9 @@ def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Mo
             if shared.get("x") is not args[0]:
                 xf = x.detach().reshape(-1, x.shape[-1]).float()
                 amax = xf.abs().amax(0) if xf.shape[0] else torch.zeros(xf.shape[1], device=xf.device)
-                shared.update(x=args[0], xtx=_gram(xf), amax=amax, rows=xf.shape[0])
+                with _exact_bf16_products(x):
+                    xtx = _gram(xf)
+                shared.update(x=args[0], xtx=xtx, amax=amax, rows=xf.shape[0])
             a = acc.get(name)
             if a is None:
                 a = acc[name] = _Accumulator(x.shape[-1], x.device)
@@ -78,6 +85,22 @@ def collect(model: nn.Module, run: Callable[[], object], layers: dict[str, nn.Mo
             h.remove()
         shared.clear()
     return {n: InputStats((a.sum / a.rows).float(), a.amax, a.rows) for n, a in acc.items() if a.rows}
+
+
+@contextlib.contextmanager
+def _exact_bf16_products(x: torch.Tensor):
+    """Inside: fp32 matrix products through oneDNN's bf16 kernel (fp32 sums), when ``x`` is bf16
+    on a CPU that has one: the products of its values are exact there."""
+    matmul = torch.backends.mkldnn.matmul
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        yield
+        return
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "bf16"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
 
 
 def _gram(x: torch.Tensor) -> torch.Tensor:
