@@ -148,6 +148,9 @@ def test_bad_arguments_are_refused_before_any_worker_starts():
     sixbit.convert_model(nvfp4, None, dataclasses.replace(w4a4, weights=dataclasses.replace(w4a4.weights, gptq=False)))
     with pytest.raises(ValueError, match="NVFP4 with one scale over all of a call's tokens"):
         TensorParallelWrapper(nvfp4, device_ids=[0, 1], chunk_size=32)
+    steady = sixbit.convert_model(load_pipeline("wan"), None, "w8a8", stabilize_frames=True)
+    with pytest.raises(ValueError, match="frame stabilizer .* splits each call's video tokens by frame"):
+        TensorParallelWrapper(steady, device_ids=[0, 1], chunk_size=32)
     assert not multiprocessing.active_children()
     assert sixbit.parallel.wrapper_of(pipe.transformer) is None
 

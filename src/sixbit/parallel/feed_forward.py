@@ -10,9 +10,10 @@ blocks that support it; CogVideoX's and Wan's blocks do not). A tensor-parallel 
 ``1/N`` of the hidden units, and gathers each chunk's output in turn.
 
 Each token's output is computed alone in a feed-forward (per-token activation scales, per-token
-INT8 codes), so the chunks reproduce the unchunked call bit for bit. The one exception is an
+INT8 codes), so the chunks reproduce the unchunked call bit for bit. The exceptions are an
 activation quantized with one scale over all of a call's tokens (NVFP4 activations, and DMPQ,
-which picks NVFP4 per block and step): :func:`check_chunkable` refuses those models.
+which picks NVFP4 per block and step) and the frame stabilizer, which splits a call's tokens by
+video frame: :func:`check_chunkable` refuses those models.
 
 Bit for bit also needs GEMM kernels that give a row the same bits whatever the row count, and
 for a few row counts they do not: a LoRA's rank-2 product over 16 rows differs from the same
@@ -28,6 +29,7 @@ from torch import nn
 
 from ..conversion import conversion_of
 from ..methods.dmpq import DMPQ
+from ..methods.registry import methods
 from ..nn import QuantLinear, QuantPointwiseConv, QuantUnfoldedConv
 from ..nn.precision import ActMode
 from ..runtime import blocks, hooks
@@ -80,6 +82,11 @@ def check_chunkable(model: nn.Module) -> None:
         raise ValueError("chunk_size runs each feed-forward over a few tokens at a time, and this model's DMPQ picks "
                          "NVFP4 activations, which take one scale over all of a call's tokens: chunks would change "
                          "the video. Leave chunk_size None, or convert with a preset without DMPQ")
+    stabilize = next(spec for spec in methods() if spec.name == "stabilize")
+    if stabilize.installed(model) is not None:
+        raise ValueError("chunk_size runs each feed-forward over a few tokens at a time, and this model's frame "
+                         "stabilizer (stabilize_frames) splits each call's video tokens by frame: chunks would change "
+                         "the video. Leave chunk_size None, or convert without stabilize_frames")
     conversion = conversion_of(model)
     if conversion is not None and conversion.config.activations == ActMode.NVFP4.value:
         raise ValueError("this model quantizes its activations to NVFP4 with one scale over all of a call's tokens, "
