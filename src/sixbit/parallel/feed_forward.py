@@ -29,7 +29,7 @@ from torch import nn
 
 from ..conversion import conversion_of
 from ..methods.dmpq import DMPQ
-from ..methods.registry import methods
+from ..methods.registry import method
 from ..nn import QuantLinear, QuantPointwiseConv, QuantUnfoldedConv
 from ..nn.precision import ActMode
 from ..runtime import blocks, hooks
@@ -82,8 +82,7 @@ def check_chunkable(model: nn.Module) -> None:
         raise ValueError("chunk_size runs each feed-forward over a few tokens at a time, and this model's DMPQ picks "
                          "NVFP4 activations, which take one scale over all of a call's tokens: chunks would change "
                          "the video. Leave chunk_size None, or convert with a preset without DMPQ")
-    stabilize = next(spec for spec in methods() if spec.name == "stabilize")
-    if stabilize.installed(model) is not None:
+    if method("stabilize").installed(model) is not None:
         raise ValueError("chunk_size runs each feed-forward over a few tokens at a time, and this model's frame "
                          "stabilizer (stabilize_frames) splits each call's video tokens by frame: chunks would change "
                          "the video. Leave chunk_size None, or convert without stabilize_frames")
