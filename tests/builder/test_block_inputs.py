@@ -7,6 +7,10 @@ import torch
 
 import sixbit.models as models
 from sixbit.builder.block_inputs import keeping
+from sixbit.kernels.paths import Path
+from sixbit.nn import QuantLinear
+from sixbit.nn.execution import plan
+from sixbit.nn.precision import ActMode
 from fixtures.toy import ToyTransformer
 
 
@@ -72,3 +76,25 @@ def test_a_failed_generation_leaves_no_hook_behind():
         with keeping(model):
             raise RuntimeError("stop")
     assert not any(b._forward_pre_hooks or b._forward_hooks for b in model.blocks)
+
+
+def test_a_quantized_block_replays_through_dense_copies_that_are_dropped_after():
+    """A replay multiplies each quantized layer by the dense weight of its full-precision calls
+    (rotation and branch folded in), for the replay only: the same outputs as the layer's own
+    full-precision path, to fp32 rounding, and no kept copy afterwards."""
+    torch.manual_seed(0)
+    model = ToyTransformer(dim=32, depth=2)
+    with keeping(model) as kept:
+        _calls(model)
+    block = model.blocks[0]
+    block.proj = QuantLinear.from_linear(block.proj, "nvfp4", hadamard_block=16)
+    block.proj.lowrank_up, block.proj.lowrank_down = torch.randn(32, 2) * 0.1, torch.randn(2, 32) * 0.1
+    with torch.no_grad():
+        want = [block(*args, **kwargs) for args, kwargs in kept.calls]
+    paths = []
+    block.proj.register_forward_pre_hook(lambda m, a: paths.append(plan(m, ActMode.FP, a[0].device)))
+    kept.replay(block, advance=True)
+    assert paths == [Path.FP_DENSE] * 3
+    for (args, _), w in zip(kept.calls, want):
+        torch.testing.assert_close(args[0], w, rtol=1e-5, atol=1e-6)
+    assert block.proj.converted_nbytes() == 0 and plan(block.proj, ActMode.FP, torch.device("cpu")) is Path.FP

@@ -23,6 +23,7 @@ def _caps(fused=False, weight4=False, fp4=False):
 @pytest.mark.parametrize("mode,device,ops,caps,path", [
     ("fp", CPU, Operands(), _caps(), Path.FP),
     ("fp", CPU, Operands(unpacked=True), _caps(), Path.FP_UNPACKED),
+    ("fp", CUDA, Operands(weight4=True, dense=True), _caps(weight4=True), Path.FP_DENSE),  # a kept dense copy first
     ("fp", CUDA, Operands(weight4=True, unpacked=True), _caps(weight4=True), Path.W4A16),
     ("fp", CUDA, Operands(weight4=False), _caps(weight4=True), Path.FP),  # a weight the kernel cannot read
     ("int8", CPU, Operands(), _caps(), Path.INT8),
@@ -69,8 +70,10 @@ def _layers():
     modulation.weight_only = True
     unpacked = QuantLinear.from_linear(torch.nn.Linear(64, 48), "nvfp4")
     unpacked.unpack_nvfp4()
+    dense = QuantLinear.from_linear(torch.nn.Linear(64, 48), "nvfp4", hadamard_block=32, act_mode="int8")
+    dense.keep_dense(torch.float32)
     return {"plain": plain, "rotated": rotated, "branch": branch, "divided": divided, "modulation": modulation,
-            "unpacked": unpacked, "static": _static_layer()}
+            "unpacked": unpacked, "dense": dense, "static": _static_layer()}
 
 
 @pytest.mark.parametrize("switches", [(False, False, False), (True, True, True)])
@@ -87,7 +90,8 @@ def test_forward_and_execution_follow_the_plan(switches, monkeypatch):
     run = execution.run
     monkeypatch.setattr(execution, "run", lambda layer, path, *a: ran.append(path) or run(layer, path, *a))
     words = {Path.INT8_FUSED: "Triton fused", Path.INT8_STATIC: "static W8A8", Path.W4A16: "Triton dequantize",
-             Path.NVFP4: "real, torch._scaled_mm FP4", Path.NVFP4_EMULATED: "emulated", Path.INT8: "int8 (real"}
+             Path.NVFP4: "real, torch._scaled_mm FP4", Path.NVFP4_EMULATED: "emulated", Path.INT8: "int8 (real",
+             Path.FP_DENSE: "a kept dense copy"}
     x = torch.randn(2, 3, 64)
     seen = set()
     for name, layer in _layers().items():
@@ -100,9 +104,9 @@ def test_forward_and_execution_follow_the_plan(switches, monkeypatch):
                 assert words.get(planned, "") in layer.execution(mode), (name, mode, planned)
             seen.add(planned)
     if fused:
-        assert seen == {Path.INT8_FUSED, Path.INT8, Path.INT8_STATIC, Path.W4A16, Path.FP, Path.NVFP4}
+        assert seen == {Path.INT8_FUSED, Path.INT8, Path.INT8_STATIC, Path.W4A16, Path.FP, Path.FP_DENSE, Path.NVFP4}
     else:
-        assert seen == {Path.INT8, Path.INT8_STATIC, Path.FP, Path.FP_UNPACKED, Path.NVFP4_EMULATED}
+        assert seen == {Path.INT8, Path.INT8_STATIC, Path.FP, Path.FP_UNPACKED, Path.FP_DENSE, Path.NVFP4_EMULATED}
 
 
 def test_weight_only_layers_report_their_fp_path_whatever_the_mode(monkeypatch):
@@ -156,3 +160,30 @@ def test_available_answers_with_the_plan_of_a_plain_layer(on, monkeypatch):
     assert ("Triton fused" in paths["int8"]) == (execution.plan(layer, ActMode.INT8, CPU) is Path.INT8_FUSED) == on
     assert paths["nvfp4"].startswith("real") == (execution.plan(layer, ActMode.NVFP4, CPU) is Path.NVFP4) == on
     assert paths["w4a16"].startswith("real") == (execution.plan(layer, ActMode.FP, CPU) is Path.W4A16) == on
+
+
+@pytest.mark.parametrize("kind", ["rotated", "branch", "divided", "rotated with a branch"])
+def test_a_kept_dense_copy_computes_what_the_full_precision_path_does(kind):
+    """``keep_dense`` folds the rotation, the input divisor and the low-rank branch into one
+    weight: a full-precision call is then one GEMM, with the same output to fp32 rounding; its
+    bytes are counted, and dropping it (or moving the layer) brings the dequantizing path back."""
+    torch.manual_seed(0)
+    layer = _layers()["branch" if kind == "branch" else "divided" if kind == "divided" else "rotated"]
+    if kind == "rotated with a branch":
+        layer.lowrank_up, layer.lowrank_down = torch.randn(48, 4) * 0.1, torch.randn(4, 64) * 0.1
+    x = torch.randn(2, 5, 64)
+    want = layer(x, "fp")
+    before = layer.converted_nbytes()
+    layer.keep_dense(torch.float32)
+    assert execution.plan(layer, ActMode.FP, CPU) is Path.FP_DENSE
+    assert execution.plan(layer, ActMode.INT8, CPU) is not Path.FP_DENSE  # only full-precision calls use it
+    assert layer.converted_nbytes() == before + 48 * 64 * 4
+    got = layer(x, "fp")
+    assert got.dtype == x.dtype
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert layer(x.bfloat16(), "fp").dtype == torch.bfloat16  # a copy of another dtype follows the input's
+    layer.keep_dense(None)
+    assert execution.plan(layer, ActMode.FP, CPU) is Path.FP and layer.converted_nbytes() == before
+    layer.keep_dense(torch.bfloat16)
+    layer.to("cpu")
+    assert execution.plan(layer, ActMode.FP, CPU) is Path.FP  # a move drops kept copies

@@ -7,7 +7,12 @@ already quantized. Re-running the generations for every block costs blocks × ge
 calls per kept call and block. The blocks then see the full-precision sampling trajectory (the
 quantized blocks' error is passed on through the hidden states, not through the sampler's
 next latents). Kept inputs cost ``calls × tokens × width`` values: :func:`keeping` stops
-keeping once they pass ``budget`` bytes, and says so (:attr:`BlockInputs.problem`).
+keeping once they pass ``budget`` bytes, and says so (:attr:`BlockInputs.problem`). A replay
+of a quantized block multiplies each quantized layer's input by one dense weight kept for the
+replay (``QuantLinear.keep_dense``: the stored weight, its branch and rotation folded, in the
+model's dtype), not by the weight dequantized, its input rotated and its branch added per call:
+the same values to one rounding, at a full-precision layer's cost (16 bits per weight of the
+block while it replays).
 
 Example:
     >>> import torch
@@ -35,6 +40,7 @@ import torch
 from torch import nn
 
 from ..models import iter_blocks, spec_for
+from ..nn import QuantLinear
 
 
 class BlockInputs:
@@ -70,7 +76,7 @@ class BlockInputs:
     def replay(self, block: nn.Module, advance: bool) -> None:
         """Run ``block`` on every kept call; ``advance``: its outputs become the kept inputs
         (of the block after it)."""
-        with torch.no_grad():
+        with torch.no_grad(), _dense_weights(block):
             for i, (args, kwargs) in enumerate(self.calls):
                 out = block(*args, **kwargs)
                 if advance:
@@ -81,6 +87,19 @@ class BlockInputs:
                     self.calls[i] = (args, kwargs)
         if advance:
             self.index += 1
+
+
+@contextlib.contextmanager
+def _dense_weights(block: nn.Module) -> Iterator[None]:
+    """Inside: every quantized layer of ``block`` keeps the dense weight of its full-precision calls."""
+    layers = [m for m in block.modules() if isinstance(m, QuantLinear)]
+    try:
+        for layer in layers:
+            layer.keep_dense(layer.source_dtype)
+        yield
+    finally:
+        for layer in layers:
+            layer.keep_dense(None)
 
 
 @contextlib.contextmanager

@@ -6,9 +6,11 @@ and a few facts about the layer's operands (:class:`Operands`), never on the inp
 it is plain Python that ``torch.compile`` traces:
 
 =======================  ==================================================================
-``fp``                   :attr:`Path.W4A16` where the Triton dequantize-in-the-GEMM kernel runs
-                         and reads the weight, else :attr:`Path.FP_UNPACKED` on kept unpacked
-                         NVFP4 values, else :attr:`Path.FP` (dequantize + matmul).
+``fp``                   :attr:`Path.FP_DENSE` on a kept dense copy (rotation, divisor and
+                         branch folded in); :attr:`Path.W4A16` where the Triton
+                         dequantize-in-the-GEMM kernel runs and reads the weight, else
+                         :attr:`Path.FP_UNPACKED` on kept unpacked NVFP4 values, else
+                         :attr:`Path.FP` (dequantize + matmul).
 ``int8``                 :attr:`Path.INT8_STATIC` with an input quantizer (static scales);
                          :attr:`Path.INT8_FUSED` on CUDA with Triton when nothing but a rotation
                          comes before the quantization; on CPUs a kept packed operand
@@ -35,6 +37,7 @@ class Path(str, enum.Enum):
 
     FP = "fp"
     FP_UNPACKED = "fp-unpacked"
+    FP_DENSE = "fp-dense"
     W4A16 = "w4a16"
     INT8 = "int8"
     INT8_FUSED = "int8-fused"
@@ -47,7 +50,7 @@ class Path(str, enum.Enum):
 
 #: The activation precision each path multiplies at.
 MODE_OF: dict[Path, str] = {
-    Path.FP: "fp", Path.FP_UNPACKED: "fp", Path.W4A16: "fp",
+    Path.FP: "fp", Path.FP_UNPACKED: "fp", Path.FP_DENSE: "fp", Path.W4A16: "fp",
     Path.INT8: "int8", Path.INT8_FUSED: "int8", Path.INT8_PACKED: "int8", Path.INT8_FOLDED: "int8",
     Path.INT8_STATIC: "int8",
     Path.NVFP4: "nvfp4", Path.NVFP4_EMULATED: "nvfp4",
@@ -62,7 +65,7 @@ class Operands(NamedTuple):
     quantization (no input divisor, no low-rank branch); ``packed`` / ``folded``: a packed INT8
     operand is kept for oneDNN's AMX kernel (folded: rotation and branch inside it);
     ``weight4``: the stored weight is one the W4A16 kernel reads; ``unpacked``: NVFP4 values are
-    kept unpacked.
+    kept unpacked; ``dense``: the dense weight a full-precision call multiplies is kept.
     """
 
     static_input: bool = False
@@ -71,6 +74,7 @@ class Operands(NamedTuple):
     folded: bool = False
     weight4: bool = False
     unpacked: bool = False
+    dense: bool = False
 
 
 class Capabilities(NamedTuple):
@@ -82,6 +86,8 @@ class Capabilities(NamedTuple):
 
 
 def _fp(ops: Operands, device: torch.device, caps: Capabilities) -> Path:
+    if ops.dense:
+        return Path.FP_DENSE
     if ops.weight4 and caps.weight4_fused(device):
         return Path.W4A16
     return Path.FP_UNPACKED if ops.unpacked else Path.FP

@@ -90,6 +90,7 @@ def operands(layer) -> Operands:
         folded=layer._folded,
         weight4=layer._weight4,
         unpacked=layer._unpacked is not None,
+        dense=layer._dense is not None,
     )
 
 
@@ -103,7 +104,8 @@ def plan(layer, mode: ActMode, device: torch.device) -> Path:
 def describe(layer, path: Path, device: torch.device) -> str:
     """``path`` in words for ``layer``, e.g. ``"int8 (real, torch._int_mm)"``."""
     if _MODE[path] is ActMode.FP:
-        how = "Triton dequantize-in-the-GEMM" if path is Path.W4A16 else "dequantize + matmul"
+        how = {Path.W4A16: "Triton dequantize-in-the-GEMM",
+               Path.FP_DENSE: "a kept dense copy, rotation and branch folded in"}.get(path, "dequantize + matmul")
         return f"fp (weight-only{' layer' if layer.weight_only else ''}: {how})"
     if path is Path.NVFP4:
         return "nvfp4 (real, torch._scaled_mm FP4)"
@@ -146,6 +148,8 @@ def run(layer, path: Path, x: torch.Tensor, activation: str | None = None,
     dynamic = path in (Path.INT8, Path.INT8_PACKED, Path.INT8_FOLDED)  # their epilogue applies the activation
     if path is Path.INT8_FOLDED:  # the packed operand holds the rotation and the branch
         y = _int8_dynamic(layer, x2, None, call, x, None, packed=True)
+    elif path is Path.FP_DENSE:  # so does the dense copy, and the input divisor
+        y = F.linear(x2, layer._dense.to(x2.dtype), None if call.bias is None else call.bias.to(x2.dtype))
     else:
         x2, branch, late = _prepare(layer, path, x2)
         if dynamic:

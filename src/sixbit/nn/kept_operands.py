@@ -1,7 +1,8 @@
 """Operands a :class:`~sixbit.nn.QuantLinear` may keep beside its stored weight, built once
 instead of on every call: a weight converted to another format (``cache_converted=True``), the
-INT8 GEMM operand packed for oneDNN's AMX kernel (:func:`pack_int8`, optionally folded) and an
-NVFP4 weight's values unpacked (:func:`unpack_nvfp4`). Each costs memory, counted by
+INT8 GEMM operand packed for oneDNN's AMX kernel (:func:`pack_int8`, optionally folded), an
+NVFP4 weight's values unpacked (:func:`unpack_nvfp4`) and the dense weight of a full-precision
+call (:func:`keep_dense`). Each costs memory, counted by
 :func:`converted_nbytes` and ``sixbit.summary``; moving the layer or cutting its rows drops them
 (``QuantLinear.drop_converted``). Checkpoints never hold them.
 """
@@ -20,7 +21,8 @@ def converted_nbytes(layer) -> int:
     (``cache_converted=True``) or packed for the AMX INT8 kernel (:func:`pack_int8`); 0 otherwise."""
     packed = 0 if layer._packed is None else layer.out_features * (layer.in_features + 4)
     unpacked = 0 if layer._unpacked is None else layer._unpacked.numel()
-    return sum(q.nbytes for q in layer._converted.values()) + packed + unpacked
+    dense = 0 if layer._dense is None else layer._dense.numel() * layer._dense.element_size()
+    return sum(q.nbytes for q in layer._converted.values()) + packed + unpacked + dense
 
 
 def pack_int8(layer, fold: bool = False) -> None:
@@ -60,6 +62,20 @@ def unpack_nvfp4(layer) -> bool:
         return False
     layer._unpacked = (stored.element_values() * 2).to(torch.int8)
     return True
+
+
+def keep_dense(layer, dtype: torch.dtype | None) -> None:
+    """Keep the dense weight, in ``dtype``, of the whole function a full-precision call computes
+    (:func:`sixbit.nn.weight_views.folded_dense`: the stored weight plus its branch, divided by
+    the input divisor, rotated back), so that such a call is one plain GEMM: no dequantization,
+    rotation or branch per call; ``None`` drops it. For passes over many calls that need the
+    quantized weight's values but not its low-bit arithmetic (a conversion's replay of a
+    quantized block): 16 bits per weight for a 16-bit ``dtype``, counted by
+    :func:`converted_nbytes`. Not bit-identical to :attr:`~sixbit.kernels.paths.Path.FP`: one
+    rounding of the folded weight to ``dtype`` instead of the rounding of each part."""
+    layer._dense = None if dtype is None else weight_views.folded_dense(
+        layer.quantized_weight(), layer.out_features, layer.in_features, layer.lowrank_up, layer.lowrank_down,
+        layer.input_divisor, layer.hadamard_block, dtype)
 
 
 def weight_as(layer, name: str) -> Quantized:

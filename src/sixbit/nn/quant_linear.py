@@ -123,6 +123,7 @@ class QuantLinear(nn.Module):
         self._packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see pack_int8()
         self._folded = False  # the packed operand holds the rotation and the branch: see pack_int8()
         self._unpacked: torch.Tensor | None = None  # a weight-only NVFP4 weight's values: see unpack_nvfp4()
+        self._dense: torch.Tensor | None = None  # the dense weight of a full-precision call: see keep_dense()
         self.lora_factors: LoraFactors | None = None  # while the layer has LoRAs: see add_lora()
 
     @classmethod
@@ -209,9 +210,8 @@ class QuantLinear(nn.Module):
 
     def lowrank_nbytes(self) -> int:
         """Bytes of the 16-bit low-rank branch (0 without one)."""
-        if self.lowrank_up is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in (self.lowrank_up, self.lowrank_down))
+        branch = () if self.lowrank_up is None else (self.lowrank_up, self.lowrank_down)
+        return sum(t.numel() * t.element_size() for t in branch)
 
     @property
     def lowrank_rank(self) -> int:
@@ -232,10 +232,14 @@ class QuantLinear(nn.Module):
         returns whether the weight is NVFP4."""
         return kept_operands.unpack_nvfp4(self)
 
+    def keep_dense(self, dtype: torch.dtype | None) -> None:
+        """Keep (``None``: drop) the dense weight of full-precision calls: :func:`sixbit.nn.kept_operands.keep_dense`."""
+        kept_operands.keep_dense(self, dtype)
+
     def drop_converted(self) -> None:
         """Free every kept conversion and packed copy (the stored weight stays)."""
         self._converted.clear()
-        self._packed, self._folded, self._unpacked = None, False, None
+        self._packed, self._folded, self._unpacked, self._dense = None, False, None, None
 
     # ---------------------------------------------------------------- LoRA adapters
 
@@ -376,12 +380,9 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         bits = 8 * self.weight_nbytes() / (self.in_features * self.out_features)
         branch = f" + rank-{self.lowrank_rank} branch" if self.lowrank_rank else ""
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, weight={self.weight_format}{branch} ({bits:.2f} bits), "
-            f"hadamard_block={self.hadamard_block}, act={self.execution()}"
-        )
-
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, weight={self.weight_format}{branch} ({bits:.2f} bits), "
+                f"hadamard_block={self.hadamard_block}, act={self.execution()}")
 
 
 def _keeping_dtype(fn):

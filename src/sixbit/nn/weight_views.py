@@ -1,6 +1,7 @@
 """What :class:`~sixbit.nn.QuantLinear` makes of its stored weight for a call: the dequantized
-weight of the full-precision path and the per-channel INT8 operand of the integer GEMM, converted
-a block of rows at a time (no fp32 copy of the whole weight)."""
+weight of the full-precision path, the dense weight of the whole function it computes, and the
+per-channel INT8 operand of the integer GEMM, converted a block of rows at a time (no fp32 copy
+of the whole weight)."""
 
 from __future__ import annotations
 
@@ -31,17 +32,23 @@ def fits_int8_gemm(q: Quantized) -> bool:
     return isinstance(q, integer.IntQuantized) and q.symmetric and q.granularity == "channel"
 
 
+def _row_blocks(stored: Quantized, n: int, k: int, convert: Callable[[Quantized, slice], object]) -> list:
+    """``convert(part, rows)`` on blocks of rows of ``stored`` (``part``: those rows, ``rows``:
+    their slice), so no fp32 temporary is larger than ~1 MiB; a container that cannot be sliced
+    is converted whole (``rows``: every row)."""
+    step = max(1, CONVERT_BYTES // (4 * k))
+    try:
+        return [convert(stored.rows(r, min(r + step, n)), slice(r, min(r + step, n))) for r in range(0, n, step)]
+    except NotImplementedError:
+        return [convert(stored, slice(None))]
+
+
 def by_row_blocks(stored: Quantized, n: int, k: int,
                    convert: Callable[[Quantized, slice], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel codes ``(n, k)`` and scales ``(n,)`` from ``convert(part, rows)`` run on blocks of
-    rows of ``stored`` (``part``: those rows, ``rows``: their slice), so no fp32 temporary is larger
-    than ~1 MiB; identical to converting it whole when each row's result depends only on that row.
-    A container that cannot be sliced is converted whole (``rows``: every row)."""
-    step = max(1, CONVERT_BYTES // (4 * k))
-    try:
-        parts = [convert(stored.rows(r, min(r + step, n)), slice(r, min(r + step, n))) for r in range(0, n, step)]
-    except NotImplementedError:
-        parts = [convert(stored, slice(None))]
+    rows of ``stored``; identical to converting it whole when each row's result depends only on
+    that row."""
+    parts = _row_blocks(stored, n, k, convert)
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).reshape(-1)
 
 
@@ -66,18 +73,32 @@ def int8_container(codes: torch.Tensor, scale: torch.Tensor) -> integer.IntQuant
     return integer.IntQuantized(codes.reshape(-1).view(torch.uint8), scale.reshape(-1, 1), (n, k), 8, True, "channel")
 
 
+def _folded(w: torch.Tensor, rows: slice, up: torch.Tensor | None, down: torch.Tensor | None,
+            divisor: torch.Tensor | None, block: int | None) -> torch.Tensor:
+    """``((W + U·D)·diag(1/s))·H`` of the fp32 rows ``w`` (``rows`` of the weight): what a
+    full-precision call multiplies its raw input by."""
+    if up is not None:
+        w = w + up[rows].float() @ down.float()
+    if divisor is not None:
+        w = w / divisor.float()
+    return w if block is None else hadamard.rotate(w, block)
+
+
+def folded_dense(stored: Quantized, n: int, k: int, up: torch.Tensor | None, down: torch.Tensor | None,
+                 divisor: torch.Tensor | None, block: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """The dense ``(n, k)`` weight, in ``dtype``, of the whole function a full-precision call
+    computes: the stored weight plus its low-rank branch (``up``/``down``, if any), divided by
+    the input ``divisor`` (if any), rotated back by the Hadamard ``block`` (if any). Rounded once,
+    from fp32; what ``QuantLinear.keep_dense`` keeps."""
+    parts = _row_blocks(stored, n, k, lambda part, rows: _folded(part.dequantize(), rows, up, down, divisor, block).to(dtype))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
 def folded_int8(stored: Quantized, n: int, k: int, up: torch.Tensor | None, down: torch.Tensor | None,
                 block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel INT8 codes ``(n, k)`` and scales ``(n,)`` of ``(W_q + U·D)·H``: the stored weight
     plus its low-rank branch (``up``/``down``, if any), rotated back by the Hadamard ``block`` (if
     any). What ``QuantLinear.pack_int8(fold=True)`` packs."""
 
-    def fold(part: Quantized, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        w = part.dequantize()
-        if up is not None:
-            w = w + up[rows].float() @ down.float()
-        if block is not None:
-            w = hadamard.rotate(w, block)
-        return kernels.quantize_rows_reference(w)
-
-    return by_row_blocks(stored, n, k, fold)
+    return by_row_blocks(stored, n, k, lambda part, rows: kernels.quantize_rows_reference(
+        _folded(part.dequantize(), rows, up, down, None, block)))
