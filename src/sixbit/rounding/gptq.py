@@ -43,11 +43,13 @@ def inverse_cholesky(hessian: torch.Tensor, damp: float = DAMP) -> tuple[torch.T
     mean_diag = float(hessian.diagonal().mean())
     if not mean_diag > 0:
         mean_diag = 1.0
-    eye = torch.eye(hessian.shape[0], dtype=hessian.dtype, device=hessian.device)
     flipped = hessian.flip(0, 1)  # J·H·J (J reverses the order): its lower factor L gives H = R·Rᵀ with R = J·L·J upper
+    diagonal = flipped.diagonal()  # damped in place (no K × K identity or sum at K = 8960: 320 MB each)
+    undamped = diagonal.clone()
     for attempt in range(_RETRIES):
         lam = damp * 10**attempt
-        factor, info = torch.linalg.cholesky_ex(flipped + lam * mean_diag * eye)
+        torch.add(undamped, lam * mean_diag, out=diagonal)
+        factor, info = torch.linalg.cholesky_ex(flipped)
         if int(info) == 0:  # (H + λI)⁻¹ = R⁻ᵀ·R⁻¹, so its upper Cholesky factor is R⁻¹ = J·L⁻¹·J
             return _lower_inverse(factor).flip(0, 1), lam
     raise ValueError(
@@ -98,14 +100,14 @@ def gptq(
     n, k = w.shape
     if hessian.shape != (k, k):
         raise ValueError(f"GPTQ needs a ({k}, {k}) Hessian for a weight with {k} inputs, got {tuple(hessian.shape)}")
-    h = hessian.float().clone()
-    dead = h.diagonal() <= 0
-    h[dead, dead] = 1.0
+    diag = hessian.diagonal().float()
     if act_order:
-        perm = torch.argsort(h.diagonal(), descending=True)
+        perm = torch.argsort(torch.where(diag <= 0, 1.0, diag), descending=True)
     else:
         perm = torch.arange(k, device=w.device)
-    h = h[perm][:, perm]
+    h = hessian.float()[perm[:, None], perm]  # one gather, a fresh copy
+    dead = h.diagonal() <= 0
+    h[dead, dead] = 1.0
     hinv, _ = inverse_cholesky(h, damp)
     w = w.float()[:, perm].contiguous()
     q = torch.empty_like(w)
