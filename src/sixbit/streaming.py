@@ -205,6 +205,7 @@ class _StreamedParts(Recipe):
         self.streamed, self.plan, self.weights, self.writer = streamed, plan, config.weights, writer
         self.in_blocks = {k for part in parts[1:] for k in part.keys}
         self.kept, self.outside_stats, self.bar = kept, outside_stats, bar
+        self.last = parts[-1].name  # no block after it: its outputs feed nothing
         self.seconds: dict[str, float] = {}
         self.started = 0.0
 
@@ -236,7 +237,7 @@ class _StreamedParts(Recipe):
                 result = refine.refine_block(part.name, part.module, originals, calls, self.weights.refine_steps)
                 logger.info("%s: low-rank branches refined, output error %.3g -> %.3g (%s)", part.name,
                             result.error_before, result.error_after, "kept" if result.kept else "discarded")
-            if self.kept is not None:
+            if self.kept is not None and part.name != self.last:
                 self.kept.replay(part.module, advance=True)  # the quantized block's outputs feed the next one
             self.writer.add(part.module, f"{part.name}.")
             swap.forget(part.layers)  # written: its full-precision layers are freed with the block
