@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -32,6 +31,7 @@ from ..calibration import hessians
 from .block_inputs import BlockInputs, keeping
 from ..config import QuantConfig
 from ..memory import allocator
+from ..memory.devices import total_memory
 from ..models import iter_blocks
 from ..rounding import refine
 from .layers import plan_layers, quantized_linear
@@ -172,10 +172,7 @@ def quantize_layers(model: nn.Module, plan: Plan, config: QuantConfig, run: Call
 
 def _keep_budget(model: nn.Module) -> int:
     """Bytes of kept block inputs allowed: a quarter of the memory of the model's device."""
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory // 4
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    return total_memory(next(model.parameters()).device) // 4
 
 
 def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: Callable[[], object] | None = None,

@@ -48,6 +48,13 @@ def accelerator() -> torch.device | None:
     return None
 
 
+def total_memory(device: torch.device) -> int:
+    """Bytes of memory on ``device``: the GPU's own, or the machine's RAM for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _as_folder(value: str | Path) -> Path:
     """``value`` as a disk-offload folder, refused when it is a file or cannot be created."""
     folder = Path(value).expanduser().absolute()  # absolute: a later chdir must not move the offloaded weights
