@@ -201,9 +201,13 @@ def child_shipped(model: str, preset: str, pairs: int, offset: int) -> dict:
     from sixbit.pipelines import load_pipeline
     from sixbit.zoo.shapes import all_prompts, heldout_pairs
 
+    from sixbit.convert import calibration_runner
+
     pipe = load_pipeline(model)
     held = heldout_pairs(pairs)
     reference, _ = generate_heldout(pipe, held)
+    prompts = all_prompts()[offset::6]
+    _, generation_s = _timed(calibration_runner(prompts, pipe, {})[0])  # the calibration's videos alone, no hook
     cls, call, calls = type(pipe), type(pipe).__call__, []
 
     def counted(self, *args, **kwargs):
@@ -213,12 +217,12 @@ def child_shipped(model: str, preset: str, pairs: int, offset: int) -> dict:
     cls.__call__ = counted
     try:
         t0 = time.perf_counter()
-        sixbit.convert_model(pipe, all_prompts()[offset::6], preset)
+        sixbit.convert_model(pipe, prompts, preset)
         seconds = time.perf_counter() - t0
     finally:
         cls.__call__ = call
     videos, _ = generate_heldout(pipe, held)
-    return {"seconds": seconds, "pipeline_calls": len(calls), "psnr": psnr(videos, reference),
+    return {"seconds": seconds, "generation_s": generation_s, "pipeline_calls": len(calls), "psnr": psnr(videos, reference),
             "ssim": ssim(videos, reference), "pairs": pairs, "threads": torch.get_num_threads()}
 
 
@@ -392,17 +396,19 @@ def section_shipped(results: dict) -> str:
         f"{machine_description()}. Each shipped "
         "pipeline (fp32) converted by `sixbit.convert_model(pipe, prompts, preset)` with the calibration `sixbit "
         "convert` uses by default: 8 prompts (every color, shape and direction), the pipeline's 20 steps, CFG, in "
-        "pipeline calls of 4 prompts. *convert s*: the whole `convert_model` call; *pipeline calls*: the "
+        "pipeline calls of 4 prompts. *convert s*: the whole `convert_model` call; *generation s*: those 8 videos "
+        "generated once by the same pipeline with nothing converted or recorded (the least one calibration run costs); "
+        "*pipeline calls*: the "
         f"calibration's (GPTQ, and DMPQ's cost map for `w4a6-dynamic`), the median over the calibration prompt sets; "
         f"PSNR / SSIM: {pairs} held-out (prompt, seed) pairs, 20 steps, against the same pipeline's full-precision "
-        f"videos, the mean over the calibration prompt sets (every 6th prompt from 0, 1, …, {sets - 1}; range in "
+        f"videos, the mean over the calibration prompt sets (*sets*: every 6th prompt from 0, 1, …, up to {sets - 1}; range in "
         "brackets) where there are several: one conversion's PSNR moves by up to ±1 dB with changes as small as the "
         "order of a sum. *Δ PSNR*: after − before, paired by calibration set, ± its standard error (the paired "
         "differences' SD / √sets). *before*: the `--before` checkout (the code before issue 45), the same script, "
         "machine and session.",
         "",
-        "| model | preset | code | convert s | pipeline calls | PSNR dB | SSIM | speed-up | Δ PSNR dB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | preset | code | sets | convert s | generation s | pipeline calls | PSNR dB | SSIM | speed-up | Δ PSNR dB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     def mean(runs, key):
         return statistics.mean(r[key] for r in runs)
@@ -422,7 +428,7 @@ def section_shipped(results: dict) -> str:
             runs = rows.get(code, {}).get(key, [])
             failed = [r for r in runs if "error" in r]
             if failed:
-                lines.append(f"| {model} | `{preset}` | {code} | {failed[0]['error']} | | | | | |")
+                lines.append(f"| {model} | `{preset}` | {code} | | {failed[0]['error']} | | | | | | |")
                 continue
             if not runs:
                 continue
@@ -432,7 +438,9 @@ def section_shipped(results: dict) -> str:
             tail = "| |"
             if code == "after" and before:
                 tail = f"| {median_s(before) / median_s(runs):.2f}× | {delta(runs, before)} |"
-            lines.append(f"| {model} | `{preset}` | {code} | {_s(median_s(runs))} | {runs[0]['pipeline_calls']} | "
+            generation = statistics.median(r["generation_s"] for r in runs) if "generation_s" in runs[0] else None
+            lines.append(f"| {model} | `{preset}` | {code} | {len(runs)} | {_s(median_s(runs))} | "
+                         f"{'–' if generation is None else _s(generation)} | {runs[0]['pipeline_calls']} | "
                          f"{psnr} | {mean(runs, 'ssim'):.4f} {tail}")
     return "\n".join(lines)
 
