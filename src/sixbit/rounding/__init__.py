@@ -46,9 +46,7 @@ def quantize_weight(
         damp: GPTQ's relative damping (default 0.01).
         rank: rank of the 16-bit low-rank branch (0: none, default). The stored weight is then
             ``W − up·down``; ``up·down`` is refit to ``W − Q(residual)`` ``iterations`` times
-            (default 2) with the cheap quantizer, each refit iterated from the previous branch
-            (:func:`sixbit.transforms.lowrank.split`'s ``start``), and the final residual gets
-            the full one.
+            (default 2) with the cheap quantizer, and the final residual gets the full one.
     """
     if use_gptq and hessian is None:
         raise ValueError("GPTQ needs the layer's input Hessian: pass calibration data")
@@ -73,12 +71,12 @@ def quantize_weight(
         return quantize(w), None
     up, down = _branch(w, rank)
     for _ in range(iterations):
-        up, down = _branch(w - rounded(w - up.float() @ down.float()), rank, start=down)
+        up, down = _branch(w - rounded(w - up.float() @ down.float()), rank)
     return quantize(w - up.float() @ down.float()), (up, down)
 
 
-def _branch(w: torch.Tensor, rank: int, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    up, down = lowrank.split(w, rank, start)
+def _branch(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    up, down = lowrank.split(w, rank)
     return up.to(BRANCH_DTYPE), down.to(BRANCH_DTYPE)
 
 
