@@ -91,3 +91,20 @@ def test_block_scales_are_the_scales_quantize_chooses():
     assert torch.equal(scales.view(torch.uint8), q.scales.view(torch.uint8)) and torch.equal(gs, q.global_scale)
     scales, gs = nvfp4.block_scales(x, global_scale=0.01)
     assert torch.equal(scales.view(torch.uint8), nvfp4.quantize(x, global_scale=0.01).scales.view(torch.uint8))
+
+
+@pytest.mark.parametrize("global_scale", [None, 0.003])
+def test_round_trip_is_the_dequantized_quantization_bit_for_bit(global_scale):
+    """What the emulated NVFP4 GEMM multiplies, without building codes: zeros (both signs),
+    ties, saturation, tiny blocks and a block that clips, in fp32 and bf16."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 64, generator=g) * torch.logspace(-6, 2, 64)
+    x[0, :16] = 0.0
+    x[0, 16:32] = -0.0
+    x[1, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2) * 0.01  # ties on a block's grid
+    x[2, :16] = 1e-30
+    for t in (x, x.bfloat16(), x.reshape(2, 3, 64)):
+        want = nvfp4.quantize(t, global_scale).dequantize()
+        got = nvfp4.round_trip(t, global_scale)
+        assert got.dtype == torch.float32 and got.shape == t.shape
+        assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want))

@@ -116,6 +116,24 @@ def quantize(
     return NVFP4Quantized(codes, scales, global_scale)
 
 
+def round_trip(x: torch.Tensor, global_scale: torch.Tensor | float | None = None, check: bool = True) -> torch.Tensor:
+    """``quantize(x, global_scale, check).dequantize()`` (fp32, ``x``'s shape), bit for bit, without
+    building codes: each element rounded on its block's E2M1 grid as quanta × quantum
+    (:meth:`~sixbit.formats.minifloat.Minifloat.round`). What an emulated NVFP4 GEMM multiplies.
+
+    Example:
+        >>> x = torch.randn(4, 32)
+        >>> torch.equal(round_trip(x), quantize(x).dequantize())
+        True
+    """
+    x = to_float32(x)
+    scales, global_scale = block_scales(x, global_scale, check)
+    scale = scales.float()
+    scaled = torch.clamp(split_blocks(x, NVFP4_BLOCK, "NVFP4") * ((1.0 / global_scale) / scale).unsqueeze(-1),
+                         -F4_E2M1_MAX, F4_E2M1_MAX)
+    return (E2M1.round(scaled) * (scale * global_scale).unsqueeze(-1)).reshape(x.shape)
+
+
 def dequantize(q: NVFP4Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """fp values of an :class:`NVFP4Quantized`."""
     return q.dequantize(dtype)

@@ -266,8 +266,8 @@ def _nvfp4(layer, x, branch, call: Call):
 
 def _nvfp4_emulated(layer, x, branch, call: Call):
     """Emulated: no FP4 GEMM here; dequantize both operands and multiply in fp32."""
-    xq = nvfp4.quantize(x, _nvfp4_scale(x), check=False)
-    return lowrank.add(F.linear(xq.dequantize(), layer._weight_as("nvfp4").dequantize()), branch, call.bias)
+    xq = nvfp4.round_trip(x, _nvfp4_scale(x), check=False)
+    return lowrank.add(F.linear(xq, layer._weight_as("nvfp4").dequantize()), branch, call.bias)
 
 
 _EXECUTORS: dict[Path, Callable[..., torch.Tensor]] = {
