@@ -5,28 +5,12 @@ for the generation the reason is named."""
 import pytest
 import torch
 
-import sixbit.models as models
 from sixbit.builder.block_inputs import keeping
 from sixbit.kernels.paths import Path
 from sixbit.nn import QuantLinear
 from sixbit.nn.execution import plan
 from sixbit.nn.precision import ActMode
-from fixtures.toy import ToyTransformer
-
-
-class _Rescaled(ToyTransformer):
-    """Model code between the blocks: block 1's input is not block 0's output."""
-
-    def forward(self, hidden_states, timestep):
-        temb = (timestep.float() / 1000).reshape(-1, *[1] * (hidden_states.dim() - 1))
-        for block in self.blocks:
-            hidden_states = 0.5 * block(hidden_states, temb)
-        return self.proj_out(hidden_states)
-
-
-if "_Rescaled" not in models.registered():
-    models.register_model(models.ModelSpec(name="toy-rescaled", classes=("_Rescaled",), block_lists=("blocks",),
-                                           roles=((models.registry.Role.ATTENTION, r"blocks\.\d+\.proj"),)))
+from fixtures.toy import RescaledToy, ToyTransformer
 
 
 def _calls(model):
@@ -59,10 +43,10 @@ def test_what_cannot_stand_in_for_the_generation_is_named():
         pass
     assert kept.problem == "the calibration never called the transformer"
 
-    model = _Rescaled(dim=32, depth=3)
+    model = RescaledToy(dim=32, depth=3)
     with keeping(model) as kept:
         _calls(model)
-    assert kept.problem == "_Rescaled changes the hidden states between its blocks" and not kept.calls
+    assert kept.problem == "RescaledToy changes the hidden states between its blocks" and not kept.calls
 
     model = ToyTransformer(dim=32, depth=3)
     with keeping(model, budget=1000) as kept:

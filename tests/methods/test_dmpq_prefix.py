@@ -6,31 +6,15 @@ import logging
 
 import pytest
 import torch
-from fixtures.toy import ToyTransformer
+from fixtures.toy import RescaledToy, ToyTransformer
 
 import sixbit
 import sixbit.methods.dmpq.fit as dmpq_fit
-import sixbit.models as models
 from sixbit.methods.dmpq import DMPQConfig, fit_dmpq
 from sixbit.runtime import blocks
 
 TIMESTEPS = [900, 700, 500, 300, 100]
 GRID = DMPQConfig(target_bits=6.0, step_groups=3, block_groups=2)
-
-
-class _Halved(ToyTransformer):
-    """Model code between the blocks: block 1's input is not block 0's output."""
-
-    def forward(self, hidden_states, timestep):
-        temb = (timestep.float() / 1000).reshape(-1, *[1] * (hidden_states.dim() - 1))
-        for block in self.blocks:
-            hidden_states = 0.5 * block(hidden_states, temb)
-        return self.proj_out(hidden_states)
-
-
-if "_Halved" not in models.registered():
-    models.register_model(models.ModelSpec(name="toy-halved", classes=("_Halved",), block_lists=("blocks",),
-                                           roles=((models.registry.Role.ATTENTION, r"blocks\.\d+\.proj"),)))
 
 
 def _model(cls=ToyTransformer):
@@ -95,9 +79,9 @@ def test_a_run_that_strays_after_its_first_steps_runs_its_cells_in_full(monkeypa
 
 
 def test_a_model_with_code_between_its_blocks_runs_every_cell_in_full(monkeypatch, caplog):
-    model = _model(_Halved)
+    model = _model(RescaledToy)
     with caplog.at_level(logging.INFO, logger="sixbit.methods.dmpq.fit"):
         _, work = _fit(model, _run(model), monkeypatch, reuse=True)
-    assert "every cell runs in full (_Halved changes the hidden states between its blocks)" in caplog.text
+    assert "every cell runs in full (RescaledToy changes the hidden states between its blocks)" in caplog.text
     _, full_work = _fit(model, _run(model), monkeypatch, reuse=False)
     assert work == full_work

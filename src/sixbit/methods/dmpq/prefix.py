@@ -11,7 +11,9 @@ bit-identical, or the cell runs again in full (the reuse then stays off). The pi
 
 Recording costs ``calls × (hidden + text tokens) × width`` values twice; past ``budget`` bytes
 (a quarter of the device's memory by default) the reuse is off, as for a model with more than
-one block list or code between its blocks (checked on the base run's first call).
+one block list, code between its blocks, or blocks handed objects that hold state across calls
+(WanAnimate2's KV cache, filled by a reference pass), all checked on the base run's first call.
+A cell run that fails while reusing runs again in full.
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ class Prefix(blocks.BlockMethod):
         if self.start is not None or self.problem is not None:
             return
         if len(self.inputs) == 1:  # the first call: what each block returns, what the next one gets
+            held = [type(v).__name__ for v in (*call.args, *call.kwargs.values()) if not _plain(v)]
+            if held:  # e.g. a KV cache a reference pass fills: a skipped call would leave it empty
+                self.problem = f"{type(self.model).__name__}'s blocks are handed state ({held[0]}) that skipped calls would not update"
+                return
             if call.index < self.last:
                 self.seen[call.index] = call.output(output).detach().clone()
             if call.index > 0:
@@ -120,6 +126,15 @@ class Prefix(blocks.BlockMethod):
             self.inputs.append(x.detach().clone())
             self.steps.append(self.tracker.info.step)
             self.nbytes += x.numel() * x.element_size()
+
+
+def _plain(value) -> bool:
+    """Whether ``value`` is data (tensors, numbers, strings, None, or containers of them)."""
+    if value is None or isinstance(value, (torch.Tensor, int, float, bool, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, dict) and all(_plain(v) for v in value.values())
 
 
 def _tensors(value) -> list[torch.Tensor]:
