@@ -56,7 +56,7 @@ from ...nn.precision import ACT_BITS, ActMode, Level, gemm_flops
 from ...runtime import blocks
 from ...runtime.blocks import relative_l1
 from ...runtime.context import track_steps
-from .prefix import Prefix
+from .prefix import Diverged, Prefix
 from .repeatable import Repeatable
 from .method import (
     DMPQPredictor,
@@ -286,9 +286,7 @@ def _cell(model: nn.Module, run, prefix: Prefix, cells: list, start: int):
     try:
         with prefix.from_step(start):
             return _run_with(model, run, FixedAssignment(cells))[0]
-    except Exception as e:  # Diverged, or a model the skipped calls left unprepared: a real error repeats below
-        if prefix.problem is not None:
-            raise
+    except Diverged as e:
         prefix.problem = str(e)
         logger.warning("DMPQ video cost: %s; this and every later cell run in full", e)
         return _run_with(model, run, FixedAssignment(cells))[0]

@@ -13,7 +13,6 @@ Recording costs ``calls × (hidden + text tokens) × width`` values twice; past 
 (a quarter of the device's memory by default) the reuse is off, as for a model with more than
 one block list, code between its blocks, or blocks handed objects that hold state across calls
 (WanAnimate2's KV cache, filled by a reference pass), all checked on the base run's first call.
-A cell run that fails while reusing runs again in full.
 """
 
 from __future__ import annotations
