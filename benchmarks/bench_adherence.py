@@ -5,7 +5,7 @@
 
 For each shipped model (full precision, float32 compute from the float16-stored weights), one
 video per held-out (prompt, seed) pair: all 48 prompts "a {color} {shape} moving {direction}",
-each with a generation seed training never used. The analytic judge (``sixbit.eval.shapes``)
+each with a generation seed training never used. The analytic judge (``sixbit.zoo.shapes.judge``)
 names color, shape and motion direction; accuracy is the share of videos where it agrees with
 the prompt. The first row runs the judge on clean renders of the same pairs: the ceiling, and
 the check that the judge itself is right. (``sixbit bench`` reports adherence on its few
@@ -36,7 +36,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from report import machine_description, update_section
-from sixbit.eval.shapes import SQUARE_FILL, adherence, generate_heldout
+from sixbit.zoo.shapes.judge import SQUARE_FILL, adherence, generate_heldout
 from sixbit.zoo.shapes import HELDOUT_PAIRS, WEIGHTS_DIR, load_pipeline
 from sixbit.zoo.shapes.world import parse_prompt, render, sample_specs
 

@@ -197,7 +197,7 @@ def child_shipped(model: str, preset: str, pairs: int, offset: int) -> dict:
 
     import sixbit
     from sixbit.eval.metrics import psnr, ssim
-    from sixbit.eval.shapes import generate_heldout
+    from sixbit.zoo.shapes.judge import generate_heldout
     from sixbit.pipelines import load_pipeline
     from sixbit.zoo.shapes import all_prompts, heldout_pairs
 

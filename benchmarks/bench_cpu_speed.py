@@ -11,7 +11,7 @@ per precision, a profile of that call by op kind, and a 20-step ``balanced`` run
         --fold-pairs 0 --before "" --interleave          # 13 frames of 480×720 (issue 46): ~30 min
 
 Each preset row is the model as a user gets it from the preset alone: ``convert_model`` or
-``load_pretrained`` with no other call, so sixbit's per-machine layout (:mod:`sixbit.layout`,
+``load_pretrained`` with no other call, so sixbit's per-machine layout (:mod:`sixbit.memory.fast_path`,
 ``"auto"``) decides what runs; *(compact)* rows ask for ``layout="compact"`` (the stored weights
 alone), *+ kept INT8* rows call ``sixbit.keep_int8_weights`` by hand (``fold=False``: *unfolded*).
 
@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "CogVideoX-2B"
 KEPT = " + kept INT8"  # sixbit.keep_int8_weights by hand: the INT8 GEMM operand kept ready (AMX-packed here)
 UNFOLDED = " (unfolded)"  # keep_int8_weights(fold=False): rotation and low-rank branch run per call
-COMPACT = " (compact)"  # layout="compact": the stored weights alone (sixbit.layout)
+COMPACT = " (compact)"  # layout="compact": the stored weights alone (sixbit.memory.fast_path)
 SETTINGS = ("bf16", "fp32", "w8a8", "w8a8" + COMPACT, "w4a8", "w4a8" + COMPACT, "w4a8" + COMPACT + KEPT + UNFOLDED)
 EVERY_SKIP = " (every allowed skip)"  # threshold and error budget at infinity: a trained model's skip pattern
 STEP_SETTINGS = ("balanced", "balanced" + EVERY_SKIP)
@@ -283,7 +283,7 @@ def child_fold(pairs: int) -> dict:
     import sixbit
     from sixbit.bench.harness import calibration_pairs, heldout_pairs
     from sixbit.eval.metrics import psnr
-    from sixbit.eval.shapes import generate_heldout
+    from sixbit.zoo.shapes.judge import generate_heldout
     from sixbit.zoo.shapes import load_pipeline
 
     held, out = heldout_pairs(pairs), {}
@@ -325,7 +325,7 @@ def section(r: dict) -> str:
         f"(fp32 kept as a column). *rel. error*: the call's output against the bf16 model's. 4-bit rows: the `w4a8` "
         "preset's formats and branch ranks, round-to-nearest values (GPTQ changes values, not the work). "
         "Preset rows (`w8a8`, `w4a8`, `balanced`) are the model **as picked**: `convert_model` or `load_pretrained` "
-        "and no other call, so sixbit's per-machine layout (`sixbit.layout`, `\"auto\"`) decides what runs (on this "
+        "and no other call, so sixbit's per-machine layout (`sixbit.memory.fast_path`, `\"auto\"`) decides what runs (on this "
         "CPU kind: the INT8 GEMM operand kept ready, packed for oneDNN's AMX INT8 kernel, which `torch._int_mm` does "
         "not reach, rotations and branches folded in; 8 more bits per weight resident, counted by `summary()`). "
         f"*{COMPACT.strip(' ()')}*: `layout=\"compact\"`, the stored low-bit weights alone, re-rounded per call; "

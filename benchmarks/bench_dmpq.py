@@ -42,11 +42,11 @@ import torch
 import sixbit
 from report import machine_description, update_section
 from sixbit.eval.metrics import psnr, ssim
-from sixbit.eval.shapes import adherence, generate_heldout
+from sixbit.zoo.shapes.judge import adherence, generate_heldout
 from sixbit.methods.dmpq import DMPQConfig, FixedAssignment, RandomAssignment, apply_dmpq, fit_dmpq
 from sixbit.nn import QuantLinear
 from sixbit.presets import W4_RECIPE
-from sixbit.reports import plot_precision_map, plot_predictor
+from sixbit.eval.plots import plot_precision_map, plot_predictor
 from sixbit.transforms.smoothquant import smoothing_factors, weight_channel_amax
 from sixbit.zoo.shapes import all_prompts, heldout_pairs, load_pipeline
 

@@ -118,7 +118,7 @@ def child_write(name: str, folder: str, blocks: int | None) -> dict:
     """A diffusers model folder with random bf16 weights, written shard by shard."""
     import torch
 
-    from sixbit.io import SafetensorsWriter
+    from sixbit.files.safetensors import SafetensorsWriter
 
     t0 = time.perf_counter()
     cls, kwargs = CONFIGS[name]
@@ -194,7 +194,7 @@ def child_convert(folder: str, preset: str, output: str, frames: int, side: int 
     config = _config(preset)
     calibration = _calibration(folder, frames, side) if config.needs_calibration else None
     result = sixbit.convert_pretrained(folder, config, output, calibration, progress=False)
-    from sixbit.io import read_safetensors
+    from sixbit.files.safetensors import read_safetensors
 
     _, tensors = read_safetensors(output)
     tensor_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -219,7 +219,7 @@ def child_block(name: str, folder: str, precision: str, tokens: int, repeats: in
     import torch
 
     from sixbit.builder import quantized_linear
-    from sixbit.io import SafetensorsFolder
+    from sixbit.files.safetensors import SafetensorsFolder
     from sixbit.models import iter_blocks
     from sixbit.streaming import _materialize
 

@@ -30,7 +30,7 @@ import sixbit
 from sixbit.bench.harness import calibration_pairs
 from report import machine_description, update_section
 from sixbit.eval.metrics import psnr
-from sixbit.eval.shapes import generate_heldout
+from sixbit.zoo.shapes.judge import generate_heldout
 from sixbit.presets import resolve
 from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 

@@ -43,7 +43,7 @@ def child_write(folder: str) -> dict:
     import torch
 
     from bench_real_size import _random
-    from sixbit.io import SafetensorsWriter
+    from sixbit.files.safetensors import SafetensorsWriter
 
     with accelerate.init_empty_weights():
         model = diffusers.SanaVideoTransformer3DModel()

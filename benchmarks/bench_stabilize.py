@@ -7,7 +7,7 @@ Every row converts a fresh copy of the shipped full-precision pipeline with one 
 and without the frame stabilizer (``sixbit.convert_model(..., stabilize_frames=True)``, the
 default dead zone), and
 generates the same held-out (prompt, seed) pairs. Flicker is the judge's background
-frame-to-frame change (``sixbit.eval.shapes``); "added flicker" is the converted model's
+frame-to-frame change (``sixbit.zoo.shapes.judge``); "added flicker" is the converted model's
 flicker minus the full-precision model's on the same pairs, i.e. what quantization added.
 NVFP4 activations are emulated on this CPU (the stabilizer works the same either way).
 """
@@ -24,7 +24,7 @@ import torch
 import sixbit
 from report import machine_description, update_section
 from sixbit.eval.metrics import psnr
-from sixbit.eval.shapes import adherence, generate_heldout
+from sixbit.zoo.shapes.judge import adherence, generate_heldout
 from sixbit.methods.stabilize import DEFAULT_DEADZONE
 from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 

@@ -14,7 +14,7 @@ use), then generate the held-out (prompt, seed) pairs with every method and the 
   no smoothing), ASQ, TSQ + 4 time ranges (``w8a8-static``), and its mixed-precision variant.
 
 Every quantized path here runs real int8 GEMMs (``torch._int_mm``, int32 accumulation; 6-bit
-codes in int8 containers). Adherence comes from the analytic judge ``sixbit.eval.shapes``;
+codes in int8 containers). Adherence comes from the analytic judge ``sixbit.zoo.shapes.judge``;
 "mean attr." is the mean of the color/shape/direction accuracies, "all" needs all three right.
 Weight bytes: linear-layer weights as stored (packed codes + scales; TSQ's per-range copies
 included), other parameters excluded.
@@ -36,7 +36,7 @@ import torch
 import sixbit
 from report import machine_description, update_section
 from sixbit.eval.metrics import psnr, ssim
-from sixbit.eval.shapes import adherence
+from sixbit.zoo.shapes.judge import adherence
 from sixbit.zoo.shapes import HELDOUT_PAIRS, WEIGHTS_DIR, all_prompts, load_pipeline
 
 SECTION = "static-w8a8"

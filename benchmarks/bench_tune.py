@@ -39,7 +39,7 @@ import sixbit
 from sixbit.bench.harness import calibration_pairs
 from report import machine_description, update_section
 from sixbit.eval.metrics import psnr
-from sixbit.eval.shapes import generate_heldout
+from sixbit.zoo.shapes.judge import generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.presets import resolve
 from sixbit.tuning import DEFAULT_FORMATS, Tuner

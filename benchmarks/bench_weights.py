@@ -39,7 +39,7 @@ import sixbit
 from report import machine_description, update_section
 from sixbit.calibration import hessians
 from sixbit.eval.metrics import psnr, ssim
-from sixbit.eval.shapes import adherence, generate_heldout
+from sixbit.zoo.shapes.judge import adherence, generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.presets import W4_RECIPE
 from sixbit.transforms import hadamard, lowrank

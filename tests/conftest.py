@@ -3,7 +3,7 @@ import os
 # Triton kernels run on CPU tensors in Triton's interpreter, which Triton reads when it is first
 # imported (torch imports it early): set before anything else.
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# Converted and loaded models run from their stored weights (sixbit.layout's "compact"), so that
+# Converted and loaded models run from their stored weights (sixbit.memory.fast_path's "compact"), so that
 # the suite's numerics are the same on every CPU kind; tests/test_layout.py tests the default,
 # "auto", which keeps operands that are machine-specific (AMX-packed, folded) on its own.
 os.environ.setdefault("SIXBIT_LAYOUT", "compact")

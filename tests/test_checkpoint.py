@@ -209,7 +209,7 @@ def test_atomic_save(tmp_path, monkeypatch):
         dst.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr("sixbit.io.shutil.copyfileobj", half_copy)
+    monkeypatch.setattr("sixbit.files.safetensors.shutil.copyfileobj", half_copy)
     with pytest.raises(OSError, match="disk full"):
         sixbit.save(model, path)
     assert path.read_bytes() == before  # the old file is intact
@@ -222,7 +222,7 @@ def test_atomic_save(tmp_path, monkeypatch):
 def test_expected_layout_of_every_format_matches_a_full_quantization(fmt):
     """Loading checks each packed tensor and the weight's meta against a layout extrapolated from
     1–3 rows (a full zero weight of a 14B model's layer would cost gigabytes): it must be the real one."""
-    from sixbit.checkpoint_layers import expected_layout as _expected_layout
+    from sixbit.checkpoint.layers import expected_layout as _expected_layout
 
     for out_features, in_features in ((5, 256), (48, 512), (33, 768)):
         real = sixbit.formats.get(fmt).quantize(torch.zeros(out_features, in_features))
@@ -239,8 +239,8 @@ def _rehashed(path, dest, mutate):
     recomputed: a file a hostile user made self-consistent."""
     from safetensors import safe_open
 
-    from sixbit.io import tensor_bytes
-    from sixbit.checkpoint import _digest
+    from sixbit.files.safetensors import tensor_bytes
+    from sixbit.checkpoint.file import _digest
 
     with safe_open(str(path), "pt") as f:
         header = json.loads(f.metadata()["sixbit"])

@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from test_checkpoint import build, inputs
 
 import sixbit
-from sixbit.checkpoint import _digest
-from sixbit.io import tensor_bytes
+from sixbit.checkpoint.file import _digest
+from sixbit.files.safetensors import tensor_bytes
 from sixbit.nn import QuantLinear
 from sixbit.presets import PRESETS, preset, resolve
 from sixbit.runtime import hooks

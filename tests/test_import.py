@@ -36,6 +36,18 @@ def test_every_public_name_resolves_to_its_module():
     from sixbit import QuantConfig, convert_model  # noqa: F401  (from-imports go through __getattr__)
 
 
+def test_a_moved_module_resolves_with_a_warning():
+    """Modules moved in issue 59 keep their old attribute path, deprecated."""
+    import warnings
+
+    for old, new in sixbit._MOVED.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert getattr(sixbit, old) is importlib.import_module(f"sixbit.{new}")
+        assert any(issubclass(w.category, DeprecationWarning) and f"sixbit.{new}" in str(w.message) for w in caught), old
+    assert not hasattr(importlib.import_module("sixbit"), "_no_module_here")
+
+
 def test_unknown_name_is_an_attribute_error():
     for name in ("no_such_name", "_private"):
         try:
@@ -54,7 +66,7 @@ def test_type_checking_imports_mirror_the_lazy_table():
         assert isinstance(node, ast.ImportFrom) and node.level == 1
         seen.setdefault(node.module, []).extend(a.name for a in node.names)
     modules = seen.pop(None)
-    assert sorted(modules) == ["formats", "reports"]
+    assert sorted(modules) == ["formats"]
     assert {m: sorted(n) for m, n in seen.items()} == {m: sorted(n) for m, n in sixbit._EXPORTS.items()}
 
 

@@ -1,4 +1,4 @@
-"""``sixbit.layout``: the layout a converted model runs with is chosen per device, by default.
+"""``sixbit.memory.fast_path``: the layout a converted model runs with is chosen per device, by default.
 
 The suite runs with ``SIXBIT_LAYOUT=compact`` (conftest); these tests ask for each choice.
 """
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import sixbit
-from sixbit import kernels, layout
+from sixbit import kernels
+from sixbit.memory import fast_path as layout
 from sixbit.nn import QuantLinear
 from fixtures.tiny_models import build_tiny, sample
 

@@ -14,7 +14,7 @@ from torch import nn
 import sixbit
 from sixbit import checkpoint, models
 from sixbit.bench.counting import WorkCounter
-from sixbit.checkpoint_layers import build_layer
+from sixbit.checkpoint.layers import build_layer
 from sixbit.nn import QuantLinear, QuantPointwiseConv, QuantUnfoldedConv
 from sixbit.nn.pointwise_conv import is_pointwise_conv, is_unfoldable_conv
 from fixtures.tiny_models import sample

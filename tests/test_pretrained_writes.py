@@ -13,7 +13,8 @@ import threading
 import pytest
 
 import sixbit
-from sixbit import checkpoint, io, streaming, tempfiles
+from sixbit import checkpoint, streaming
+from sixbit.files import safetensors as io, tempfiles
 from fixtures.tiny_models import build_tiny
 
 

@@ -1,9 +1,11 @@
-"""The package's shape (issue 43, DESIGN.md "Layout"): imports flow one way, no private name
-crosses a package, and every file and function stays small enough to read on a screen or two.
+"""The package's shape (issues 43 and 59, DESIGN.md "Layout"): imports flow one way, no private
+name crosses a package, and every file and function stays small enough to read on a screen or two.
 
 Read from the source with ``ast``, so nothing is imported: every ``import`` counts, at module
 level or inside a function (a function-level import that hides a cycle is still a cycle), except
-those under ``if TYPE_CHECKING:``, which never run.
+those under ``if TYPE_CHECKING:``, which never run. ``import a.b.c`` also runs the ``__init__`` of
+``a`` and ``a.b``: the graph counts those parent packages (except the importer's own, which are
+already running), so a small utility under a heavy package ``__init__`` shows as what it costs.
 """
 
 from __future__ import annotations
@@ -68,15 +70,23 @@ def _imports(module: str):
                 yield (full, None) if full in MODULES else (source, alias.name)
 
 
-def _graph() -> dict[str, set[str]]:
+def _parents(target: str, importer: str) -> set[str]:
+    """The packages whose ``__init__`` importing ``target`` runs, less ``importer``'s own
+    (running already) and the lazy top-level ``sixbit`` (it imports no module that imports back)."""
+    parts = target.split(".")
+    packages = {".".join(parts[:i]) for i in range(2, len(parts))}
+    return {p for p in packages if not (importer == p or importer.startswith(p + "."))}
+
+
+def _graph(parents: bool = True) -> dict[str, set[str]]:
     graph = {}
     for module in MODULES:
         targets = set()
         for target, _ in _imports(module):
             while target not in MODULES:  # `import sixbit.x.y` of a name: its module
                 target = target.rpartition(".")[0]
-            if target != module:
-                targets.add(target)
+            targets |= {target} | (_parents(target, module) if parents else set())
+        targets.discard(module)
         graph[module] = targets
     return graph
 
@@ -114,7 +124,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walk_sees_the_package():
     graph = _graph()
-    assert len(MODULES) > 100 and "sixbit.checkpoint" in graph["sixbit.convert"]  # `from . import checkpoint`
+    assert len(MODULES) > 100 and "sixbit.checkpoint" in graph["sixbit.convert"]  # `from .checkpoint import finish`
+    assert {"sixbit.methods", "sixbit.methods.delta_cache"} <= graph["sixbit.eval.plots"]  # parents counted
+    assert "sixbit.methods" not in graph["sixbit.methods.record"]  # but not the importer's own package
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the checker itself
 
 
@@ -155,6 +167,59 @@ def test_files_and_functions_fit_on_a_screen_or_two():
                 if lines > MAX_FUNCTION_LINES:
                     too_long.append(f"{relative}:{node.lineno} {node.name}() is {lines} lines > {MAX_FUNCTION_LINES}")
     assert not too_long, "\n".join(too_long)
+
+
+# The layers, from the bottom up (DESIGN.md "Layout"): a module imports its own package's modules
+# and those of the layers before it, never one above. A new package or top-level module takes its
+# place here.
+LAYERS = [
+    "version", "files",                                     # no sixbit imports
+    "formats", "transforms", "kernels", "nn", "models",     # numbers, kernels, layers, model metadata
+    "config", "presets",                                    # every config, the named ones
+    "runtime", "memory", "calibration", "rounding", "builder",  # steps and hooks; offload; statistics; weights
+    "methods",                                              # the runtime methods and their registry
+    "lora", "checkpoint", "footprint", "convert", "parallel", "tuning",  # the public jobs
+    "integrations", "streaming",                            # diffusers' doors in; real size from files
+    "eval", "zoo", "pipelines", "bench", "optimize", "cli", "__main__",  # around the library
+]
+# (importer, imported) pairs of layers allowed to point up, each with its reason. Keep it short.
+UPWARD: dict[tuple[str, str], str] = {}
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if module != "sixbit" else "sixbit"
+
+
+def test_every_package_has_a_layer():
+    missing = sorted({_layer(m) for m in MODULES} - set(LAYERS) - {"sixbit"})
+    assert not missing, f"place these in LAYERS (tests/test_structure.py): {missing}"
+
+
+def test_imports_point_down_the_layers():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = []
+    for module, targets in _graph().items():
+        if module == "sixbit":  # the lazy top level, above everything
+            continue
+        for target in targets:
+            a, b = _layer(module), _layer(target)
+            if b != "sixbit" and rank[b] > rank[a] and (a, b) not in UPWARD:
+                upward.append(f"{module} ({a}) imports {target} ({b})")
+    assert not upward, "imports pointing up the layers:\n" + "\n".join(sorted(upward))
+    assert _layer("sixbit.methods.record") == "methods"  # the checker itself
+
+
+def test_the_checker_sees_an_upward_import():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    assert rank["config"] < rank["calibration"] and rank["nn"] < rank["runtime"] < rank["methods"] < rank["convert"]
+
+
+TOP_LEVEL_MODULES = 12  # issue 59: the top level names its jobs; the rest lives in packages
+
+
+def test_the_top_level_is_small():
+    top = sorted(p.name for p in SRC.glob("*.py"))
+    assert len(top) <= TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}"
 
 
 @pytest.mark.parametrize("path", ["convert.py", "presets.py", "nn/quant_linear.py"])

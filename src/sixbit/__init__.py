@@ -17,6 +17,7 @@ any submodule as an attribute (``sixbit.optimize``).
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING
 
 from .version import __version__
@@ -30,7 +31,7 @@ _EXPORTS = {
     "convert": ["Conversion", "conversion_of", "convert_model"],
     "footprint": ["summary"],
     "integrations.diffusers": ["SixbitConfig"],
-    "layout": ["keep_int8_weights", "layout_of"],
+    "memory.fast_path": ["keep_int8_weights", "layout_of"],
     "lora": ["load_lora", "loras", "set_lora_scale", "unload_lora"],
     "methods.attention": ["AttentionQuantConfig", "apply_attention_quant", "remove_attention_quant"],
     "methods.delta_cache": ["DeltaCacheConfig", "disable_delta_cache", "enable_delta_cache"],
@@ -44,10 +45,25 @@ _EXPORTS = {
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
-__all__ = sorted([*_MODULE_OF, "__version__", "formats", "reports"])
+# Modules that moved in issue 59, by their old name: ``sixbit.<old>`` still works, with a warning.
+_MOVED = {
+    "checkpoint_layers": "checkpoint.layers",
+    "checkpoint_restore": "checkpoint.restore",
+    "conversion": "methods.record",
+    "distributed": "nn.token_stats",
+    "io": "files.safetensors",
+    "layout": "memory.fast_path",
+    "lora_diffusers": "integrations.diffusers.lora",
+    "lora_layout": "lora.files",
+    "reports": "eval.plots",
+    "tempfiles": "files.tempfiles",
+    "validate": "config.validate",
+}
+
+__all__ = sorted([*_MODULE_OF, "__version__", "formats"])
 
 if TYPE_CHECKING:  # what type checkers and editors see; mirrors _EXPORTS (tests/test_lazy_import.py checks)
-    from . import formats, reports
+    from . import formats
     from .builder import quantize
     from .calibration import CalibrationData, calibrate
     from .checkpoint import load, read_header, save
@@ -55,7 +71,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; mirrors _EXPORTS (tests
     from .convert import Conversion, conversion_of, convert_model
     from .footprint import summary
     from .integrations.diffusers import SixbitConfig
-    from .layout import keep_int8_weights, layout_of
+    from .memory.fast_path import keep_int8_weights, layout_of
     from .lora import load_lora, loras, set_lora_scale, unload_lora
     from .methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant
     from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache
@@ -80,6 +96,9 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f".{module}", __name__), name)
         globals()[name] = value  # later lookups skip this function
         return value
+    if name in _MOVED:
+        warnings.warn(f"sixbit.{name} is now sixbit.{_MOVED[name]}: import it from there", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(f".{_MOVED[name]}", __name__)
     if not name.startswith("_"):
         try:
             return importlib.import_module(f".{name}", __name__)  # binds sixbit.<name> itself

@@ -3,7 +3,7 @@
 ``convert_model`` resolves the config (:mod:`sixbit.presets`), checks the calibration data,
 then quantizes the weights, fits and installs the runtime methods the config selects, in place.
 The methods are those of the registry (:mod:`sixbit.methods.registry`), in its order; what was
-done is the :class:`~sixbit.conversion.Conversion` record, written into checkpoints by
+done is the :class:`~sixbit.methods.record.Conversion` record, written into checkpoints by
 :func:`sixbit.save` and rebuilt by :func:`sixbit.load`.
 """
 
@@ -17,21 +17,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import checkpoint
+from .checkpoint import finish
 from .builder import conversion_device, moved_to, quantize, spilling
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
-from .conversion import Conversion, check, conversion_of, install, remove_methods, selected
-from .layout import attach as attach_layout
-from .layout import check_choice, planned
+from .methods.record import Conversion, check, conversion_of, install, remove_methods, selected
+from .memory.fast_path import check_choice
 from .lora import check_no_loras
-from .lora_diffusers import attach_diffusers_methods
 from .methods.default_precision import DefaultPrecision
 from .methods.registry import methods
 from .methods.stabilize import StabilizeConfig
 from .models import spec_for, transformer_of
 from .nn.pointwise_conv import is_quantizable
-from .parallel.wrapped import wrapper_of
+from .runtime.wrapped import wrapper_of
 from .presets import ConvertConfig, for_device, resolve
 from .runtime import hooks
 from .runtime.blocks import quant_linears
@@ -178,7 +176,7 @@ def convert_model(
         calibration_kwargs: extra pipeline arguments for calibration runs (e.g.
             ``{"num_inference_steps": 20}``); ``batch_size`` (default 4) for prompt lists.
         layout: ``"auto"`` (default, or ``$SIXBIT_LAYOUT``), ``"fast"`` or ``"compact"``: what the
-            model keeps resident to run fast where it first runs (:mod:`sixbit.layout`).
+            model keeps resident to run fast where it first runs (:mod:`sixbit.memory.fast_path`).
         device: where the conversion computes (``"cuda"``, ``"cuda:1"``, ``"cpu"``; default: where
             the model is). The pipeline, or the bare transformer, moves there once everything is
             checked and stays (back where it was if the conversion fails). A model larger than
@@ -223,19 +221,8 @@ def convert_model(
             logger.exception("could not fully undo the failed conversion of %s", type(transformer).__name__)
         back()
         raise
-    _attach(transformer, model, layout)
+    finish(transformer, model, layout)
     return model
-
-
-def _attach(transformer: nn.Module, model, layout: str) -> None:
-    """What a converted model (and its pipeline) gets: ``.save``, diffusers' methods, its layout."""
-    checkpoint.attach_save(transformer)
-    attach_diffusers_methods(transformer)
-    attach_layout(transformer, layout)
-    if planned(transformer) is not None:
-        logger.info("%s (at its first call there)", planned(transformer).describe())
-    if transformer is not model:
-        checkpoint.attach_save(model)
 
 
 __all__ = ["Conversion", "DefaultPrecision", "calibration_runner", "check_convertible", "conversion_of", "convert_model",

@@ -1,5 +1,5 @@
 """What a converted model holds (:func:`summary`: layers per format, every byte, and the layout
-it runs with on its device, :mod:`sixbit.layout`)."""
+it runs with on its device, :mod:`sixbit.memory.fast_path`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from . import layout
-from .conversion import conversion_of
+from .memory import fast_path as layout
+from .methods.record import conversion_of
 from .models import spec_for
 from .nn import QuantLinear
 from .nn.pointwise_conv import features, is_quantizable
@@ -42,7 +42,7 @@ class Summary:
             mode (``cache_converted=True``), not in any buffer.
         notes: what the conversion's preset became on this device
             (:func:`sixbit.presets.for_device`), when anything did; the layout the model runs
-            with (:mod:`sixbit.layout`) and its memory cost.
+            with (:mod:`sixbit.memory.fast_path`) and its memory cost.
     """
 
     model: str

@@ -45,9 +45,9 @@ from . import checkpoint
 from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, build, conversion_device, keeping, parts_of,
                       plan_layers, quantized_linear)
 from .calibration import hessians
-from .conversion import Conversion, conversion_state
+from .methods.record import Conversion, conversion_state
 from .integrations.diffusers.folder import checkpoint_writer
-from .io import SafetensorsFolder, check_can_write
+from .files.safetensors import SafetensorsFolder, check_can_write
 from .memory import allocator
 from .models import spec_for
 from .presets import calibration_free, resolve

@@ -10,7 +10,7 @@ from sixbit.bench.counting import WorkCounter
 from sixbit.bench.harness import BenchSettings, _Runner
 from sixbit.bench.methods import BenchContext, resolve
 from sixbit.eval.metrics import psnr
-from sixbit.eval.shapes import generate_heldout
+from sixbit.zoo.shapes.judge import generate_heldout
 from sixbit.runtime import track_steps
 from sixbit.zoo.shapes import load_pipeline
 

@@ -173,8 +173,8 @@ def test_a_corrupted_branch_is_refused(tmp_path):
     fresh = ToyTransformer(dim=32, depth=3)
     with pytest.raises(ValueError, match="checksum"):  # a hand edit of the header
         sixbit.load(tmp_path / "bad.safetensors", fresh)
-    from sixbit.io import tensor_bytes
-    from sixbit.checkpoint import _digest
+    from sixbit.files.safetensors import tensor_bytes
+    from sixbit.checkpoint.file import _digest
 
     # the same edit with the checksum recomputed: the branch check itself refuses it
     header["sha256"] = _digest(((n, tensors[n].dtype, (tensor_bytes(tensors[n]),)) for n in sorted(tensors)), header)

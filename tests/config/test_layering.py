@@ -8,12 +8,10 @@ import sixbit
 
 CONFIG = Path(sixbit.__file__).parent / "config"
 
-# What the configs validate against: format names, activation modes, Hadamard block sizes,
-# scale rules, layer roles, time-range specs, and the shared checks. ``calibration.time_ranges``
-# is a pure module, but importing it runs ``sixbit.calibration``'s ``__init__`` (the collector,
-# which needs models, nn and runtime): the one edge that reaches above nn, until the time-range
-# grouping moves below calibration.
-ALLOWED = {"formats", "nn", "transforms", "rounding", "models.roles", "calibration.time_ranges", "validate", "config"}
+# What the configs validate against: format names, activation modes, Hadamard block sizes and
+# layer roles (``Role``: the model side's name of a layer's job). Scale rules, time-range specs and
+# the shared checks live in the config package itself.
+ALLOWED = {"formats", "nn", "transforms", "models.roles", "config"}
 
 
 def _sixbit_imports(path: Path):

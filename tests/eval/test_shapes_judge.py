@@ -7,7 +7,7 @@ import PIL.Image
 import pytest
 import torch
 
-from sixbit.eval.shapes import adherence, as_frames, judge_video
+from sixbit.zoo.shapes.judge import adherence, as_frames, judge_video
 from sixbit.zoo.shapes.world import (
     BACKGROUNDS, COLORS, DIRECTIONS, HEIGHT, NUM_FRAMES, SHAPES, WIDTH, VideoSpec, render, sample_specs,
 )

@@ -8,7 +8,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 import sixbit
-from sixbit.conversion import remove_methods
+from sixbit.methods.record import remove_methods
 from sixbit.methods import registry
 from sixbit.runtime import hooks
 
@@ -112,7 +112,7 @@ def test_a_registered_method_is_installed_removed_saved_and_loaded(counter, tmp_
     header = sixbit.read_header(path)
     assert header["extensions"]["conversion"]["counter_scale"] == 2.0
     assert header["extensions"]["counter"] == {"version": 1}
-    assert list(sixbit.checkpoint.extensions())[-2:] == ["counter", "conversion"]
+    assert list(sixbit.methods.registry.extensions())[-2:] == ["counter", "conversion"]
 
     fresh = sixbit.load(path, _model(seed=1))
     loaded = sixbit.conversion_of(fresh)
@@ -206,7 +206,7 @@ def test_methods_on_a_model_convert_model_did_not_convert_are_named_at_save(tmp_
     model = _model()
     sixbit.quantize(model, sixbit.QuantConfig(weight_format="int8"))
     apply_attention_quant(model)
-    with caplog.at_level("WARNING", logger="sixbit.conversion"):
+    with caplog.at_level("WARNING", logger="sixbit.methods.record"):
         sixbit.save(model, tmp_path / "m.safetensors")
     assert caplog.messages == ["the runtime method(s) ['attention'] of this model, which convert_model did not convert, "
                                "are not stored: apply them again after sixbit.load, or convert with them (ConvertConfig)"]

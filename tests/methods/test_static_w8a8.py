@@ -346,7 +346,8 @@ def test_checkpoint_with_an_unknown_extension_is_refused(tmp_path, monkeypatch):
     model, data, _, _ = _calibrated()
     sixbit.apply_static_w8a8(model, sixbit.StaticW8A8Config(time_ranges=2), data)
     ckpt = sixbit.save(model, tmp_path / "m.safetensors")
-    from sixbit import checkpoint, checkpoint_restore
+    from sixbit import checkpoint
+    from sixbit.checkpoint import restore as checkpoint_restore
 
     known = checkpoint.extensions()
     for module in (checkpoint, checkpoint_restore):  # a sixbit without the method: saving and restoring

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 import sixbit
-from sixbit.lora_diffusers import attach_diffusers_methods
+from sixbit.integrations.diffusers.lora import attach_diffusers_methods
 from sixbit.parallel import TensorParallelWrapper, sequence, tensor
-from sixbit.parallel.wrapped import mark, unmark
+from sixbit.runtime.wrapped import mark, unmark
 from sixbit.runtime import hooks
 from sixbit.zoo.shapes import load_pipeline
 

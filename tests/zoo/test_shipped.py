@@ -9,7 +9,7 @@ import PIL.Image
 import pytest
 import torch
 
-from sixbit.eval.shapes import evaluate_pipeline
+from sixbit.zoo.shapes.judge import evaluate_pipeline
 from sixbit.zoo.shapes import HELDOUT_PAIRS, WEIGHTS_DIR, load_pipeline
 from sixbit.zoo.shapes.demo import run_demo
 

@@ -14,7 +14,7 @@ Per method (:func:`run_bench`):
    out; ``speedup_fp32`` the same against FP. The references are timed at the start and again at the end.
 
 Quality is measured against the FP method's videos of the same seeds (PSNR, SSIM), flicker
-and adherence by the shapes judge (:mod:`sixbit.eval.shapes`). The GPU projection
+and adherence by the shapes judge (:mod:`sixbit.zoo.shapes.judge`). The GPU projection
 (:mod:`sixbit.bench.gpu_model`) compares each run's counted work with the FP run's.
 
 Example:
@@ -183,7 +183,7 @@ class _Runner:
         self.references: dict[str, object] = {}  # "fp" and the speed baseline → their pipelines
 
     def generate(self, pipe, pairs=None) -> np.ndarray:
-        from ..eval.shapes import generate_heldout
+        from ..zoo.shapes.judge import generate_heldout
 
         videos, _ = generate_heldout(pipe, pairs or self.pairs, self.settings.steps, self.settings.guidance)
         return videos
@@ -254,7 +254,7 @@ class _Runner:
 
     def quality(self, videos, reference) -> dict:
         from ..eval.metrics import psnr, ssim
-        from ..eval.shapes import adherence
+        from ..zoo.shapes.judge import adherence
 
         prompts = [p for p, _ in self.pairs]
         adh = adherence(videos, prompts)
@@ -269,7 +269,7 @@ class _Runner:
 
     def judge_check(self) -> float:
         """Adherence of the world's own clean renders of the prompts: the judge's ceiling."""
-        from ..eval.shapes import adherence
+        from ..zoo.shapes.judge import adherence
         from ..zoo.shapes.world import parse_prompt, render, sample_specs
 
         videos = [render(sample_specs(1, seed=s, **parse_prompt(p))[0]) for p, s in self.pairs]

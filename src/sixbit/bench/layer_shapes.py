@@ -143,7 +143,7 @@ def _layer(precision: str, k: int, n: int, baseline: torch.dtype):
     if precision in ("int8", "int8 kept"):
         layer = QuantLinear.from_linear(lin, "int8", act_mode="int8")
         if precision == "int8 kept":
-            from ..layout import keep_int8_weights
+            from ..memory.fast_path import keep_int8_weights
 
             keep_int8_weights(layer)
         return layer, baseline

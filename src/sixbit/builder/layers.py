@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .. import formats
-from ..validate import report, show
+from ..config.validate import report, show
 from ..calibration import hessians
 from ..config import QuantConfig
 from ..models import block_index_of, iter_blocks, spec_for

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from ..io import read_safetensors, save_safetensors_atomic
+from ..files.safetensors import read_safetensors, save_safetensors_atomic
 
 TAIL_QUANTILES = (0.999, 0.9999)
 _VERSION = 1

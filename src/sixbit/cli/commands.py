@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import checkpoint, layout
+from .. import checkpoint
+from ..memory import fast_path as layout
 from ..builder import conversion_device
 from ..footprint import summary
 from ..convert import conversion_of, convert_model
@@ -160,7 +161,7 @@ def _prepare(args):
         pipe = load_pipeline(args.model, progress_bar=True)
         if args.quantized:
             checkpoint.load(args.quantized, pipe)
-    layout.attach(pipe, args.layout)  # a converted model's layout, decided at its first call (sixbit.layout)
+    layout.attach(pipe, args.layout)  # a converted model's layout, decided at its first call (sixbit.memory.fast_path)
     if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
         t = args.cache_threshold
         enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
@@ -202,7 +203,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         line += f" (blocks skipped: {conv.cache.report().skip_share:.0%})"
     print(line)
     if shapes_arch(pipe):
-        from ..eval.shapes import judge_video
+        from ..zoo.shapes.judge import judge_video
 
         print(f"judge: {judge_video(video)}")
     return 0
@@ -242,7 +243,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "emulated": bool(_emulation_note(pipe)),
     }
     if arch:
-        from ..eval.shapes import adherence
+        from ..zoo.shapes.judge import adherence
 
         ref_adh, out_adh = adherence(list(ref), prompts), adherence(list(out), prompts)
         result["adherence"] = {"reference": ref_adh.accuracy, "converted": out_adh.accuracy}
@@ -361,7 +362,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("eval", help="quality of a converted model vs full precision on a prompt set",
                        description="PSNR/SSIM vs the full-precision videos (same seeds), timing, and on the shapes models "
-                       "adherence and flicker judged by sixbit.eval.shapes.")
+                       "adherence and flicker judged by sixbit.zoo.shapes.judge.")
     add_runtime(p)
     p.add_argument("--config", help="convert now with this preset or .json instead of --quantized")
     p.add_argument("--calib", help="calibration prompts file or video folder for --config")

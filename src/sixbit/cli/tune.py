@@ -19,9 +19,9 @@ _EPILOG = (f"exit codes: 0 the target was met and the config written; {NOT_REACH
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from ..io import write_text_atomic
+    from ..files.safetensors import write_text_atomic
     from ..pipelines import load_pipeline
-    from ..reports import plot_tuned_formats
+    from ..eval.plots import plot_tuned_formats
     from ..tuning import tune_model
 
     if Path(args.output).suffix != ".json":

@@ -17,7 +17,7 @@ there: it is the model side's name of a layer's job), so every other package may
 
 from ..models.roles import Role
 from .attention import AttentionQuantConfig
-from .conversion import Activations, ConvertConfig
+from .convert import Activations, ConvertConfig
 from .delta_cache import CACHE_FORMATS, DeltaCacheConfig
 from .dmpq import DMPQConfig
 from .quant import CALIBRATION_INPUTS, DEFAULT_QUANTIZED_ROLES, QuantConfig, pattern_problems

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..validate import report, type_problems
+from .validate import report, type_problems
 from .serialize import Serializable
 
 #: How cached residuals are stored: full precision, INT8 per token, or 4-bit groups of 64.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..nn.precision import ACT_BITS, ActMode
-from ..validate import report, type_problems
+from .validate import report, type_problems
 from .serialize import Serializable
 
 

@@ -33,9 +33,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..validate import report, show, unknown_keys
+from .validate import report, show, unknown_keys
 from .attention import AttentionQuantConfig
-from .conversion import ConvertConfig
+from .convert import ConvertConfig
 from .delta_cache import DeltaCacheConfig
 from .presets import PRESETS, preset
 from .quant import QuantConfig

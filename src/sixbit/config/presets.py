@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .conversion import ConvertConfig
+from .convert import ConvertConfig
 from .delta_cache import DeltaCacheConfig
 from .dmpq import DMPQConfig
 from .quant import QuantConfig

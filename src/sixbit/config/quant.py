@@ -8,10 +8,11 @@ import re
 from .. import formats
 from ..models.roles import Role
 from ..nn.precision import ActMode
-from ..rounding.grid import SCALE_RULES
 from ..transforms.hadamard import BLOCK_SIZES
-from ..validate import report, type_problems
+from .validate import report, type_problems
 from .serialize import Serializable
+
+SCALE_RULES = ("absmax", "mse", "4/6")  # how a block scale is chosen (sixbit.rounding.grid)
 
 
 #: Where calibration takes each block's inputs from (``QuantConfig.calibration_inputs``).

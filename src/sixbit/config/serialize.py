@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any, TypeVar
 
-from ..validate import report, show, unknown_keys
+from .validate import report, show, unknown_keys
 
 T = TypeVar("T")
 

@@ -6,9 +6,9 @@ import dataclasses
 import enum
 from typing import Any
 
-from ..calibration.time_ranges import PER_STEP, group_steps
+from .time_ranges import PER_STEP, group_steps
 from ..models.roles import Role
-from ..validate import report, type_problems
+from .validate import report, type_problems
 from .quant import pattern_problems
 from .serialize import Serializable
 

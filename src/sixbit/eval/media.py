@@ -25,10 +25,29 @@ import PIL.Image
 logger = logging.getLogger(__name__)
 
 
+def as_frames(video) -> np.ndarray:
+    """Normalize a video to float64 (F, H, W, 3) in [0, 1].
+
+    Accepts numpy or torch, (F, H, W, 3) or (F, 3, H, W), float in [0, 1] or uint8, or a list of
+    PIL images."""
+    if isinstance(video, (list, tuple)):
+        video = np.stack([np.asarray(im.convert("RGB")) for im in video])
+    if hasattr(video, "detach"):
+        video = video.detach().float().cpu().numpy()
+    arr = np.asarray(video)
+    if arr.ndim != 4:
+        raise ValueError(f"a video must have 4 dimensions (frames, H, W, 3) or (frames, 3, H, W); got {arr.shape}")
+    if arr.shape[-1] != 3 and arr.shape[1] == 3:
+        arr = arr.transpose(0, 2, 3, 1)
+    if arr.shape[-1] != 3:
+        raise ValueError(f"a video must have 3 color channels; got shape {arr.shape}")
+    if arr.dtype == np.uint8:
+        return arr.astype(np.float64) / 255.0
+    return np.clip(arr.astype(np.float64), 0.0, 1.0)
+
+
 def to_uint8(frames, scale: int = 1) -> np.ndarray:
     """(F, H, W, 3) in [0, 1] (or uint8) -> uint8 (F, H*scale, W*scale, 3), nearest-neighbour."""
-    from .shapes import as_frames
-
     arr = np.round(as_frames(frames) * 255).astype(np.uint8)
     if scale > 1:
         arr = arr.repeat(scale, axis=1).repeat(scale, axis=2)
@@ -130,7 +149,7 @@ def write_video(frames, path, fps: int = 8, scale: int = 8) -> Path:
     """Write ``frames`` as MP4 at ``path``; without an encoder, as GIF next to it (suffix .gif).
 
     Args:
-        frames: (F, H, W, 3) in [0, 1] or uint8 (see :func:`sixbit.eval.shapes.as_frames`).
+        frames: (F, H, W, 3) in [0, 1] or uint8 (see :func:`as_frames`).
         path: target file; its suffix is replaced by ``.mp4`` or ``.gif`` (:func:`video_path`);
             missing folders are created.
         fps (int, default 8): playback rate; the shapes world's 8 frames last one second.

@@ -7,7 +7,8 @@ imported and adds two light entries to them. They import the real backend only w
 ``from_pretrained`` of a sixbit folder, ``PipelineQuantizationConfig(quant_backend="sixbit")``.
 Importing :mod:`sixbit.integrations.diffusers` replaces them by the real classes. Likewise,
 once :mod:`sixbit.checkpoint` is imported, every converted diffusers transformer gets a
-``save_pretrained`` that writes a converted folder (:func:`sixbit.checkpoint.register_save_method`).
+``save_pretrained`` that writes a converted folder and diffusers' LoRA methods
+(:func:`sixbit.checkpoint.register_save_method`).
 """
 
 from __future__ import annotations
@@ -57,9 +58,15 @@ def _attach_save_pretrained(transformer) -> None:
         _backend().attach_save_pretrained(transformer)
 
 
+def _attach_lora_methods(transformer) -> None:
+    importlib.import_module(f"{__name__}.diffusers.lora").attach_diffusers_methods(transformer)
+
+
 def _checkpoint(module) -> None:
-    # every converted or loaded transformer gets a save_pretrained that writes a converted folder
+    # every converted or loaded transformer gets a save_pretrained that writes a converted folder,
+    # and diffusers' LoRA entry points routed to sixbit.lora
     module.register_save_method(_attach_save_pretrained)
+    module.register_save_method(_attach_lora_methods)
 
 
 _TABLES = {"diffusers.quantizers.auto": _diffusers_tables, "transformers.quantizers.auto": _transformers_tables,

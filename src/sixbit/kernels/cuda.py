@@ -188,7 +188,7 @@ def available(device: torch.device | str | None = None) -> dict[str, str]:
         int8 += " + Triton fused quantize (Hadamard fused) and epilogue"
     elif device.type == "cpu":
         int8 += " + compiled quantize and epilogue on large inputs" if cpu_ops_compiling() else ""
-        int8 += "; oneDNN AMX INT8 in the fast layout (sixbit.layout, the default)" if amx_int8() else ""
+        int8 += "; oneDNN AMX INT8 in the fast layout (sixbit.memory.fast_path, the default)" if amx_int8() else ""
     nvfp4 = select("nvfp4", device, Operands(), CAPABILITIES)
     w4a16 = select("fp", device, Operands(weight4=True), CAPABILITIES)
     paths = {

@@ -1,6 +1,6 @@
 """The method registry: one :class:`MethodSpec` per runtime method, registered by its package.
 
-:func:`sixbit.convert_model`, the conversion record (:mod:`sixbit.conversion`) and the
+:func:`sixbit.convert_model`, the conversion record (:mod:`sixbit.methods.record`) and the
 checkpoint (:mod:`sixbit.checkpoint`) loop over :func:`methods` and :func:`extensions`; none of
 them names a method. Adding a method is one package plus one :func:`register_method` call::
 

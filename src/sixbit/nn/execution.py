@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
-from ..distributed import token_max, tokens_split
+from .token_stats import token_max, tokens_split
 from ..formats import nvfp4
 from ..kernels import int8_matmul
 from ..kernels.paths import MODE_OF, Capabilities, Operands, Path, select

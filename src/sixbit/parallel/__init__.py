@@ -58,7 +58,7 @@ from torch import nn
 from .. import checkpoint
 from ..models import transformer_of
 from . import driver, feed_forward, sequence, tensor
-from .wrapped import mark, unmark, wrapper_of
+from ..runtime.wrapped import mark, unmark, wrapper_of
 
 MODES = ("tensor", "sequence")
 

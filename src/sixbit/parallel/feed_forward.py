@@ -27,7 +27,7 @@ import torch
 from diffusers.hooks import ModelHook
 from torch import nn
 
-from ..conversion import conversion_of
+from ..methods.record import conversion_of
 from ..methods.dmpq import DMPQ
 from ..methods.registry import method
 from ..nn import QuantLinear, QuantPointwiseConv, QuantUnfoldedConv

@@ -13,7 +13,7 @@ model's processors support it (Wan's, through diffusers' attention dispatcher). 
   head attends over is ``[text, video]`` in the single process's order;
 - the CPU: diffusers' ``enable_parallelism`` assumes an accelerator, so the same config is set
   up here on a CPU device mesh (gloo);
-- runtime statistics over every rank's tokens (:mod:`sixbit.distributed`), so the delta cache,
+- runtime statistics over every rank's tokens (:mod:`sixbit.nn.token_stats`), so the delta cache,
   DMPQ and PDR decide as the single process does.
 
 On this CPU both shipped models reproduce the single process's videos bit for bit, quantized
@@ -44,7 +44,7 @@ from diffusers.models._modeling_parallel import (
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .. import distributed
+from ..nn import token_stats as distributed
 from ..methods.attention import attention_quant_of
 from ..models import iter_blocks
 from ..runtime import hooks

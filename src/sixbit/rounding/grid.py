@@ -30,10 +30,10 @@ from collections.abc import Callable
 import torch
 
 from .. import formats, kernels
+from ..config.quant import SCALE_RULES
 from ..formats import integer, nvfp4
 from ..formats.constants import E4M3_MIN_NORMAL, F4_E2M1_MAX, F8_E4M3_MAX, NVFP4_BLOCK
 
-SCALE_RULES = ("absmax", "mse", "4/6")
 
 # fp32 temporaries of one scale-search chunk (rows × K, three of them per candidate) stay under this many bytes.
 _CHUNK_BYTES = 64 << 20

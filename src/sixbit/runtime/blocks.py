@@ -31,7 +31,7 @@ from diffusers.hooks import ModelHook
 from torch import nn
 
 from .. import kernels
-from ..distributed import token_sum, tokens_split
+from ..nn.token_stats import token_sum, tokens_split
 from ..models import BlockIO, iter_blocks, spec_for
 from ..nn import QuantLinear
 from . import hooks
@@ -45,7 +45,7 @@ CACHE_ORDER, PRECISION_ORDER, OBSERVER_ORDER = 0, 10, 20
 
 def relative_l1(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Per-sample ``‖diff‖₁ / ‖ref‖₁`` over all but the first (batch) dimension, in fp32 (over
-    every rank's tokens when a sequence-parallel model splits them: :mod:`sixbit.distributed`)."""
+    every rank's tokens when a sequence-parallel model splits them: :mod:`sixbit.nn.token_stats`)."""
     num, den = kernels.abs_sum_per_sample(diff), kernels.abs_sum_per_sample(ref)  # one pass each
     if tokens_split():
         num, den = token_sum(torch.stack([num, den])).unbind(0)

@@ -31,7 +31,7 @@ import math
 import random
 import time
 
-from ..validate import show
+from ..config.validate import show
 from .library import Library
 from .sensitivity import Evaluator, Sensitivity, psnr_bound, psnr_of
 

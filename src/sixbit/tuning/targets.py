@@ -15,7 +15,7 @@ import math
 from collections import Counter
 
 from .. import formats as formats_
-from ..validate import show
+from ..config.validate import show
 from .library import CandidatePlan
 from .search import Constraint
 

@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from ...checkpoint import CheckpointWriter
-from ...conversion import NAME as CONVERSION
-from ...io import SafetensorsWriter, copy_file_atomic, write_text_atomic
+from ...methods.record import NAME as CONVERSION
+from ...files.safetensors import SafetensorsWriter, copy_file_atomic, write_text_atomic
 from ...memory import resident_weights
-from ...parallel.wrapped import wrapper_of
+from ...runtime.wrapped import wrapper_of
 from .config import SixbitConfig
 
 WEIGHTS_NAME = "diffusion_pytorch_model"
@@ -60,7 +60,7 @@ def _size(text: int | str) -> int:
 class FolderWriter:
     """The weight files and ``config.json`` of a converted model folder, written tensor by tensor.
 
-    It takes tensors as :class:`~sixbit.io.SafetensorsWriter` does (``add``, ``entries``,
+    It takes tensors as :class:`~sixbit.files.safetensors.SafetensorsWriter` does (``add``, ``entries``,
     ``chunks``), so a :class:`~sixbit.checkpoint.CheckpointWriter` writes through it. Shards fill
     in the order tensors arrive, up to ``limit`` bytes each (a larger tensor gets a shard of its
     own); each waits in a temporary file until :meth:`finish` knows how many there are and names

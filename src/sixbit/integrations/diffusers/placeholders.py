@@ -82,7 +82,7 @@ class Placeholders:
 
     def remove(self) -> None:
         """Take every stand-in away: added buffers and holder modules (the model's own
-        parameters keep their meta stand-ins, which :func:`~sixbit.checkpoint_restore.restore`
+        parameters keep their meta stand-ins, which :func:`~sixbit.checkpoint.restore.restore`
         replaces with the received tensors)."""
         for module, leaf in self.added:
             module._buffers.pop(leaf, None)

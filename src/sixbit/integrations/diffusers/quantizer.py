@@ -12,7 +12,7 @@ Two ways in, both through the hooks diffusers gives every quantization backend:
 - **A converted folder** (``config.json`` carries the checkpoint header,
   :mod:`.folder`). Every tensor of the folder is taken as it arrives, unconverted, and the whole
   checkpoint is checked and restored as :func:`sixbit.load` restores a file
-  (:func:`sixbit.checkpoint_restore.restore`): checksum, layers, weights, runtime methods.
+  (:func:`sixbit.checkpoint.restore.restore`): checksum, layers, weights, runtime methods.
   ``torch_dtype`` then applies to the full-precision parameters; packed weights keep their
   stored form.
 """
@@ -27,13 +27,10 @@ from diffusers.quantizers.base import DiffusersQuantizer
 from torch import nn
 
 from ...builder import LayerSwap, plan_layers, quantized_linear
-from ...checkpoint import attach_save, check_header, check_tensors
-from ...checkpoint_restore import restore
+from ...checkpoint import check_header, check_tensors, finish, restore
 from ...config import ConvertConfig
-from ...conversion import check, install, selected
+from ...methods.record import check, install, selected
 from ...convert import fit_methods
-from ...layout import attach as attach_layout
-from ...lora_diffusers import attach_diffusers_methods
 from ...memory import allocator
 from ...nn import QuantLinear
 from ...presets import calibration_free, for_device
@@ -143,10 +140,8 @@ class SixbitQuantizer(DiffusersQuantizer):
             self._restore(model)
         else:
             self._finish(model)
-        attach_save(model)
-        attach_diffusers_methods(model)
+        finish(model)  # .save, save_pretrained, diffusers' LoRA methods, the layout hook (sixbit.checkpoint.finish)
         attach_casts(model)
-        attach_layout(model)  # the fastest layout for the device of each call, decided there (sixbit.layout)
         return model
 
     def _finish(self, model: nn.Module) -> None:

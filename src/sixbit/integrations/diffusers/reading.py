@@ -15,7 +15,7 @@ import diffusers
 from torch import nn
 
 from ...checkpoint import check_header
-from ...io import SafetensorsFolder
+from ...files.safetensors import SafetensorsFolder
 from .config import QuantMethod
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...config.conversion import Activations
+from ...config.convert import Activations
 from ...nn.precision import ActMode, Level, act_mode
 from ...runtime.context import track_steps, tracker_of
 from ..registry import MethodSpec, register_method

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from ... import kernels
-from ...distributed import token_max, token_mean_of_sum
+from ...nn.token_stats import token_max, token_mean_of_sum
 from ...config.delta_cache import DeltaCacheConfig
 from ...models import iter_blocks
 from ...nn.precision import ActMode, Level, gemm_flops

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ...config.conversion import Activations
+from ...config.convert import Activations
 from ...config.dmpq import DMPQConfig
 from ...models import iter_blocks
 from ...nn import QuantLinear

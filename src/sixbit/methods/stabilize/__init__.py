@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...config.conversion import Activations
+from ...config.convert import Activations
 from ...models import spec_for
 from ...runtime import hooks
 from ..registry import MethodSpec, register_method

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from torch import nn
 
 from ...calibration import calibrate
-from ...config.conversion import Activations
+from ...config.convert import Activations
 from ...config.static_w8a8 import PRESETS, Outliers, Smoothing, StaticW8A8Config
 from ..registry import MethodSpec, register_method
 from .layers import StaticActQuantizer, StaticW8A8Info, StaticW8A8State, _export, _prepare, range_parameters, static_w8a8_info

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from ...calibration import time_ranges as tr
+from ...config import time_ranges as tr
 from ...calibration.data import LayerStats
 from ...transforms import smoothquant as sq
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...calibration import time_ranges as tr
+from ...config import time_ranges as tr
 from ...formats import Quantized, integer
 from ...formats.packing import pack_bits
 from ...nn import QuantLinear, execution

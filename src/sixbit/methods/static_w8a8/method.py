@@ -8,7 +8,7 @@ tamed, so the method (arXiv 2502.15077, seed 004) combines:
 
 * **time ranges** — steps grouped (default 4 for 20 steps), one parameter set per range,
   Gaussian-smoothed across ranges (σ = 1.5) and optionally interpolated between range centres
-  (:mod:`sixbit.calibration.time_ranges`);
+  (:mod:`sixbit.config.time_ranges`);
 * **SmoothQuant folded into the weights** — ``s`` aggregated over all steps (ASQ: one weight)
   or per time range (TSQ: one weight per range whose ``s`` differs, stored only where the proxy
   error improves by ``tsq_min_gain``); α searched per layer on the calibration statistics;
@@ -40,7 +40,7 @@ import re
 
 from torch import nn
 
-from ...calibration import time_ranges as tr
+from ...config import time_ranges as tr
 from ...calibration.data import CalibrationData
 from ...config.static_w8a8 import Outliers, Smoothing, StaticW8A8Config
 from ...formats import integer

@@ -25,7 +25,7 @@ class DemoResult:
     """Paths written by :func:`run_demo`, the judge's verdict and timing.
 
     ``video`` is an MP4 (a GIF where no encoder is installed), ``contact_sheet`` a PNG with all
-    frames side by side, ``verdict`` a :class:`sixbit.eval.shapes.ShapesVerdict`, ``matches``
+    frames side by side, ``verdict`` a :class:`sixbit.zoo.shapes.judge.ShapesVerdict`, ``matches``
     per attribute whether the verdict agrees with the prompt.
     """
 
@@ -76,7 +76,7 @@ def run_demo(
     import torch
 
     from sixbit.eval.media import write_contact_sheet, write_video
-    from sixbit.eval.shapes import judge_video
+    from sixbit.zoo.shapes.judge import judge_video
 
     from . import load_pipeline
 

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ...io import write_text_atomic
+from ...files.safetensors import write_text_atomic
 from . import WEIGHTS_DIR, make_pipeline
 from .models import predict_velocity
 from .world import JITTER, SIZE_RANGE, render, sample_specs
@@ -198,7 +198,7 @@ def export(pipe, params, ema, out: Path, meta: dict) -> None:
 def _evaluate(arch: str, out: Path, step: int, pairs: int, curve: list) -> None:
     """Judge the weights just exported to ``out`` on ``pairs`` held-out pairs; the point joins
     ``curve`` (the adherence learning curve) and ``training.json``."""
-    from sixbit.eval.shapes import evaluate_pipeline
+    from sixbit.zoo.shapes.judge import evaluate_pipeline
 
     from . import heldout_pairs, load_pipeline
 

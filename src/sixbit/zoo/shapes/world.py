@@ -4,7 +4,7 @@ Every video is ``NUM_FRAMES`` frames of ``HEIGHT`` x ``WIDTH`` RGB in ``[0, 1]``
 video, described by a :class:`VideoSpec`; a spec is drawn deterministically from a seed by
 :func:`sample_specs` and rendered (with 4x4 supersampled anti-aliasing) by :func:`render`.
 
-Design decisions that the judge (:mod:`sixbit.eval.shapes`) relies on:
+Design decisions that the judge (:mod:`sixbit.zoo.shapes.judge`) relies on:
 
 * Object colors are strongly saturated (max - min channel >= 0.6); every background, plain or
   textured, is pure gray (saturation 0). Segmenting the object is therefore a saturation

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import formats
-from .nn import QuantLinear
-from .nn.pointwise_conv import KINDS, conv_arguments, features, is_quantizable, kind_of, quantized_layer_class
-from .nn.precision import act_mode
+from .. import formats
+from ..nn import QuantLinear
+from ..nn.pointwise_conv import KINDS, conv_arguments, features, is_quantizable, kind_of, quantized_layer_class
+from ..nn.precision import act_mode
 
 # every field of a layer entry and the JSON types it may take
 LAYER_FIELDS = {

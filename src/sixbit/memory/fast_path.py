@@ -46,12 +46,12 @@ from diffusers.hooks import ModelHook
 from diffusers.hooks.group_offloading import GroupOffloadingHook
 from torch import nn
 
-from . import kernels
-from .memory.offload import OffloadHook
-from .models import transformer_of
-from .nn import QuantLinear, execution
-from .runtime import hooks
-from .runtime.fusion import fuse_activations
+from .. import kernels
+from .offload import OffloadHook
+from ..models import transformer_of
+from ..nn import QuantLinear, execution
+from ..runtime import hooks
+from ..runtime.fusion import fuse_activations
 
 CHOICES = ("auto", "fast", "compact")
 ENVIRONMENT = "SIXBIT_LAYOUT"  # the default choice, where the calls are not given one
@@ -180,7 +180,7 @@ def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True)
     :func:`summary` counts them. The model's :class:`Layout` becomes ``"fast"`` (or ``"compact"``)
     on its device, as if asked: sixbit does not change it until a call comes on another device.
 
-    This is what the ``"fast"`` layout does (sixbit's default where it fits: see :mod:`sixbit.layout`).
+    This is what the ``"fast"`` layout does (sixbit's default where it fits: see :mod:`sixbit.memory.fast_path`).
     Speed against memory, on CPUs: without it each INT8 call of a 4-bit layer re-rounds its weight
     to per-channel INT8, which at CogVideoX-2B size costs more than the GEMM, and INT8 GEMMs take
     ``torch._int_mm``, which does not reach AMX (BENCHMARKS.md ``cpu-speed``). With it every layer

@@ -3,15 +3,15 @@
 Example:
     >>> conv = sixbit.conversion_of(pipe)                                        # doctest: +SKIP
     >>> pipe("a red circle moving right")                                        # doctest: +SKIP
-    >>> sixbit.reports.plot_precision_map(conv.dmpq.report(), "precision.png")   # doctest: +SKIP
-    >>> sixbit.reports.plot_skip_map(conv.cache.report(), "skips.png")           # doctest: +SKIP
+    >>> sixbit.eval.plots.plot_precision_map(conv.dmpq.report(), "precision.png")   # doctest: +SKIP
+    >>> sixbit.eval.plots.plot_skip_map(conv.cache.report(), "skips.png")           # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from .methods.delta_cache import DeltaCacheReport
-from .methods.dmpq import DMPQPredictor, DMPQReport
-from .nn.precision import ActMode
+from ..methods.delta_cache import DeltaCacheReport
+from ..methods.dmpq import DMPQPredictor, DMPQReport
+from ..nn.precision import ActMode
 
 
 def _pyplot():

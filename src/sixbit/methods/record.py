@@ -24,17 +24,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .lora_diffusers import attach_diffusers_methods
-from .methods.attention import AttentionQuantState
-from .methods.default_precision import DefaultPrecision
-from .methods.delta_cache import DeltaCache
-from .methods.dmpq import DMPQ, DMPQPredictor
-from .methods.registry import CheckpointExtension, methods, register_extension
-from .methods.stabilize import FrameStabilizer
-from .models import transformer_of
-from .nn.precision import ACT_BITS, ActMode, average_bits
-from .config import Activations
-from .presets import ConvertConfig
+from .attention import AttentionQuantState
+from .default_precision import DefaultPrecision
+from .delta_cache import DeltaCache
+from .dmpq import DMPQ, DMPQPredictor
+from .registry import CheckpointExtension, methods, register_extension
+from .stabilize import FrameStabilizer
+from ..models import transformer_of
+from ..nn.precision import ACT_BITS, ActMode, average_bits
+from ..config import Activations, ConvertConfig
 
 logger = logging.getLogger(__name__)
 
@@ -258,11 +256,7 @@ def _prepare(model: nn.Module, modules: dict[str, nn.Module], meta: dict, tensor
     applied = _stored(model, modules, meta, config)
     check(model, config, applied)
 
-    def installer() -> None:
-        install(model, config, applied, calibration, hardware)
-        attach_diffusers_methods(model)
-
-    return installer
+    return lambda: install(model, config, applied, calibration, hardware)
 
 
 EXTENSION = register_extension(CheckpointExtension(NAME, _export, _prepare, clear=remove_methods), ORDER)

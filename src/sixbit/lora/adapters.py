@@ -5,14 +5,14 @@ small update in the 4-bit rounding, and scale changes would need the original we
 :func:`load_lora` reads a LoRA file in diffusers / PEFT layout (``<module>.lora_A.weight`` and
 ``<module>.lora_B.weight``, optionally prefixed with ``transformer.``; the scale ``alpha / r``
 from PEFT's ``lora_adapter_metadata`` or per-module ``.alpha`` entries, else 1), read and checked
-by :mod:`sixbit.lora_layout`. Quantized layers (:class:`~sixbit.nn.QuantLinear`) carry the
+by :mod:`sixbit.lora.files`. Quantized layers (:class:`~sixbit.nn.QuantLinear`) carry the
 branch themselves; full-precision ``nn.Linear`` layers a LoRA also targets get it through a
 diffusers hook (the innermost of the layer's). Several adapters may be loaded at
 once, each with its own scale (:func:`set_lora_scale`; 0 switches one off exactly) and
 removed again (:func:`unload_lora`).
 
 diffusers' own entry points work on a converted transformer and go through here
-(:mod:`sixbit.lora_diffusers`): ``pipe.load_lora_weights(...)``, ``pipe.set_adapters(names,
+(:mod:`sixbit.integrations.diffusers.lora`): ``pipe.load_lora_weights(...)``, ``pipe.set_adapters(names,
 weights)``, ``pipe.disable_lora()`` / ``enable_lora()``, ``pipe.delete_adapters(...)`` and
 ``pipe.unload_lora_weights()``; ``pipe.fuse_lora()`` is refused (a packed weight cannot absorb a
 LoRA without requantizing it).
@@ -34,19 +34,20 @@ import torch
 from diffusers.hooks import ModelHook
 from torch import nn
 
-from . import lora_layout as layout
-from .models import transformer_of
-from .nn import QuantLinear
-from .nn.lowrank import branch_factors, low_rank
-from .runtime import hooks
-from .validate import show
+from . import files
+from ..models import transformer_of
+from ..nn import QuantLinear
+from ..nn.lowrank import branch_factors, low_rank
+from ..runtime import hooks
+from ..runtime.wrapped import wrapper_of
+from ..config.validate import show
 
 # full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}}, and one hook each (HOOK_NAME)
 _LINEAR: "weakref.WeakKeyDictionary[nn.Linear, dict[str, list]]" = weakref.WeakKeyDictionary()
 HOOK_NAME = "sixbit_lora"
 
 
-def _scale(value, what: str = "scale") -> float:
+def checked_scale(value, what: str = "scale") -> float:
     """A LoRA scale as a float: a finite real number (NaN or inf would turn every output into NaN)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{what} must be a finite number, got {show(value)}: e.g. 1.0 (full strength) or 0 (off)")
@@ -66,16 +67,13 @@ def load_lora(model_or_pipe, lora, scale: float = 1.0, adapter_name: str = "defa
     Everything is checked (every targeted module exists and is a linear layer of the LoRA's
     shape; the name is free) before any layer changes. Returns ``model_or_pipe``.
     """
-    _load(transformer_of(model_or_pipe), *layout.read(lora), _scale(scale), adapter_name)
+    load_factors(transformer_of(model_or_pipe), *files.read(lora), checked_scale(scale), adapter_name)
     return model_or_pipe
 
 
 def check_not_split(model: nn.Module) -> None:
     """Refuse a LoRA on a model a TensorParallelWrapper has cut into row shards (tensor mode):
     its layers hold 1/N of their rows, which no LoRA file fits, however right the file is."""
-    # imported here: sixbit.parallel's package imports the checkpoint, which imports this module
-    from .parallel.wrapped import wrapper_of
-
     wrapper = wrapper_of(model)
     if wrapper is not None and getattr(wrapper, "driver", None) is not None:
         raise ValueError(f"this model runs in {wrapper.world} worker processes started by a TensorParallelWrapper: "
@@ -87,13 +85,14 @@ def check_not_split(model: nn.Module) -> None:
                          "(every rank loads it, then wraps; the split carries it into each rank's shards)")
 
 
-def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale: float, adapter_name: str) -> None:
+def load_factors(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale: float, adapter_name: str) -> None:
+    """Load a LoRA already read into ``(tensors, meta)`` (:func:`sixbit.lora.files.read`) onto ``model``."""
     check_not_split(model)
     if not isinstance(adapter_name, str) or not adapter_name.isidentifier():
         raise ValueError(f"adapter_name must be a Python identifier, got {show(adapter_name)}")
     if adapter_name in loras(model):
         raise ValueError(f"a LoRA called {adapter_name!r} is already loaded: unload it or choose another adapter_name")
-    pairs = layout.pairs(tensors, meta)
+    pairs = files.pairs(tensors, meta)
     modules = dict(model.named_modules())
     problems = []
     for name, (down, up, _) in pairs.items():
@@ -104,7 +103,7 @@ def _load(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, scale:
             problems.append(f"{show(name, 80)}: LoRA {tuple(down.shape)}/{tuple(up.shape)} vs layer {layer.in_features}→{layer.out_features}")
     if problems:
         raise ValueError(f"this LoRA does not fit {type(model).__name__}: {problems[:5]} (was it made for another model?)")
-    broken = [p for name, (down, up, _) in pairs.items() for p in layout.factor_problems(name, down, up)]
+    broken = [p for name, (down, up, _) in pairs.items() for p in files.factor_problems(name, down, up)]
     if broken:
         raise ValueError(f"this LoRA's weights cannot run: {broken[:5]}; the file is damaged or was saved "
                          "from a diverged training run")
@@ -229,7 +228,7 @@ def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None)
     """Set the scale of one LoRA (or of all, ``adapter_name=None``); 0 switches it off exactly.
     While LoRAs are switched off (:func:`set_loras_enabled`) the scale is kept for when they are
     switched on again."""
-    scale = _scale(scale)
+    scale = checked_scale(scale)
     model = transformer_of(model_or_pipe)
     adapters = _adapters(model, adapter_name)
     for adapter in adapters:

@@ -41,7 +41,7 @@ class SafetensorsWriter:
     Tensors are appended to a temporary data file as they come (only the one being written is
     in memory); :meth:`finish` writes the header and the data into a second temporary file in
     the target folder, fsyncs it and renames it over ``path``. On any error (or :meth:`abort`,
-    or leaving the ``with`` block by an exception, or SIGTERM: :mod:`sixbit.tempfiles`) both
+    or leaving the ``with`` block by an exception, or SIGTERM: :mod:`sixbit.files.tempfiles`) both
     temporary files are removed and a file already at ``path`` is left as it was.
 
     Example:

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 from collections.abc import Iterator
 
-from ..validate import report, show, type_problems
+from .validate import report, show, type_problems
 from .attention import AttentionQuantConfig
 from .delta_cache import DeltaCacheConfig
 from .dmpq import DMPQConfig

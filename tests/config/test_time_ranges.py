@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from sixbit.calibration import time_ranges as tr
+from sixbit.config import time_ranges as tr
 
 
 def test_group_steps_counts_per_step_and_explicit():

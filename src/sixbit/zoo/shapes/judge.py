@@ -40,7 +40,8 @@ from collections import deque
 
 import numpy as np
 
-from sixbit.zoo.shapes.world import COLORS, DIRECTIONS, SHAPES, parse_prompt
+from ...eval.media import as_frames
+from .world import COLORS, DIRECTIONS, SHAPES, parse_prompt
 
 #: Below this peak saturation a frame has no object (backgrounds are gray: saturation 0).
 MIN_PEAK_SATURATION = 0.2
@@ -92,27 +93,6 @@ class ShapesVerdict:
         """Per attribute, whether the verdict agrees with ``prompt``."""
         want = parse_prompt(prompt)
         return {a: getattr(self, a) == want[a] for a in ATTRIBUTES}
-
-
-def as_frames(video) -> np.ndarray:
-    """Normalize a video to float64 (F, H, W, 3) in [0, 1].
-
-    Accepts numpy or torch, (F, H, W, 3) or (F, 3, H, W), float in [0, 1] or uint8, or a list of
-    PIL images."""
-    if isinstance(video, (list, tuple)):
-        video = np.stack([np.asarray(im.convert("RGB")) for im in video])
-    if hasattr(video, "detach"):
-        video = video.detach().float().cpu().numpy()
-    arr = np.asarray(video)
-    if arr.ndim != 4:
-        raise ValueError(f"a video must have 4 dimensions (frames, H, W, 3) or (frames, 3, H, W); got {arr.shape}")
-    if arr.shape[-1] != 3 and arr.shape[1] == 3:
-        arr = arr.transpose(0, 2, 3, 1)
-    if arr.shape[-1] != 3:
-        raise ValueError(f"a video must have 3 color channels; got shape {arr.shape}")
-    if arr.dtype == np.uint8:
-        return arr.astype(np.float64) / 255.0
-    return np.clip(arr.astype(np.float64), 0.0, 1.0)
 
 
 def _largest_component(mask: np.ndarray) -> np.ndarray:
@@ -211,7 +191,7 @@ def _flicker(frames: np.ndarray, masks: list[np.ndarray | None]) -> float:
 
 
 def judge_video(video) -> ShapesVerdict:
-    """Judge one video (see :func:`as_frames` for accepted inputs) -> :class:`ShapesVerdict`."""
+    """Judge one video (see :func:`sixbit.eval.media.as_frames` for accepted inputs) -> :class:`ShapesVerdict`."""
     frames = as_frames(video)
     masks, softs = _segment(frames)
     flicker = _flicker(frames, masks)

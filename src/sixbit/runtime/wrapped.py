@@ -1,6 +1,6 @@
 """Which transformer is split by which :class:`~sixbit.parallel.TensorParallelWrapper`.
 
-Kept apart from the wrapper so that :mod:`sixbit.checkpoint` can ask "is this model split
+Kept low, apart from the wrapper, so that :mod:`sixbit.checkpoint` and :mod:`sixbit.lora` can ask "is this model split
 across processes?" without importing the wrapper, which itself saves through the checkpoint.
 """
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import conversion  # noqa: F401  (registers the conversion record's extension: a file may store one)
-from .checkpoint_layers import build_layers
-from .memory import allocator
-from .methods.registry import extensions
-from .nn import QuantLinear
-from .version import __version__
+from ..methods import record as conversion
+from .layers import build_layers
+from ..memory import allocator
+from ..methods.registry import extensions
+from ..nn import QuantLinear
+from ..version import __version__
 
 EXTENSION_SEPARATOR = "::"  # a runtime method's tensors are stored as "<extension>::<key>"
 

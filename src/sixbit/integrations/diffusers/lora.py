@@ -37,8 +37,8 @@ import types
 import torch
 from torch import nn
 
-from . import lora_layout as layout
-from .lora import _load, _scale, lora_state, loras, set_lora_scale, set_loras_enabled, unload_lora
+from ...lora import files as lora_files
+from ...lora import checked_scale, load_factors, lora_state, loras, set_lora_scale, set_loras_enabled, unload_lora
 
 
 def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="transformer", adapter_name=None,
@@ -50,13 +50,13 @@ def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="trans
     source = pretrained_model_name_or_path_or_dict
     if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):  # diffusers' folder + weight_name
         source = os.path.join(source, weight_name or "pytorch_lora_weights.safetensors")
-    tensors, meta = layout.read(source)
-    alphas = {k: torch.tensor(_scale(v, f"network_alphas[{k!r}]")) for k, v in (network_alphas or {}).items()}
+    tensors, meta = lora_files.read(source)
+    alphas = {k: torch.tensor(checked_scale(v, f"network_alphas[{k!r}]")) for k, v in (network_alphas or {}).items()}
     tensors = {**tensors, **alphas}
     if prefix and any(k.startswith(f"{prefix}.") for k in tensors):
         tensors = {k.removeprefix(f"{prefix}."): v for k, v in tensors.items() if k.startswith(f"{prefix}.")}
-    meta = layout.own_metadata(metadata, prefix) if metadata else meta
-    _load(self, tensors, meta, 1.0, adapter_name or f"default_{len(loras(self))}")
+    meta = lora_files.own_metadata(metadata, prefix) if metadata else meta
+    load_factors(self, tensors, meta, 1.0, adapter_name or f"default_{len(loras(self))}")
 
 
 def set_adapters(self, adapter_names, weights=None):
@@ -67,7 +67,7 @@ def set_adapters(self, adapter_names, weights=None):
         raise ValueError(f"adapter name(s) {unknown} are not loaded; loaded adapters: {loras(self)}")
     if weights is None or isinstance(weights, numbers.Real):
         weights = [1.0 if weights is None else weights] * len(names)
-    weights = [_scale(1.0 if w is None else w, "an adapter weight") for w in weights]
+    weights = [checked_scale(1.0 if w is None else w, "an adapter weight") for w in weights]
     if len(weights) != len(names):
         raise ValueError(f"set_adapters got {len(names)} adapter names but {len(weights)} weights: give one per name")
     for name in loras(self):  # diffusers: the adapters not named are switched off

@@ -41,31 +41,22 @@ import hashlib
 import json
 import logging
 import os
-import types
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .checkpoint_layers import LAYER_FIELDS, OPTIONAL_LAYER_FIELDS
-from .checkpoint_restore import EXTENSION_SEPARATOR, restore
-from .io import (
-    SafetensorsWriter,
-    file_chunks,
-    read_safetensors,
-    read_safetensors_header,
-    tensor_bytes,
-)
-from .layout import attach as attach_layout
-from .layout import check_choice
-from .lora import check_no_loras, loras
-from .memory import resident_weights
-from .methods.registry import extensions
-from .models import transformer_of
-from .nn import QuantLinear
-from .parallel.wrapped import wrapper_of
-from .validate import field_problems
-from .version import __version__
+from .layers import LAYER_FIELDS, OPTIONAL_LAYER_FIELDS
+from .restore import EXTENSION_SEPARATOR
+from ..files.safetensors import SafetensorsWriter, file_chunks, read_safetensors, read_safetensors_header, tensor_bytes
+from ..lora import loras
+from ..runtime.wrapped import wrapper_of
+from ..memory import resident_weights
+from ..methods.registry import extensions
+from ..models import transformer_of
+from ..nn import QuantLinear
+from ..config.validate import field_problems
+from ..version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +86,7 @@ class CheckpointWriter:
     being written is in memory. Atomic: nothing appears at ``path`` unless :meth:`finish` succeeds.
 
     ``path`` is the ``.safetensors`` file to write, or the writer of another layout with
-    :class:`~sixbit.io.SafetensorsWriter`'s ``add``, ``entries``, ``chunks`` and ``__exit__``
+    :class:`~sixbit.files.safetensors.SafetensorsWriter`'s ``add``, ``entries``, ``chunks`` and ``__exit__``
     (a diffusers folder's shards, :mod:`sixbit.integrations.diffusers.folder`, whose writer
     stores the header :meth:`seal` returns itself).
     """
@@ -198,7 +189,7 @@ _HEADER_FIELDS = {"format": str, "format_version": int, "sixbit_version": str, "
 
 def _read_header(path: Path) -> tuple[dict, dict, int]:
     """``(header, entries, data_start)``: the sixbit header, checked field by field, and the
-    file's tensor table (:func:`sixbit.io.read_safetensors_header`)."""
+    file's tensor table (:func:`sixbit.files.safetensors.read_safetensors_header`)."""
     metadata, entries, data_start = read_safetensors_header(path, "checkpoint")
     if _META_KEY not in metadata:
         raise ValueError(f"{str(path)!r} is a safetensors file but not a sixbit checkpoint (no 'sixbit' header)")
@@ -243,7 +234,7 @@ def check_tensors(header: dict, tensors: dict[str, torch.Tensor], source: str) -
         raise ValueError(f"{source!r} is corrupted or was edited: its tensors or header do not match the stored checksum")
 
 
-def _open(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def open_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """The validated header and the tensors (mapped lazily) of a checkpoint whose checksum holds."""
     header, entries, data_start = _read_header(path)
     with open(path, "rb") as f:
@@ -265,63 +256,4 @@ def _format_fix(version) -> str:
     return "the header is damaged or the file was not written by sixbit.save"
 
 
-def load(path: str | os.PathLike, model: nn.Module, *, layout: str | None = None) -> nn.Module:
-    """Restore a checkpoint written by :func:`save` into ``model`` (same architecture).
-
-    ``model`` may be freshly built in full precision: its ``nn.Linear`` layers (and convs)
-    named in the file are replaced by ``QuantLinear`` (``QuantPointwiseConv``,
-    ``QuantUnfoldedConv``). Every
-    check runs before anything changes, so on any error (missing, truncated or corrupted file,
-    unknown format version, another architecture) ``model`` is left untouched. The runtime
-    methods' state stored in the file (:func:`extensions`: static W8A8's parameters, the
-    conversion) is restored last; a file naming an extension this sixbit does not know is
-    refused up front. Returns ``model``.
-
-    ``model`` may be a pipeline (its ``.transformer`` is loaded; the pipeline is returned), and
-    it may have been built on the meta device (``accelerate.init_empty_weights()``): its
-    parameters are then materialized from the file on the CPU.
-
-    ``layout`` (``"auto"``, ``"fast"``, ``"compact"``; default ``$SIXBIT_LAYOUT`` or ``"auto"``):
-    what the model keeps resident to run fast on the device it runs on, decided at its first
-    call there (:mod:`sixbit.layout`): the file itself is device-neutral.
-
-    Example:
-        >>> sixbit.load("6bit_model.safetensors", pipe)   # doctest: +SKIP
-    """
-    target = model
-    model = transformer_of(model)
-    if wrapper_of(model) is not None:
-        raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
-                         "(every rank loads the whole file, then wraps)")
-    check_no_loras(model, "sixbit.load")
-    layout = check_choice(layout)
-    header, tensors = _open(Path(path))
-    restore(model, header, tensors, str(path))
-    attach_save(model)
-    attach_layout(model, layout)
-    if target is not model:
-        attach_save(target)
-    return target
-
-
-_SAVE_METHODS: list = []
-
-
-def register_save_method(attach) -> None:
-    """``attach(transformer)`` runs on every converted or loaded transformer, beside ``.save``: how
-    :mod:`sixbit.integrations.diffusers` gives it a ``save_pretrained`` that writes a converted folder."""
-    _SAVE_METHODS.append(attach)
-
-
-def attach_save(obj) -> None:
-    """Give a model (or its pipeline) ``.save(path)``: :func:`save` of the transformer; and the
-    transformer the save methods registered by integrations (:func:`register_save_method`)."""
-    transformer = transformer_of(obj)
-
-    def save_method(self, path: str | os.PathLike) -> Path:
-        """Write the transformer (weights and the runtime methods' state) to ``path``."""
-        return save(transformer, path)
-
-    obj.save = types.MethodType(save_method, obj)
-    for attach in _SAVE_METHODS:
-        attach(transformer)
+__all__ = ["FORMAT_VERSION", "CheckpointWriter", "check_header", "check_tensors", "open_checkpoint", "read_header", "save"]

@@ -23,8 +23,8 @@ import re
 
 import torch
 
-from .io import read_safetensors
-from .validate import show
+from ..files.safetensors import read_safetensors
+from ..config.validate import show
 
 _PREFIX = r"(?:(?:transformer|unet|base_model\.model)\.)?"
 _KEY = re.compile(_PREFIX + r"(?P<module>.+?)\.lora_(?P<part>A|B)(?:\.[\w-]+)?\.weight")

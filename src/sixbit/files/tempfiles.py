@@ -1,6 +1,6 @@
 """Temporary files that a SIGTERM removes before the process ends.
 
-An interrupt (SIGINT) raises ``KeyboardInterrupt``, and the atomic writers of :mod:`sixbit.io`
+An interrupt (SIGINT) raises ``KeyboardInterrupt``, and the atomic writers of :mod:`sixbit.files.safetensors`
 remove their temporary files on the way out. SIGTERM's default action (what ``kill PID``, a job
 scheduler or a container stop send) ends the process at once, and the files stayed: a streamed
 conversion's data file holds every block written so far, gigabytes for a large model. So while
@@ -14,7 +14,7 @@ SIGTERM has its default action: a handler the caller installed, or ``SIG_IGN``, 
 (a handler that raises ends the writers through their cleanup, as SIGINT does). It is removed
 when the last tracked file is untracked on the main thread, unless something replaced it
 meanwhile. SIGKILL cannot be caught: its files are removed by the next save to the same path
-(:class:`sixbit.io.SafetensorsWriter` removes the temporary files of processes that are gone).
+(:class:`sixbit.files.safetensors.SafetensorsWriter` removes the temporary files of processes that are gone).
 """
 
 from __future__ import annotations
