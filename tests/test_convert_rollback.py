@@ -94,9 +94,9 @@ def _convert_and_fail(tm, preset, stabilize=False, fail_run=None):
 STAGES = [
     ("sixbit.convert", "quantize", "w4a8", False),
     ("sixbit.convert", "quantize", "balanced", False),
-    ("sixbit.methods.static_w8a8", "calibrate", "w8a8-static", False),
-    ("sixbit.methods.static_w8a8", "apply_static_w8a8", "w8a8-static", False),
-    ("sixbit.methods.dmpq", "fit_dmpq", "w4a6-dynamic", False),
+    ("sixbit.methods.static_w8a8.spec", "calibrate", "w8a8-static", False),
+    ("sixbit.methods.static_w8a8.spec", "apply_static_w8a8", "w8a8-static", False),
+    ("sixbit.methods.dmpq.spec", "fit_dmpq", "w4a6-dynamic", False),
     ("method:dmpq", "apply_dmpq", "balanced", True),
     ("method:stabilize", "apply_stabilizer", "balanced", True),
     ("method:cache", "enable_delta_cache", "balanced", True),
@@ -186,7 +186,7 @@ def test_rollback_of_a_generic_model_after_quantization(replace_stage, caplog):
 def test_a_step_tracker_installed_before_survives_the_rollback(monkeypatch):
     tm = build_tiny("cogvideox")
     tracker = sixbit.track_steps(tm.model)
-    monkeypatch.setattr(sixbit.methods.dmpq, "fit_dmpq", _raising(Injected("fit_dmpq")))
+    monkeypatch.setattr(sixbit.methods.dmpq.spec, "fit_dmpq", _raising(Injected("fit_dmpq")))
     _convert_and_fail(tm, "w4a6-dynamic")
     assert _sixbit_hooks(tm.model) == ["<model>:sixbit_step_context"]
     assert sixbit.track_steps(tm.model) is tracker

@@ -8,7 +8,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from .memory import fast_path as layout
+from .memory import fast_path
 from .methods.record import conversion_of
 from .models import spec_for
 from .nn import QuantLinear
@@ -134,9 +134,9 @@ def summary(model: nn.Module) -> Summary:
     notes = [conversion.hardware] if conversion is not None and conversion.hardware else []
     if conversion is not None and conversion.attention is not None:
         notes.append(f"attention quantized where {conversion.config.attention.describe()}: {conversion.attention.path}")
-    laid_out = layout.planned(model)
+    laid_out = fast_path.planned(model)
     if laid_out is not None:
-        pending = "" if layout.layout_of(model) is laid_out else " (at its first call there)"
+        pending = "" if fast_path.layout_of(model) is laid_out else " (at its first call there)"
         notes.append(laid_out.describe() + pending)
     return Summary(type(model).__name__, rows, _tensor_bytes(model), converted, notes)
 

@@ -246,7 +246,9 @@ def test_report_plot_and_config_errors(tmp_path):
     _run(model, torch.randn(1, 4, 32))
     model._reset_stateful_cache()  # the report of the finished run stays available
     assert cache.report().skip_share > 0
-    assert sixbit.eval.plots.plot_skip_map(cache.report(), tmp_path / "skips.png").read_bytes()[:4] == b"\x89PNG"
+    from sixbit.eval import plots
+
+    assert plots.plot_skip_map(cache.report(), tmp_path / "skips.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError) as err:
         DeltaCacheConfig(threshold=-1, max_skips=-1, warmup_steps=1, cache_format="int3", warmup_fraction=1.0,
                          drift=2.0, decide_per_block="yes")

@@ -101,7 +101,9 @@ def test_report_survives_the_pipeline_reset_and_plots(tmp_path):
     model._reset_stateful_cache()
     r = dmpq.report()
     assert len(r.decisions) == 8
-    path = sixbit.eval.plots.plot_precision_map(r, tmp_path / "map.png")
+    from sixbit.eval import plots
+
+    path = plots.plot_precision_map(r, tmp_path / "map.png")
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
 
 

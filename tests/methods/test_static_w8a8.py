@@ -346,11 +346,12 @@ def test_checkpoint_with_an_unknown_extension_is_refused(tmp_path, monkeypatch):
     model, data, _, _ = _calibrated()
     sixbit.apply_static_w8a8(model, sixbit.StaticW8A8Config(time_ranges=2), data)
     ckpt = sixbit.save(model, tmp_path / "m.safetensors")
-    from sixbit import checkpoint
+    from sixbit.checkpoint import file as checkpoint_file
     from sixbit.checkpoint import restore as checkpoint_restore
+    from sixbit.methods.registry import extensions
 
-    known = checkpoint.extensions()
-    for module in (checkpoint, checkpoint_restore):  # a sixbit without the method: saving and restoring
+    known = extensions()
+    for module in (checkpoint_file, checkpoint_restore):  # a sixbit without the method: saving and restoring
         monkeypatch.setattr(module, "extensions", lambda: {k: v for k, v in known.items() if k != "static_w8a8"})
     fresh = _toy()
     before = {k: v.clone() for k, v in fresh.state_dict().items()}

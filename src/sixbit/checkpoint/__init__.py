@@ -5,14 +5,13 @@
 - :mod:`~sixbit.checkpoint.restore` — a checked checkpoint restored into a model (used by
   :func:`load` and by diffusers' ``from_pretrained`` of a converted folder);
 - :mod:`~sixbit.checkpoint.loading` — :func:`load`;
-- :mod:`~sixbit.checkpoint.finish` — what every converted or loaded model gets (``.save``,
+- :mod:`~sixbit.checkpoint.finishing` — what every converted or loaded model gets (``.save``,
   diffusers' methods, its layout): one list for every way in.
 """
 
 from .file import FORMAT_VERSION, CheckpointWriter, check_header, check_tensors, open_checkpoint, read_header, save
-from .finish import attach_save, finish, register_save_method
+from .finishing import attach_save, finish, register_save_method
 from .loading import load
-from .restore import restore
 
 __all__ = ["FORMAT_VERSION", "CheckpointWriter", "attach_save", "check_header", "check_tensors", "finish", "load",
-           "open_checkpoint", "read_header", "register_save_method", "restore", "save"]
+           "open_checkpoint", "read_header", "register_save_method", "save"]

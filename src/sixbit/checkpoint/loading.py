@@ -12,7 +12,7 @@ from ..memory.fast_path import check_choice
 from ..models import transformer_of
 from ..runtime.wrapped import wrapper_of
 from .file import open_checkpoint
-from .finish import finish
+from .finishing import finish
 from .restore import restore
 
 

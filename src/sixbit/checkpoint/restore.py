@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..methods import record as conversion
+from ..methods import record  # noqa: F401  (registers the conversion record, a checkpoint extension)
 from .layers import build_layers
 from ..memory import allocator
 from ..methods.registry import extensions

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import checkpoint
-from ..memory import fast_path as layout
+from ..memory import fast_path
 from ..builder import conversion_device
 from ..footprint import summary
 from ..convert import conversion_of, convert_model
@@ -136,7 +136,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     conv = conversion_of(pipe)
     if conv.predictor is not None:
         print(f"DMPQ predictor: Pearson r {conv.predictor.pearson_r:.2f}, threshold {conv.predictor.threshold:.4g}")
-    laid_out = layout.planned(pipe)
+    laid_out = fast_path.planned(pipe)
     if laid_out is not None:
         print(f"run here: {laid_out.describe()}")
     print(f"wrote {path}")
@@ -161,7 +161,7 @@ def _prepare(args):
         pipe = load_pipeline(args.model, progress_bar=True)
         if args.quantized:
             checkpoint.load(args.quantized, pipe)
-    layout.attach(pipe, args.layout)  # a converted model's layout, decided at its first call (sixbit.memory.fast_path)
+    fast_path.attach(pipe, args.layout)  # a converted model's layout, decided at its first call (sixbit.memory.fast_path)
     if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
         t = args.cache_threshold
         enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
@@ -301,7 +301,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         if name != "conversion":
             print(f"runtime state: {name}")
     shapes = [(c["out_features"], c["in_features"], "weight_only" if c.get("weight_only") else "gemm") for c in layers.values()]
-    print(f"run here: {layout.decide(shapes, 'cuda' if torch.cuda.is_available() else 'cpu').describe()} (the file is device-neutral: each device gets its own)")
+    print(f"run here: {fast_path.decide(shapes, 'cuda' if torch.cuda.is_available() else 'cpu').describe()} (the file is device-neutral: each device gets its own)")
     print(f"sha256 {header['sha256'][:16]}… (verified on load)")
     return 0
 
@@ -347,7 +347,7 @@ def register(sub) -> None:
         p.add_argument("--use-cpu-offload", action="store_true", help="keep the model on the CPU, move it to the accelerator per module")
         p.add_argument("--tile-size", type=int_in(8, 16384, multiple_of=8),
                        help="VAE tile size in pixels, a multiple of 8 (pipelines with a VAE; default 256 when tiling)")
-        p.add_argument("--layout", choices=layout.CHOICES, help="what a converted model keeps resident to run fast "
+        p.add_argument("--layout", choices=fast_path.CHOICES, help="what a converted model keeps resident to run fast "
                        "here: auto (default, or $SIXBIT_LAYOUT: the fastest measured layout where it fits in memory), "
                        "fast, or compact (the stored low-bit weights alone)")
 

@@ -11,8 +11,13 @@ from .attention import AttentionQuantConfig
 from .delta_cache import DeltaCacheConfig
 from .dmpq import DMPQConfig
 from .quant import QuantConfig
-from .serialize import Serializable
+from .method_types import config_type_of, name_of
+from .serialize import Serializable, from_dict, to_dict
 from .static_w8a8 import StaticW8A8Config
+
+# the built-in methods' config types, each with its own field of ConvertConfig
+_OWN_FIELDS = {DMPQConfig: "dmpq", StaticW8A8Config: "static", DeltaCacheConfig: "cache",
+               AttentionQuantConfig: "attention"}
 
 
 class Activations(enum.StrEnum):
@@ -63,6 +68,10 @@ class ConvertConfig(Serializable):
             Triton kernel); elsewhere it is emulated and *slower* than full precision
             (:func:`sixbit.kernels.available` says which), so no preset turns it on.
         description: one line shown by ``sixbit info`` and the preset table.
+        methods: the configs of further runtime methods (default none), each of the type a
+            registered method is chosen by (:func:`sixbit.methods.registry.register_method`),
+            one per method; stored in JSON and checkpoints under the method's name. The built-in
+            methods' configs have their own fields above.
 
     Example:
         >>> from sixbit import AttentionQuantConfig
@@ -81,6 +90,7 @@ class ConvertConfig(Serializable):
     cache: DeltaCacheConfig | None = None
     attention: AttentionQuantConfig | None = None
     description: str = ""
+    methods: tuple = ()
 
     def __post_init__(self):
         given = self.activations
@@ -90,7 +100,9 @@ class ConvertConfig(Serializable):
             self.activations = Activations.FP  # a placeholder: the config is refused below
             problems = type_problems(self) + [f"activations={show(given)} is not one of {[a.value for a in Activations]}"]
             raise ValueError(report("invalid ConvertConfig", problems)) from None
-        problems = type_problems(self) + self._method_problems()
+        if isinstance(self.methods, list):
+            self.methods = tuple(self.methods)
+        problems = type_problems(self) + self._method_problems() + self._extra_method_problems()
         if self.weights is not None and self.weights.act_mode not in ("fp", self.activations):
             problems.append(f"weights.act_mode={self.weights.act_mode!r} contradicts activations={self.activations!r}: "
                             "set the precision in activations (weights.act_mode is for sixbit.quantize alone)")
@@ -115,17 +127,71 @@ class ConvertConfig(Serializable):
             problems.append(f'dmpq is set but activations={self.activations!r} (use activations="dynamic")')
         return problems
 
-    def method_configs(self) -> Iterator[DMPQConfig | StaticW8A8Config | DeltaCacheConfig | AttentionQuantConfig]:
+    def _extra_method_problems(self) -> list[str]:
+        problems, seen = [], set()
+        for config in self.methods:
+            kind = type(config)
+            if kind in _OWN_FIELDS:
+                problems.append(f"methods holds a {kind.__name__}: set it as ConvertConfig.{_OWN_FIELDS[kind]}")
+            elif name_of(kind) is None:
+                problems.append(f"methods holds {show(config)}, whose type no registered runtime method is chosen by: "
+                                "register the method first (sixbit.methods.registry.register_method)")
+            elif kind in seen:
+                problems.append(f"methods holds two {kind.__name__}: one config per method")
+            seen.add(kind)
+        return problems
+
+    def method_configs(self) -> Iterator:
         """The runtime methods' configs this conversion sets (``dmpq``, ``static``, ``cache``,
-        ``attention``; ``None`` ones left out), in field order: a method is chosen by its config's type.
+        ``attention``; ``None`` ones left out; then ``methods``): a method is chosen by its config's type.
 
         Example:
             >>> [type(c).__name__ for c in ConvertConfig(activations="int8", cache=DeltaCacheConfig()).method_configs()]
             ['DeltaCacheConfig']
         """
-        for config in (self.dmpq, self.static, self.cache, self.attention):
+        for config in (self.dmpq, self.static, self.cache, self.attention, *self.methods):
             if config is not None:
                 yield config
+
+    def method_config(self, config_type: type):
+        """The config of type ``config_type`` this conversion sets, or ``None``."""
+        return next((c for c in self.method_configs() if type(c) is config_type), None)
+
+    def with_method(self, config_type: type, config) -> ConvertConfig:
+        """This config with the method config of ``config_type`` replaced by ``config`` (``None``: removed)."""
+        if config_type in _OWN_FIELDS:
+            return dataclasses.replace(self, **{_OWN_FIELDS[config_type]: config})
+        others = tuple(c for c in self.methods if type(c) is not config_type)
+        return dataclasses.replace(self, methods=others + (() if config is None else (config,)))
+
+    def to_dict(self) -> dict:
+        """The JSON form; ``methods`` by method name, and only when set (a config without one is
+        written as before the field existed, and loads in a sixbit that predates it)."""
+        data = super().to_dict()
+        if self.methods:
+            data["methods"] = {name_of(type(c)): to_dict(c) for c in self.methods}
+        else:
+            del data["methods"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ConvertConfig:
+        """Read :meth:`to_dict`'s form; each ``methods`` entry becomes its registered config type."""
+        if not (isinstance(data, dict) and "methods" in data):
+            return super().from_dict(data)
+        stored, problems, configs = data["methods"], [], []
+        if not isinstance(stored, dict):
+            raise ValueError(report("invalid ConvertConfig", [f"methods must be an object (method name: its config), "
+                                                              f"got {show(stored)}"]))
+        for name, value in stored.items():
+            try:
+                configs.append(from_dict(config_type_of(name), value))
+            except (ValueError, TypeError) as e:
+                problems.append(f"methods.{name}: " + str(e).replace("\n", "\n    "))
+        if problems:
+            raise ValueError(report("invalid ConvertConfig", problems))
+        config = super().from_dict({k: v for k, v in data.items() if k != "methods"})
+        return dataclasses.replace(config, methods=tuple(configs))
 
     @property
     def needs_calibration(self) -> bool:

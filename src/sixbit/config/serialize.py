@@ -99,8 +99,8 @@ def _read(name: str, tp, value):
                 return value
             if not isinstance(value, dict):
                 raise ValueError(f"{name} must be an object or null, got {show(value)}")
-            try:
-                return from_dict(kind, value)
+            try:  # a config may read its own form (Serializable.from_dict, overridden)
+                return kind.from_dict(value) if issubclass(kind, Serializable) else from_dict(kind, value)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"{name}: " + str(e).replace("\n", "\n    ")) from None
         if isinstance(kind, type) and issubclass(kind, enum.Enum):

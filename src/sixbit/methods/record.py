@@ -17,19 +17,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from .attention import AttentionQuantState
-from .default_precision import DefaultPrecision
-from .delta_cache import DeltaCache
-from .dmpq import DMPQ, DMPQPredictor
 from .registry import CheckpointExtension, methods, register_extension
-from .stabilize import FrameStabilizer
 from ..models import transformer_of
 from ..nn.precision import ACT_BITS, ActMode, average_bits
 from ..config import Activations, ConvertConfig
@@ -47,42 +41,46 @@ class Conversion:
     Attributes:
         config: the resolved :class:`~sixbit.presets.ConvertConfig`.
         calibration: where calibration came from (``{"source": ..., "count": ...}``), or ``None``.
-        predictor: the fitted DMPQ predictor (``activations="dynamic"``).
-        dmpq: the installed DMPQ method (``.report()``: precision map, average bits).
-        cache: the installed delta cache (``.report()``: skip map, skip share, cache bytes).
-        stabilizer: the frame stabilizer (``stabilize_frames=True``).
-        attention: the installed quantized attention (``config.attention``): its ``path``
-            (real or emulated on this device) and counts of quantized calls.
-        default: the configured activation precision's policy (``"int8"``, ``"nvfp4"``, ``"fp"``).
         hardware: what the preset's intent became on the device it was converted on
             (:func:`sixbit.presets.for_device`), or ``None`` when it runs as configured.
-        methods: every installed method's state by registered name (the attributes above
-            name the built-in ones).
+        methods: every installed method's state by registered name.
         applied: what each installed method was applied with, by name (its config, or what
             its fit returned), as stored in checkpoints.
+
+    Each method's state is also an attribute under the name its spec gives (``attribute``), and
+    what its fit returned under ``fitted``; ``None`` when the method is not installed. The
+    built-in ones: ``dmpq`` (``.report()``: precision map, average bits) and ``predictor`` (the
+    fitted DMPQ predictor), ``cache`` (the delta cache; ``.report()``: skip map, skip share,
+    cache bytes), ``stabilizer``, ``attention`` (its ``path``, real or emulated, and counts of
+    quantized calls), ``default`` (the fixed activation precision's policy).
     """
 
     config: ConvertConfig
     calibration: dict | None = None
-    predictor: DMPQPredictor | None = None
-    dmpq: DMPQ | None = None
-    cache: DeltaCache | None = None
-    stabilizer: FrameStabilizer | None = None
-    attention: AttentionQuantState | None = None
-    default: DefaultPrecision | None = None
     hardware: str | None = None
     methods: dict[str, Any] = dataclasses.field(default_factory=dict)
     applied: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __getattr__(self, name: str):
+        if not name.startswith("_"):  # dataclass machinery and copies ask for dunder and private names
+            for spec in methods():
+                if spec.attribute == name:
+                    return self.methods.get(spec.name)
+                if spec.fitted == name:
+                    return self.applied.get(spec.name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def average_act_bits(self) -> float:
-        """GEMM-FLOP-weighted activation bits of the last run under DMPQ (PDR's full-precision
-        refreshes counted at 16 bits), else the configured width."""
-        if self.dmpq is not None:
-            flops = defaultdict(float, self.dmpq.report().flops)
-            if self.cache is not None:
-                for mode, f in self.cache.report().pdr_flops.items():
-                    flops[mode] -= f
-                    flops[ActMode.FP.value] += f
+        """GEMM-FLOP-weighted activation bits of the last run where a method decides the precision
+        per call (DMPQ; PDR's full-precision refreshes counted at 16 bits): each installed
+        method's state with ``activation_flops(flops)`` adds its count, in install order; else
+        the configured width."""
+        flops = None
+        for spec in methods():
+            state = self.methods.get(spec.name)
+            if hasattr(state, "activation_flops"):
+                flops = state.activation_flops(flops)
+        if flops is not None:
             return average_bits(flops)
         if self.config.activations == Activations.STATIC:
             bits = self.config.static.act_bits
@@ -102,7 +100,7 @@ def selected(config: ConvertConfig, extra: Mapping[str, Any]) -> dict[str, Any]:
     """Each registered method ``config`` (and the per-call ``extra`` configs) runs, with its config."""
     chosen = {}
     for spec in methods():
-        method_config = spec.select(config, extra)
+        method_config = spec.chosen(config, extra)
         if method_config is not None:
             chosen[spec.name] = method_config
     return chosen
@@ -125,13 +123,8 @@ def install(model: nn.Module, config: ConvertConfig, applied: Mapping[str, Any],
         if spec.name not in applied:
             continue
         conversion.applied[spec.name] = applied[spec.name]
-        if spec.fitted is not None:
-            setattr(conversion, spec.fitted, applied[spec.name])
         if spec.apply is not None:
-            state = spec.apply(model, applied[spec.name])
-            conversion.methods[spec.name] = state
-            if spec.attribute is not None:
-                setattr(conversion, spec.attribute, state)
+            conversion.methods[spec.name] = spec.apply(model, applied[spec.name])
     return conversion
 
 
@@ -166,7 +159,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def _restored(spec, config: ConvertConfig, applied: Mapping[str, Any]) -> Any:
     """What :func:`sixbit.load` applies ``spec`` with from a record of ``config`` and ``applied``."""
-    return applied.get(spec.name) if spec.state_key is not None else spec.select(config, {})
+    return applied.get(spec.name) if spec.state_key is not None else spec.chosen(config)
 
 
 def as_running(model: nn.Module, conversion: Conversion) -> Conversion:
@@ -183,13 +176,13 @@ def as_running(model: nn.Module, conversion: Conversion) -> Conversion:
             applied.pop(spec.name, None)
         else:
             applied[spec.name] = running[spec.name]
-        if spec.record is not None:
-            config = spec.record(config, running[spec.name])
+        if spec.state_key is None:
+            config = spec.recorded(config, running[spec.name]) or config
     for spec in methods():
         if spec.name not in running:
             continue
         stored = _restored(spec, config, applied)
-        lost = spec.state_key is not None and stored is None and spec.fit is not None and spec.select(config, {}) is not None
+        lost = spec.state_key is not None and stored is None and spec.fit is not None and spec.chosen(config) is not None
         try:
             storable = stored is None or spec.state_key is None or spec.dump(stored) is not None
         except (AttributeError, TypeError, ValueError):
@@ -225,12 +218,12 @@ def _stored(model: nn.Module, modules: dict[str, nn.Module], meta: dict, config:
     applied = {}
     for spec in methods():
         if spec.state_key is None:
-            if spec.apply is not None and spec.select(config, {}) is not None:
-                applied[spec.name] = spec.select(config, {})
+            if spec.apply is not None and spec.chosen(config) is not None:
+                applied[spec.name] = spec.chosen(config)
             continue
         value = meta.get(spec.state_key)
         if value is None:
-            if spec.fit is not None and spec.select(config, {}) is not None:
+            if spec.fit is not None and spec.chosen(config) is not None:
                 raise ValueError(f"the conversion runs {spec.name} but stores no {spec.state_key!r}")
             continue
         try:

@@ -5,16 +5,20 @@ checkpoint (:mod:`sixbit.checkpoint`) loop over :func:`methods` and :func:`exten
 them names a method. Adding a method is one package plus one :func:`register_method` call::
 
     register_method(MethodSpec(
-        name="my_method", config_type=MyConfig, order=60, attribute=None,
-        select=lambda config, extra: extra.get("my_method"),
+        name="my_method", config_type=MyConfig, order=60,
         apply=apply_my_method, remove=remove_my_method,
     ))
+    sixbit.convert_model(pipe, None, ConvertConfig(activations="int8", methods=(MyConfig(),)))
 
 What a spec says, in the order a conversion uses it:
 
-1. ``select(convert_config, extra) -> method config | None``: whether this conversion runs the
-   method, and with what (``extra``: per-call method configs that are not part of the
-   :class:`~sixbit.ConvertConfig`, by method name, e.g. ``convert_model(stabilize_frames=...)``).
+1. Whether this conversion runs the method, and with what: by default, the instance of
+   ``config_type`` the :class:`~sixbit.ConvertConfig` holds (its ``dmpq``, ``static``,
+   ``cache`` or ``attention`` field for the built-in methods, else its ``methods``; stored in
+   JSON and checkpoints under the method's name). ``select(convert_config, extra) -> method config
+   | None`` decides instead where the choice is not a config of its own (the fixed activation
+   precision; ``extra``: per-call method configs by method name, e.g.
+   ``convert_model(stabilize_frames=...)``).
 2. ``check(model, method_config, convert_config)``: refuse what cannot run, before anything
    changes (also when a checkpoint is loaded).
 3. ``fit(model, method_config, run, calibration) -> applied config`` (``needs_calibration``):
@@ -27,9 +31,16 @@ What a spec says, in the order a conversion uses it:
 5. ``installed(model) -> applied config | None``: what the method runs with on ``model`` now
    (``None``: not installed), read from the model itself. A method applied (its ``apply_x``)
    or removed after ``convert_model`` is then saved as it runs: through ``state_key`` where it
-   has one, else through ``record(convert_config, applied) -> convert_config`` (the
-   :class:`~sixbit.ConvertConfig` that selects it, e.g. with its ``attention`` replaced); a
-   change neither can express is refused at save.
+   has one, else through the :class:`~sixbit.ConvertConfig` that selects it (its config of
+   ``config_type`` replaced; ``record(convert_config, applied) -> convert_config`` where the
+   method has a ``select``); a change neither can express is refused at save.
+
+Capabilities, which other packages ask instead of naming methods:
+
+- ``chunkable`` (default ``True``): its per-call decisions hold when a call's tokens run a few
+  at a time (``TensorParallelWrapper(chunk_size=...)``); ``False`` names why not.
+- ``sequence_parallel`` (default ``True``): it runs when a call's tokens are split across
+  processes (``mode="sequence"``); ``False`` names why not.
 
 Checkpoint state, beside the method, in one of two places:
 
@@ -51,6 +62,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ..config.method_types import register_config_type, unregister_config_type
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +89,8 @@ class MethodSpec:
     name: str
     config_type: type | None
     order: int
-    attribute: str | None
-    select: Callable[[Any, Mapping[str, Any]], Any]
+    attribute: str | None = None
+    select: Callable[[Any, Mapping[str, Any]], Any] | None = None
     apply: Callable[[nn.Module, Any], Any] | None = None
     remove: Callable[[nn.Module], None] | None = None
     needs_calibration: bool = False
@@ -91,9 +104,13 @@ class MethodSpec:
     prepare: Callable[[nn.Module, dict[str, nn.Module], dict, dict[str, torch.Tensor]], Callable[[], None]] | None = None
     installed: Callable[[nn.Module], Any] | None = None
     record: Callable[[Any, Any], Any] | None = None
+    chunkable: bool | str = True
+    sequence_parallel: bool | str = True
 
     def __post_init__(self):
         problems = []
+        if self.select is None and self.config_type is None:
+            problems.append("without select it is chosen by its config_type: give one")
         if (self.apply is None) != (self.remove is None):
             problems.append("apply and remove go together (one installs what the other removes)")
         if self.apply is None and self.fit is None and self.export is None:
@@ -106,10 +123,25 @@ class MethodSpec:
             problems.append("export and prepare go together")
         if self.installed is not None and self.apply is None:
             problems.append("installed reads what apply installed: give apply/remove")
-        if self.record is not None and (self.installed is None or self.state_key is not None):
-            problems.append("record writes what installed reads into the ConvertConfig, for a method without state_key")
+        if self.record is not None and (self.installed is None or self.state_key is not None or self.select is None):
+            problems.append("record writes what installed reads into the ConvertConfig, for a method with select and "
+                            "without state_key (one chosen by its config_type is recorded through it)")
         if problems:
             raise ValueError(f"method {self.name!r}: " + "; ".join(problems))
+
+    def chosen(self, config, extra: Mapping[str, Any] | None = None) -> Any:
+        """What the :class:`~sixbit.ConvertConfig` ``config`` (and the per-call ``extra``) runs this
+        method with, or ``None`` when it does not run it."""
+        if self.select is not None:
+            return self.select(config, extra or {})
+        return config.method_config(self.config_type)
+
+    def recorded(self, config, applied) -> Any:
+        """``config`` selecting this method as ``applied`` (``None``: not at all), or ``None`` when
+        the config cannot say it (a method chosen otherwise, without ``record``)."""
+        if self.record is not None:
+            return self.record(config, applied)
+        return config.with_method(self.config_type, applied) if self.select is None else None
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -123,6 +155,8 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     taken = {s.state_key for s in _METHODS.values() if s.name != spec.name and s.state_key is not None}
     if spec.state_key in taken:
         raise ValueError(f"method {spec.name!r}: state_key {spec.state_key!r} is already used by another method")
+    if spec.select is None:  # chosen by its config's type: a ConvertConfig stores that under its name
+        register_config_type(spec.name, spec.config_type)
     _METHODS[spec.name] = spec
     if spec.export is not None:
         register_extension(CheckpointExtension(spec.name, spec.export, spec.prepare), spec.order)
@@ -132,6 +166,7 @@ def register_method(spec: MethodSpec) -> MethodSpec:
 def unregister_method(name: str) -> None:
     """Forget the method ``name`` (and its checkpoint extension); a no-op when unknown."""
     spec = _METHODS.pop(name, None)
+    unregister_config_type(name)
     if spec is not None and spec.export is not None:
         _EXTENSIONS.pop(name, None)
 
@@ -146,6 +181,18 @@ def method(name: str) -> MethodSpec:
     if name not in _METHODS:
         raise ValueError(f"unknown method {name!r}: registered are {sorted(_METHODS)}")
     return _METHODS[name]
+
+
+def unable(capability: str, model: nn.Module) -> list[tuple[str, str]]:
+    """``(name, why)`` of each method installed on ``model`` that lacks ``capability``
+    (``"chunkable"`` or ``"sequence_parallel"``; ``why`` from the spec, or a generic reason)."""
+    found = []
+    for spec in methods():
+        value = getattr(spec, capability)
+        if value is not True and spec.installed is not None and spec.installed(model) is not None:
+            why = value if isinstance(value, str) else f"the runtime method {spec.name!r} does not allow it"
+            found.append((spec.name, why))
+    return found
 
 
 def register_extension(extension: CheckpointExtension, order: int) -> CheckpointExtension:
@@ -168,5 +215,6 @@ __all__ = [
     "methods",
     "register_extension",
     "register_method",
+    "unable",
     "unregister_method",
 ]

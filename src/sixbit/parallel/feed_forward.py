@@ -28,11 +28,10 @@ from diffusers.hooks import ModelHook
 from torch import nn
 
 from ..methods.record import conversion_of
-from ..methods.dmpq import DMPQ
-from ..methods.registry import method
+from ..methods.registry import unable
 from ..nn import QuantLinear, QuantPointwiseConv, QuantUnfoldedConv
 from ..nn.precision import ActMode
-from ..runtime import blocks, hooks
+from ..runtime import hooks
 
 HOOK_NAME = "sixbit_chunked_feed_forward"
 ELEMENTWISE = ("GELU", "ApproximateGELU", "LinearActivation")  # diffusers FeedForward inputs: element-wise
@@ -78,14 +77,9 @@ def check_chunkable(model: nn.Module) -> None:
     if not feed_forwards(model):
         raise ValueError(f"{type(model).__name__} has no diffusers FeedForward module for chunk_size to chunk: "
                          "leave chunk_size None")
-    if any(True for _ in blocks.attached(model, DMPQ)):
-        raise ValueError("chunk_size runs each feed-forward over a few tokens at a time, and this model's DMPQ picks "
-                         "NVFP4 activations, which take one scale over all of a call's tokens: chunks would change "
-                         "the video. Leave chunk_size None, or convert with a preset without DMPQ")
-    if method("stabilize").installed(model) is not None:
-        raise ValueError("chunk_size runs each feed-forward over a few tokens at a time, and this model's frame "
-                         "stabilizer (stabilize_frames) splits each call's video tokens by frame: chunks would change "
-                         "the video. Leave chunk_size None, or convert without stabilize_frames")
+    for name, why in unable("chunkable", model):  # runtime methods that decide over a whole call's tokens
+        raise ValueError(f"chunk_size runs each feed-forward over a few tokens at a time, and {why}. Leave chunk_size "
+                         f"None, or convert without the runtime method {name!r}")
     conversion = conversion_of(model)
     if conversion is not None and conversion.config.activations == ActMode.NVFP4.value:
         raise ValueError("this model quantizes its activations to NVFP4 with one scale over all of a call's tokens, "

@@ -45,7 +45,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..nn import token_stats as distributed
-from ..methods.attention import attention_quant_of
+from ..methods.registry import unable
 from ..models import iter_blocks
 from ..runtime import hooks
 from ..runtime.blocks import HOOK_NAME as BLOCK_HOOK
@@ -169,9 +169,8 @@ def check(model: nn.Module, world: int) -> None:
     if bad:
         raise ValueError(f"Ulysses attention splits the heads across ranks: {bad[0]} heads do not divide across "
                          f"{world} ranks; run with a number of processes that divides {bad[0]}, or mode='tensor'")
-    if attention_quant_of(model) is not None:
-        raise ValueError("quantized attention (ConvertConfig.attention) does not run sequence-parallel yet: "
-                         "convert without it, or use mode='tensor'")
+    for name, why in unable("sequence_parallel", model):
+        raise ValueError(f"{why}: convert without the runtime method {name!r}, or use mode='tensor'")
 
 
 def enable(model: nn.Module, group) -> SequenceShards:

@@ -27,7 +27,8 @@ from diffusers.quantizers.base import DiffusersQuantizer
 from torch import nn
 
 from ...builder import LayerSwap, plan_layers, quantized_linear
-from ...checkpoint import check_header, check_tensors, finish, restore
+from ...checkpoint import check_header, check_tensors, finish
+from ...checkpoint.restore import restore
 from ...config import ConvertConfig
 from ...methods.record import check, install, selected
 from ...convert import fit_methods
@@ -140,7 +141,7 @@ class SixbitQuantizer(DiffusersQuantizer):
             self._restore(model)
         else:
             self._finish(model)
-        finish(model)  # .save, save_pretrained, diffusers' LoRA methods, the layout hook (sixbit.checkpoint.finish)
+        finish(model)  # .save, save_pretrained, diffusers' LoRA methods, the layout hook (sixbit.checkpoint.finishing)
         attach_casts(model)
         return model
 

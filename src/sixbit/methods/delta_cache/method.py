@@ -124,6 +124,15 @@ class DeltaCache(blocks.BlockMethod):
         """The current run's decisions, or the last finished run's when none is in progress."""
         return self.reports.get()
 
+    def activation_flops(self, flops: dict | None) -> dict | None:
+        """``flops`` (GEMM FLOPs per activation mode, counted by a method that chose them) with
+        PDR's refreshes moved to full precision, which they ran in (``Conversion.average_act_bits``)."""
+        if flops is not None:
+            for mode, f in self.report().pdr_flops.items():
+                flops[mode] -= f
+                flops[ActMode.FP.value] += f
+        return flops
+
     def state(self) -> DeltaCacheState:
         return self.tracker.state(self, DeltaCacheState)
 

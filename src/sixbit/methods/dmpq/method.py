@@ -217,6 +217,10 @@ class DMPQ(blocks.BlockMethod):
         """The current run's decisions, or the last finished run's when none is in progress."""
         return self.reports.get()
 
+    def activation_flops(self, flops: dict | None) -> dict:
+        """GEMM FLOPs per activation mode of the last run (``Conversion.average_act_bits``)."""
+        return defaultdict(float, self.report().flops)
+
     def __call__(self, layer: nn.Module, x: torch.Tensor) -> ActMode | None:
         """Precision policy: the mode chosen for the block that is running (outside blocks: no opinion)."""
         return None if self._running is None else self._running[0]

@@ -1,0 +1,328 @@
+"""The tuner: stage 1 and 2 run in order, :func:`tune` (the package docstring, :mod:`sixbit.tuning`, says how)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import logging
+import time
+from collections import Counter
+
+import torch
+
+from ..convert import calibration_runner, check_convertible, convert_model
+from ..models import transformer_of
+from ..config import Activations
+from ..presets import ConvertConfig, resolve
+from .library import (
+    DEFAULT_FORMATS,
+    Library,
+    build_library,
+    fixed_layers,
+    input_stats,
+    plan_candidates,
+    tuned_layers,
+)
+from .search import Constraint, SearchResult, check_size, genetic, greedy
+from .targets import candidates as check_candidates
+from .targets import check_plan, check_seed, fit_notes, target
+from .sensitivity import Evaluator, Sensitivity, measure, psnr_bound, psnr_of
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TuneReport:
+    """Everything a tuning run found (:func:`tune_model`).
+
+    Attributes:
+        config: the tuned :class:`ConvertConfig` (``weights.layer_formats`` holds the map).
+        constraint: the target it was tuned to.
+        layers: the tuned layers' names; ``variants[i]`` their candidate formats (``None``:
+            full precision), fewest bits first, and ``variant_bits[i]`` their stored bits.
+        sensitivity: stage 1's measured errors and proxy (:class:`~.sensitivity.Sensitivity`).
+        greedy / best: ``{"bits", "psnr", "psnr_bound", "bytes", "formats",
+            "calibration_inputs"}`` of the greedy assignment and of the search's pick: calibration
+            PSNR (dB, the mean over the videos) of the model ``convert_model`` makes from them
+            with that ``calibration_inputs`` (the better of the two: :meth:`Tuner._calibrated`),
+            and that mean minus one standard error (``psnr_bound``, what ``min_psnr`` is checked
+            against: :func:`~.sensitivity.psnr_bound`).
+        uniform: ``{format label: {"bits", "psnr", "psnr_bound", "bytes", "formats"}}`` of every uniform
+            assignment, measured with the candidates.
+        search: the genetic search's :class:`~.search.SearchResult`.
+        seconds: time per stage (``pick``: converting the pick and the greedy assignment with
+            sequential GPTQ, :meth:`Tuner._calibrated`).
+    """
+
+    config: ConvertConfig
+    constraint: Constraint
+    layers: list[str]
+    variants: list[list[str | None]]
+    variant_bits: list[list[float]]
+    sensitivity: Sensitivity
+    greedy: dict
+    best: dict
+    uniform: dict[str, dict]
+    search: SearchResult
+    seconds: dict[str, float]
+    calibration: dict
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def reached(self) -> bool:
+        """Whether the target was met: a budget always is (one below every assignment is
+        refused); ``min_psnr`` when the pick's mean PSNR minus one standard error reaches it."""
+        return self.constraint.min_psnr is None or self.best["psnr_bound"] >= self.constraint.min_psnr
+
+    def summary(self) -> str:
+        """A few lines: target, result, the greedy and uniform baselines, the format counts."""
+        counts = Counter("16-bit" if f is None else f for f in self.best["formats"].values())
+        lines = [
+            f"tuned {len(self.layers)} layers to {self.constraint.describe()} "
+            f"(calibration: {' '.join(str(v) for v in (self.calibration.get('count'), self.calibration['source']) if v)})",
+            (f"  search:  {self.best['bits']:.2f} bits, {self.best['psnr']:.2f} dB (mean − 1 SE "
+             f"{self.best['psnr_bound']:.2f} dB; {self.best['calibration_inputs']} calibration inputs), "
+             f"{self.best['bytes'] / 2**20:.2f} MiB  ({self.search.stopped}: {len(self.search.history)} generations, "
+             f"{len(self.search.measured)} assignments scored)"),
+            (f"  greedy:  {self.greedy['bits']:.2f} bits, {self.greedy['psnr']:.2f} dB (mean − 1 SE "
+             f"{self.greedy['psnr_bound']:.2f} dB; {self.greedy['calibration_inputs']} calibration inputs)"),
+        ]
+        lines += [f"  uniform {label}: {u['bits']:.2f} bits, {u['psnr']:.2f} dB" for label, u in self.uniform.items()]
+        lines.append("  formats: " + ", ".join(f"{label} × {n}" for label, n in counts.most_common()))
+        lines.append(f"  sensitivity proxy vs measured error: Spearman {self.sensitivity.spearman:+.2f}")
+        lines.append("  time: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()))
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _base(base) -> ConvertConfig:
+    config = resolve(base)
+    problems = []
+    if config.weights is None:
+        problems.append("it quantizes no weights")
+    if config.activations not in (Activations.FP, Activations.INT8, Activations.NVFP4):
+        problems.append(f"its activations are {config.activations!r} (tuning measures fixed activations: fp, int8 or nvfp4)")
+    if config.cache is not None or config.dmpq is not None:
+        problems.append("it runs a delta cache or DMPQ (add them to the tuned config afterwards)")
+    if problems:
+        raise ValueError(f"the base config cannot be tuned: {'; '.join(problems)}. Use e.g. base='w4a8' or 'w4a16'")
+    return config
+
+
+def _with_formats(config: ConvertConfig, layer_formats: dict, calibration_inputs: str,
+                  description: str | None = None) -> ConvertConfig:
+    """``config`` with ``layer_formats``, calibrated on ``calibration_inputs`` (``"full_precision"``:
+    as the candidates were, :mod:`.library`, so ``convert_model`` builds exactly the measured layers)."""
+    weights = dataclasses.replace(config.weights, layer_formats=dict(layer_formats), calibration_inputs=calibration_inputs)
+    return dataclasses.replace(config, weights=weights, description=description or config.description)
+
+
+@contextlib.contextmanager
+def _stand_in(model, stand_in):
+    """Calls of ``model`` run ``stand_in`` instead (its hooks and layers), so a calibration run
+    written for ``model`` (a pipeline's, or the user's own loop) runs a converted copy of it."""
+    own = model.__dict__.get("forward")  # a diffusers hook registry wraps forward on the instance
+    model.forward = stand_in.__call__  # a bound method, not a submodule: it shadows the class's forward
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
+
+
+class Tuner:
+    """Stage 1 once, then any number of searches: ``Tuner(...).search(max_bits=5)``.
+
+    Building it records the input statistics, builds every candidate and measures the
+    sensitivity (the expensive part); :meth:`search` runs stage 2 for one target. The model is
+    unchanged between calls (candidates are swapped in only while a run is measured, and a
+    converted copy stands in for it only while it runs). Arguments as :func:`tune`, plus
+    ``target``: a :class:`~.search.Constraint` checked against the candidates before stage 1
+    (a budget below every assignment they allow is refused before anything runs).
+
+    A candidate format that fits none of the tuned layers (its block does not divide their
+    ``in_features``) is refused; one that fits only some is logged as a warning naming the
+    layers, and kept in ``notes`` (and the report's summary)."""
+
+    def __init__(self, model, calibration_data, *, base="w4a8", formats=DEFAULT_FORMATS, pipeline=None,
+                 calibration_kwargs: dict | None = None, progress: bool = True, target: Constraint | None = None):
+        transformer = transformer_of(model)
+        pipe = model if transformer is not model else None
+        self.transformer, self.config = transformer, _base(base)
+        candidates = check_candidates(formats)
+        check_convertible(self.config, transformer)
+        self.plan = plan_candidates(transformer, self.config, candidates)  # shapes only: nothing runs
+        check_plan(self.plan, target)
+        run, self.calibration = calibration_runner(calibration_data, pipe if pipe is not None else pipeline,
+                                                    dict(calibration_kwargs or {}))
+        self.run = run
+        if self.calibration["source"] == "videos":
+            raise ValueError("tuning compares generated videos with full precision: pass prompts or a callable "
+                             "that runs the sampling loop and returns the videos, not a folder of videos")
+        self.notes = fit_notes(self.plan)
+        for note in self.notes:
+            logger.warning("%s", note)
+        self.progress = progress
+        self._sequential: dict[tuple[int, ...], torch.Tensor] = {}  # genome → converted_error(…, "quantized")
+        start = time.perf_counter()
+        self.library: Library | None = None
+        try:
+            with torch.no_grad():
+                names = [*tuned_layers(transformer, self.config), *fixed_layers(transformer, self.config)]
+                stats = input_stats(transformer, run, names)
+                self.library = build_library(transformer, self.config, candidates, stats, progress)
+                self.seconds = {"candidates": time.perf_counter() - start}
+                self.evaluator = Evaluator(self.library, run)
+                self.sensitivity = measure(self.evaluator, stats, progress)
+        finally:
+            if self.library is not None:
+                self.library.restore()
+        self.seconds["sensitivity"] = self.sensitivity.seconds
+        self.uniform = {}
+        for fmt in candidates:
+            genome = self.library.uniform(fmt)
+            if genome is not None:
+                self.uniform["16-bit" if fmt is None else fmt] = self._described(genome)
+
+    def _described(self, genome) -> dict:
+        with torch.no_grad():
+            error = self.evaluator(genome)
+        library = self.library
+        return {"bits": library.bits(genome), "psnr": psnr_of(error), "psnr_bound": psnr_bound(error),
+                "bytes": library.bytes(genome), "formats": library.formats(genome)}
+
+    def converted_error(self, layer_formats: dict, calibration_inputs: str) -> torch.Tensor:
+        """Per-video MSE of the calibration videos with the base config and ``layer_formats``
+        converted for real with ``calibration_inputs`` (``convert_model`` on a copy of the model;
+        the model itself is left as it is), against full precision."""
+        self.library.restore()  # the copy starts from the original layers
+        converted = copy.deepcopy(self.transformer)
+        with torch.no_grad(), _stand_in(self.transformer, converted):
+            convert_model(converted, self.run, _with_formats(self.config, layer_formats, calibration_inputs))
+            return self.evaluator.error(self.run())
+
+    def _calibrated(self, genome, constraint: Constraint) -> dict:
+        """:meth:`_described` for the better of the two ``calibration_inputs`` by
+        :meth:`Constraint.psnr`: ``"full_precision"``, measured exactly by the candidates, or
+        ``"quantized"`` (GPTQ on the quantized blocks' outputs), converted for real to be measured.
+        Neither wins on every model (BENCHMARKS.md ``tune``); the PSNR is the converted model's
+        either way. Without calibration in the recipe the two are the same."""
+        described = self._described(genome) | {"calibration_inputs": "full_precision"}
+        if not self.config.weights.needs_calibration:
+            return described
+        genome = tuple(genome)
+        if genome not in self._sequential:  # the greedy assignment is often the search's pick
+            self._sequential[genome] = self.converted_error(described["formats"], "quantized")
+        fp, error = self.evaluator(genome), self._sequential[genome]
+        if constraint.psnr(error) > constraint.psnr(fp):
+            described.update(psnr=psnr_of(error), psnr_bound=psnr_bound(error), calibration_inputs="quantized")
+        return described
+
+    def search(self, *, max_bits: float | None = None, min_psnr: float | None = None, max_bytes: int | None = None,
+               seed: int = 0, time_budget_s: float | None = None, population: int = 12,
+               generations: int = 8) -> TuneReport:
+        """Stage 2 for one target: the :class:`TuneReport` (``.config`` is the tuned config).
+
+        ``max_bits`` / ``max_bytes``: the best mean calibration PSNR within that budget.
+        ``min_psnr``: the fewest average bits whose calibration videos' mean PSNR minus one
+        standard error reaches this — a margin for prompts the tuning has not seen; more
+        calibration prompts shrink it (:func:`~.sensitivity.psnr_bound`). Other arguments as
+        :func:`tune`."""
+        constraint = target(max_bits, min_psnr, max_bytes, time_budget_s)
+        check_size(population, generations)
+        check_seed(seed)
+        check_plan(self.plan, constraint)
+        library, config = self.library, self.config
+        with torch.no_grad():
+            result = genetic(self.evaluator, self.sensitivity, constraint, seed=seed, population=population,
+                             generations=generations, time_budget_s=time_budget_s, progress=self.progress)
+        start = time.perf_counter()
+        greedy_found = self._calibrated(greedy(library, self.sensitivity, constraint), constraint)
+        best = self._calibrated(result.best, constraint)
+        missed = constraint.min_psnr is not None and best["psnr_bound"] < constraint.min_psnr
+        if missed:
+            logger.warning("no assignment reached %.2f dB on the calibration videos (their mean PSNR minus one "
+                           "standard error); the best reached %.2f dB (mean %.2f dB). Add calibration prompts (a "
+                           "smaller margin), 16-bit or 8-bit candidates, or lower min_psnr",
+                           constraint.min_psnr, best["psnr_bound"], best["psnr"])
+        calibrated = (f"; calibrated on {best['calibration_inputs'].replace('_', '-')} inputs"
+                      if config.weights.needs_calibration else "")
+        tuned = _with_formats(
+            config, best["formats"], best["calibration_inputs"],
+            f"tuned to {constraint.describe()}{' (NOT reached)' if missed else ''}: {best['bits']:.2f} bits per tuned "
+            f"weight, {best['psnr']:.2f} dB on the calibration videos (mean − 1 SE {best['psnr_bound']:.2f} "
+            f"dB{calibrated}; base: {config.description})")
+        return TuneReport(tuned, constraint, [layer.name for layer in library.layers],
+                          [[v.format for v in layer.variants] for layer in library.layers],
+                          [[v.bits for v in layer.variants] for layer in library.layers],
+                          self.sensitivity, greedy_found, best, self.uniform, result,
+                          {**self.seconds, "search": result.seconds, "pick": time.perf_counter() - start},
+                          self.calibration, list(self.notes))
+
+
+def tune_model(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
+               max_bytes: int | None = None, seed: int = 0, time_budget_s: float | None = None,
+               base="w4a8", formats=DEFAULT_FORMATS, population: int = 12, generations: int = 8,
+               pipeline=None, calibration_kwargs: dict | None = None,
+               progress: bool = True) -> TuneReport:
+    """Tune per-layer weight formats; the :class:`TuneReport` (its ``.config`` is what
+    :func:`tune` returns). Arguments as :func:`tune`, plus ``population`` (4…1000) and
+    ``generations`` (1…1000): the search's size, about ``population × generations`` assignments run.
+    Every argument that can be checked without running the model is checked first, including a
+    budget below every assignment the candidate formats allow and a format that fits no tuned layer.
+
+    ``min_psnr``: the fewest average bits whose calibration videos' mean PSNR minus one standard
+    error reaches this — a margin for prompts the tuning has not seen; more calibration prompts
+    shrink it."""
+    constraint = target(max_bits, min_psnr, max_bytes, time_budget_s)  # bad arguments fail before the expensive part
+    check_size(population, generations)
+    check_seed(seed)
+    tuner = Tuner(model, calibration_data, base=base, formats=formats, pipeline=pipeline,
+                  calibration_kwargs=calibration_kwargs, progress=progress, target=constraint)
+    return tuner.search(max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
+                        time_budget_s=time_budget_s, population=population, generations=generations)
+
+
+def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
+         max_bytes: int | None = None, seed: int = 0, time_budget_s: float | None = None, base="w4a8",
+         formats=DEFAULT_FORMATS, pipeline=None, calibration_kwargs: dict | None = None,
+         progress: bool = True) -> ConvertConfig:
+    """A :class:`ConvertConfig` with per-layer weight formats tuned to one target.
+
+    Args:
+        model: a diffusers pipeline or its bare transformer (full precision, not converted). It is
+            left unchanged.
+        calibration_data: what the videos are generated from, as :func:`sixbit.convert_model`
+            takes it: a list of prompts (with a pipeline), or a callable that runs your own
+            sampling loop and **returns the videos** (arrays or tensors ``(N, F, H, W, C)`` in
+            [0, 1], or a pipeline output). Every run must generate the same videos.
+        max_bits: the best calibration PSNR at ≤ this many average stored bits per tuned weight
+            (scales and low-rank branches included; full precision counts 16).
+        min_psnr: the fewest average bits whose calibration videos' mean PSNR minus one standard
+            error reaches this (dB) — a margin for prompts the tuning has not seen; more
+            calibration prompts shrink it (one video: no margin).
+        max_bytes: the best PSNR whose transformer fits in this many bytes (the bf16 model's
+            other tensors included). Give exactly one of the three.
+        seed: the search's seed (same seed, same result).
+        time_budget_s: stop the search after about this many seconds (default: its generations).
+        base: the preset, JSON path or config whose weight recipe and activations are tuned
+            (default ``"w4a8"``); its other layers (modulation, …) keep their formats.
+        formats: the candidate formats (default INT3 g64, NVFP4, INT6, INT8 and 16-bit: :data:`DEFAULT_FORMATS`).
+            A format whose block (e.g. ``int4-g256``'s 256) does not divide a layer's ``in_features``
+            cannot quantize that layer: one that fits none of the tuned layers is refused, one that
+            fits only some is logged as a warning naming the others (and kept in the report's notes).
+        pipeline, calibration_kwargs: as for :func:`sixbit.convert_model`.
+        progress: show progress bars.
+
+    See :mod:`sixbit.tuning` for the method and an example; :func:`tune_model` returns the full
+    report (baselines, sensitivity, history).
+    """
+    return tune_model(model, calibration_data, max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
+                      time_budget_s=time_budget_s, base=base, formats=formats, pipeline=pipeline,
+                      calibration_kwargs=calibration_kwargs, progress=progress).config
+
+
+__all__ = ["DEFAULT_FORMATS", "Constraint", "TuneReport", "Tuner", "tune", "tune_model"]
