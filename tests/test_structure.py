@@ -178,7 +178,7 @@ LAYERS = [
     "config", "presets",                                    # every config, the named ones
     "runtime", "memory", "calibration", "rounding", "builder",  # steps and hooks; offload; statistics; weights
     "methods",                                              # the runtime methods and their registry
-    "lora", "checkpoint", "footprint", "convert", "parallel", "tuning",  # the public jobs
+    "lora", "preflight", "checkpoint", "footprint", "convert", "parallel", "tuning",  # the public jobs
     "integrations", "streaming",                            # diffusers' doors in; real size from files
     "eval", "zoo", "pipelines", "bench", "optimize", "cli", "__main__",  # around the library
 ]

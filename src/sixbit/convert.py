@@ -21,18 +21,16 @@ from .checkpoint import finish
 from .builder import conversion_device, moved_to, quantize, spilling
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
-from .methods.record import Conversion, check, conversion_of, install, remove_methods, selected
+from .methods.record import Conversion, conversion_of, install, remove_methods
 from .memory.fast_path import check_choice
-from .lora import check_no_loras
 from .methods.default_precision import DefaultPrecision
 from .methods.registry import methods
 from .methods.stabilize import StabilizeConfig
-from .models import spec_for, transformer_of
+from .models import transformer_of
 from .nn.pointwise_conv import is_quantizable
-from .runtime.wrapped import wrapper_of
+from .preflight import check_convertible
 from .presets import ConvertConfig, for_device, resolve
 from .runtime import hooks
-from .runtime.blocks import quant_linears
 from .runtime.context import HOOK_NAME as STEP_HOOK_NAME
 from .runtime.context import tracker_of
 
@@ -104,27 +102,6 @@ def _undo(model: nn.Module, originals: dict[str, nn.Module], tracked: bool) -> N
     remove_methods(model)
     if not tracked:
         hooks.remove(model, STEP_HOOK_NAME)
-
-
-def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict | None = None) -> dict:
-    """Refuse what cannot be converted, before anything changes; the methods ``config`` (and the
-    per-call ``extra`` method configs, e.g. ``{"stabilize": StabilizeConfig()}``) selects, with
-    their configs."""
-    spec_for(transformer)  # unsupported architectures fail here
-    if wrapper_of(transformer) is not None:  # its layers are cut into per-rank shards, its hooks split calls
-        raise ValueError("convert the model before wrapping it in a TensorParallelWrapper (every rank converts "
-                         "it the same way, then wraps)")
-    check_no_loras(transformer, "convert_model")
-    chosen = selected(config, extra or {})
-    check(transformer, config, chosen)
-    if conversion_of(transformer) is not None or quant_linears(transformer):
-        raise ValueError("this model is already quantized or converted: convert a freshly loaded model")
-    if any(p.device.type == "meta" for p in transformer.parameters()):
-        raise ValueError(
-            f"{type(transformer).__name__} has weights on the meta device (built empty): load its weights first "
-            "(from_pretrained), or convert its folder with sixbit.convert_pretrained, which streams it block by block"
-        )
-    return chosen
 
 
 def _quantize_and_fit(transformer: nn.Module, config: ConvertConfig, chosen: dict, run, calibration: dict | None) -> dict:

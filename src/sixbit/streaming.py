@@ -49,7 +49,7 @@ from .methods.record import Conversion, conversion_state
 from .integrations.diffusers.folder import checkpoint_writer
 from .files.safetensors import SafetensorsFolder, check_can_write
 from .memory import allocator
-from .models import spec_for
+from .preflight import check_convertible
 from .presets import calibration_free, resolve
 from .rounding import refine
 
@@ -248,10 +248,9 @@ class _StreamedParts(Recipe):
         logger.info("%s: %.1f s", part.name, seconds)
 
 
-def _checked_config(quant_config, calibration):
-    """The :class:`~sixbit.ConvertConfig` of ``quant_config``, refused where a streamed
-    conversion cannot run it."""
-    config = resolve(quant_config)
+def _check_calibration(config, quant_config, calibration) -> None:
+    """Refuse ``config`` (resolved from ``quant_config``) where a streamed conversion cannot
+    calibrate it."""
     if config.activations.calibrated:
         raise ValueError(
             f"activations={config.activations!r} is fitted on generations of the converted model, which a streamed "
@@ -265,7 +264,6 @@ def _checked_config(quant_config, calibration):
         )
     if not config.needs_calibration and calibration is not None:
         logger.info("calibration is not used by %r", quant_config)
-    return config
 
 
 def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.PathLike,
@@ -312,15 +310,16 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         >>> sixbit.convert_pretrained("Wan2.1-T2V-14B-Diffusers", "w8a8", "wan14b-w8a8.safetensors")  # doctest: +SKIP
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
-    config = _checked_config(quant_config, calibration)
+    config = resolve(quant_config)
+    folder = model_folder(model)
+    net = empty_model(folder)
+    check_convertible(config, net, empty=True)  # the one pre-flight check (sixbit.preflight), before any work
+    _check_calibration(config, quant_config, calibration)
     device = conversion_device(device)
     # before any block is read, not when the checkpoint is moved into place (a folder's writer refuses a file)
     if Path(output).suffix == ".safetensors" or not Path(output).is_file():
         check_can_write(output if Path(output).suffix == ".safetensors" else Path(output) / "diffusion_pytorch_model.safetensors")
-    folder = model_folder(model)
     shards = SafetensorsFolder(folder)
-    net = empty_model(folder)
-    spec_for(net)  # an architecture without recognizable blocks fails here, before any work
     names = _check_layout(folder, net, shards)
     plan = plan_layers(net, config.weights) if config.weights is not None else {}
     parts = parts_of(net, plan, names)

@@ -11,7 +11,8 @@ from collections import Counter
 
 import torch
 
-from ..convert import calibration_runner, check_convertible, convert_model
+from ..convert import calibration_runner, convert_model
+from ..preflight import check_convertible
 from ..models import transformer_of
 from ..config import Activations
 from ..presets import ConvertConfig, resolve

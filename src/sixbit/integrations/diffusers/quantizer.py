@@ -30,8 +30,9 @@ from ...builder import LayerSwap, plan_layers, quantized_linear
 from ...checkpoint import check_header, check_tensors, finish
 from ...checkpoint.restore import restore
 from ...config import ConvertConfig
-from ...methods.record import check, install, selected
+from ...methods.record import install
 from ...convert import fit_methods
+from ...preflight import check_convertible
 from ...memory import allocator
 from ...nn import QuantLinear
 from ...presets import calibration_free, for_device
@@ -86,6 +87,8 @@ class SixbitQuantizer(DiffusersQuantizer):
                                              self.quantization_config.tensors)
             return model
         config, self.hardware = for_device(self.quantization_config.convert_config, _device_of(device_map))
+        # the one pre-flight check (sixbit.preflight): each method refuses what it cannot run, before any weight loads
+        self.chosen = check_convertible(config, model, empty=True)
         if config.needs_calibration:
             raise ValueError(
                 f"{config.calibration_reason()} needs calibration, which from_pretrained cannot run: load the model, "
@@ -93,8 +96,6 @@ class SixbitQuantizer(DiffusersQuantizer):
                 f"loading with a calibration-free config: {list(calibration_free())} (w4a16: SixbitConfig('w4a16', gptq=False))"
             )
         self.config = config
-        self.chosen = selected(config, {})
-        check(model, config, self.chosen)  # each method refuses what it cannot run, before any weight loads
         self.plan = plan_layers(model, config.weights) if config.weights is not None else {}
         return model
 

@@ -1,0 +1,50 @@
+"""The one pre-flight check of a conversion, shared by every way in.
+
+:func:`sixbit.convert_model` (in memory, static W8A8 included), :func:`sixbit.convert_pretrained`
+(streamed from files), diffusers' ``from_pretrained(quantization_config=SixbitConfig(...))``
+(quantized while loading), :func:`sixbit.tune` and :func:`sixbit.load` (through the conversion
+record, which runs the same method checks) refuse a config that cannot run on a model with the
+same message, before anything changes: :func:`check_convertible`. What only one way cannot do
+(a streamed conversion runs no generation, ``from_pretrained`` no calibration) is refused by that
+way, after this check.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .config import ConvertConfig
+from .lora import check_no_loras
+from .methods.record import check, conversion_of, selected
+from .models import spec_for
+from .runtime.blocks import quant_linears
+from .runtime.wrapped import wrapper_of
+
+
+def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict | None = None, *,
+                      empty: bool = False) -> dict:
+    """Refuse what cannot be converted, before anything changes; the methods ``config`` (and the
+    per-call ``extra`` method configs, e.g. ``{"stabilize": StabilizeConfig()}``) selects, with
+    their configs.
+
+    ``empty``: the model is built on the meta device and its weights arrive later (streamed, or
+    quantized while loading); otherwise its weights must be loaded.
+    """
+    spec_for(transformer)  # unsupported architectures fail here
+    if wrapper_of(transformer) is not None:  # its layers are cut into per-rank shards, its hooks split calls
+        raise ValueError("convert the model before wrapping it in a TensorParallelWrapper (every rank converts "
+                         "it the same way, then wraps)")
+    check_no_loras(transformer, "convert_model")
+    chosen = selected(config, extra or {})
+    check(transformer, config, chosen)
+    if conversion_of(transformer) is not None or quant_linears(transformer):
+        raise ValueError("this model is already quantized or converted: convert a freshly loaded model")
+    if not empty and any(p.device.type == "meta" for p in transformer.parameters()):
+        raise ValueError(
+            f"{type(transformer).__name__} has weights on the meta device (built empty): load its weights first "
+            "(from_pretrained), or convert its folder with sixbit.convert_pretrained, which streams it block by block"
+        )
+    return chosen
+
+
+__all__ = ["check_convertible"]

@@ -1,0 +1,89 @@
+"""One pre-flight check for every way in (issue 59): the same config, one that cannot run on the
+model, gets the same refusal from convert_model (in memory, and static W8A8), convert_pretrained
+(streamed), from_pretrained(quantization_config=SixbitConfig(...)) (quantized while loading), tune,
+and load (a checkpoint whose conversion record holds it), and none of them changes anything."""
+
+import json
+
+import pytest
+import torch
+from diffusers import CogVideoXTransformer3DModel
+from safetensors.torch import load_file, save_file
+from test_checkpoint import build, inputs
+
+import sixbit
+from sixbit.checkpoint.file import _digest
+from sixbit.config import AttentionQuantConfig, ConvertConfig, QuantConfig
+from sixbit.files.safetensors import tensor_bytes
+
+# quantized attention in blocks 5-8 of a 2-block model: every way must refuse it with the method's own words
+BAD_ATTENTION = AttentionQuantConfig(blocks=(5, 9))
+REFUSAL = ("blocks=(5, 9) selects none of CogVideoXTransformer3DModel's 2 blocks (0–1): choose a range within them, "
+           "or blocks=None for all")
+
+
+def _bad(activations="int8") -> ConvertConfig:
+    weights = None if activations == "static" else QuantConfig(weight_format="int8")
+    return ConvertConfig(weights=weights, activations=activations, attention=BAD_ATTENTION)
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _unchanged(model, before) -> bool:
+    after = model.state_dict()
+    return set(after) == set(before) and all(torch.equal(after[k], v) for k, v in before.items())
+
+
+@pytest.fixture
+def folder(tmp_path):
+    build(0).save_pretrained(tmp_path / "model")
+    return tmp_path / "model"
+
+
+def _refusal(call) -> str:
+    with pytest.raises(ValueError) as error:
+        call()
+    return str(error.value)
+
+
+def test_convert_model_in_memory_and_static_w8a8():
+    for activations in ("int8", "static"):
+        model = build(0)
+        before = _state(model)
+        assert REFUSAL == _refusal(lambda: sixbit.convert_model(model, lambda: None, _bad(activations)))
+        assert _unchanged(model, before) and sixbit.conversion_of(model) is None
+
+
+def test_convert_pretrained_streamed(folder, tmp_path):
+    out = tmp_path / "out"
+    assert REFUSAL == _refusal(lambda: sixbit.convert_pretrained(folder, _bad(), out, progress=False))
+    assert not out.exists()
+
+
+def test_quantized_while_loading(folder):
+    config = sixbit.SixbitConfig(_bad())
+    assert REFUSAL == _refusal(lambda: CogVideoXTransformer3DModel.from_pretrained(folder, quantization_config=config))
+
+
+def test_tune():
+    model = build(0)
+    before = _state(model)
+    assert REFUSAL == _refusal(lambda: sixbit.tune(model, lambda: None, max_bits=6.0, base=_bad(), progress=False))
+    assert _unchanged(model, before)
+
+
+def test_load_of_a_checkpoint_whose_record_holds_it(tmp_path):
+    path = sixbit.save(sixbit.convert_model(build(0), None, "w8a8"), tmp_path / "good.safetensors")
+    tensors, header = load_file(path), sixbit.read_header(path)
+    header["extensions"]["conversion"]["config"] = _bad().to_dict()
+    header["sha256"] = _digest(((n, tensors[n].dtype, (tensor_bytes(tensors[n]),)) for n in sorted(tensors)), header)
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata={"sixbit": json.dumps(header)})
+    model = build(1)
+    before = _state(model)
+    refusal = _refusal(lambda: sixbit.load(tmp_path / "bad.safetensors", model))
+    assert refusal.endswith(REFUSAL), refusal  # the file it came from may come first
+    assert _unchanged(model, before) and sixbit.conversion_of(model) is None
+    with torch.no_grad():
+        model(**inputs())  # still the plain model
