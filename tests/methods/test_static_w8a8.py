@@ -359,3 +359,18 @@ def test_checkpoint_with_an_unknown_extension_is_refused(tmp_path, monkeypatch):
         sixbit.load(ckpt, fresh)
     assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
     assert json.dumps(sixbit.read_header(ckpt)["extensions"]["static_w8a8"]["config"])
+
+
+def test_static_w8a8_selects_layers_as_every_conversion_does():
+    """Issue 59: one layer selection (sixbit.builder.selected_layers) for plan_layers and static
+    W8A8, so the same include / exclude / boundary_blocks pick the same linears."""
+    from sixbit.builder import plan_layers
+    from sixbit.config import QuantConfig
+    from sixbit.methods.static_w8a8.method import _plan
+
+    model, data, _, _ = _calibrated()
+    patterns = dict(include=(r"blocks\..*",), exclude=(r"blocks\.1\..*",))
+    static = _plan(model, sixbit.StaticW8A8Config(**NAIVE, **patterns, boundary_blocks=1), data)
+    weights = plan_layers(model, QuantConfig(weight_format="int8", **patterns))
+    assert set(static) == set(weights) == {"blocks.0.proj", "blocks.2.proj"}
+    assert all(boundary for _, boundary in static.values())  # blocks 0 and 2 of 3: one block from an end

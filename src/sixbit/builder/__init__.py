@@ -19,10 +19,10 @@
 from .block_inputs import BlockInputs, keeping
 from .devices import conversion_device, moved_to
 from .in_memory import quantize, quantize_layers
-from .layers import branch_rank, format_fits, plan_layers, quantized_linear, stored_bits
+from .layers import branch_rank, format_fits, plan_layers, quantized_linear, selected_layers, stored_bits
 from .spill import spilling
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
 __all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "conversion_device",
            "format_fits", "keeping", "moved_to", "parts_of", "plan_layers", "quantize", "quantize_layers",
-           "quantized_linear", "spilling", "stored_bits"]
+           "quantized_linear", "selected_layers", "spilling", "stored_bits"]

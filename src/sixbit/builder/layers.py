@@ -66,29 +66,37 @@ def _check_layer_names(model: nn.Module, config: QuantConfig) -> None:
         raise ValueError(report(f"QuantConfig.layer_formats does not fit {type(model).__name__}", problems))
 
 
-def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None, str]]:
-    """``{layer name: (format, hadamard block, role)}`` for every linear (``nn.Linear`` or pointwise
-    conv) to quantize."""
+def selected_layers(model: nn.Module, include=(), exclude=(), boundary_blocks: int = 0, quantized: bool = False):
+    """``(name, module, role, block index or None, boundary?)`` of every linear of ``model`` (an
+    ``nn.Linear``, a pointwise or an unfoldable conv; and its ``QuantLinear`` already built where
+    ``quantized``) that the ``include`` / ``exclude`` patterns (``re.fullmatch``) keep: the one
+    layer selection of every conversion (:func:`plan_layers`, static W8A8's plan). ``boundary``:
+    within ``boundary_blocks`` of either end of the model's blocks."""
     spec = spec_for(model)
     blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
     n_blocks = max(blocks.values()) + 1
+    for name, mod in model.named_modules():
+        if not (is_quantizable(mod) or (quantized and isinstance(mod, QuantLinear))):
+            continue
+        if include and not any(re.fullmatch(p, name) for p in include):
+            continue
+        if any(re.fullmatch(p, name) for p in exclude):
+            continue
+        idx = block_index_of(name, blocks)
+        boundary = idx is not None and boundary_blocks > 0 and (idx < boundary_blocks or idx >= n_blocks - boundary_blocks)
+        yield name, mod, spec.role_of(name), idx, boundary
+
+
+def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int | None, str]]:
+    """``{layer name: (format, hadamard block, role)}`` for every linear (``nn.Linear`` or pointwise
+    conv) to quantize."""
     _check_layer_names(model, config)
     plan = {}
-    for name, mod in model.named_modules():
-        if not is_quantizable(mod):
-            continue
-        if config.include and not any(re.fullmatch(p, name) for p in config.include):
-            continue
-        if any(re.fullmatch(p, name) for p in config.exclude):
-            continue
-        role = spec.role_of(name)
+    for name, mod, role, _, boundary in selected_layers(model, config.include, config.exclude, config.boundary_blocks):
         fmt = config.format_for(role)
-        idx = block_index_of(name, blocks)
         if name in config.layer_formats:
             fmt = config.layer_formats[name]
-        elif fmt is not None and idx is not None and config.boundary_blocks and (
-            idx < config.boundary_blocks or idx >= n_blocks - config.boundary_blocks
-        ):
+        elif fmt is not None and boundary:
             fmt = config.boundary_format
         if fmt is None:
             continue

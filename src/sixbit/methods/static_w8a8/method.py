@@ -36,7 +36,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import re
 
 from torch import nn
 
@@ -44,8 +43,7 @@ from ...config import time_ranges as tr
 from ...calibration.data import CalibrationData
 from ...config.static_w8a8 import Outliers, Smoothing, StaticW8A8Config
 from ...formats import integer
-from ...builder import LayerSwap, Part, Recipe, build, parts_of
-from ...models import block_index_of, iter_blocks, spec_for
+from ...builder import LayerSwap, Part, Recipe, build, parts_of, selected_layers
 from ...nn import QuantLinear
 from ...runtime.context import track_steps
 from .fit import fit_layer
@@ -58,21 +56,17 @@ ALPHA_START = {Smoothing.ASQ: 0.4, Smoothing.TSQ: 0.2}
 
 
 def _plan(model: nn.Module, config: StaticW8A8Config, calibration: CalibrationData) -> dict[str, tuple[int, bool]]:
-    """``{layer: (weight bits, boundary block?)}`` of the linears to quantize."""
-    spec = spec_for(model)
-    blocks = {name: idx for idx, name, _, _ in iter_blocks(model, spec)}
-    n_blocks = max(blocks.values()) + 1
-    plan, already, missing = {}, [], []
-    for name, mod in model.named_modules():
+    """``{layer: (weight bits, boundary block?)}`` of the linears to quantize: the builder's layer
+    selection (:func:`sixbit.builder.selected_layers`), within the blocks, for the roles
+    ``weight_bits`` names. Its layers are ``nn.Linear``: a conv the selection finds stays in full
+    precision, said once in the log."""
+    plan, already, missing, convs = {}, [], [], []
+    found = selected_layers(model, config.include, config.exclude, config.boundary_blocks, quantized=True)
+    for name, mod, role, idx, boundary in found:
+        if idx is None or role.value not in config.weight_bits:
+            continue
         if not isinstance(mod, (nn.Linear, QuantLinear)):
-            continue
-        idx = block_index_of(name, blocks)
-        role = spec.role_of(name).value
-        if idx is None or role not in config.weight_bits:
-            continue
-        if config.include and not any(re.fullmatch(p, name) for p in config.include):
-            continue
-        if any(re.fullmatch(p, name) for p in config.exclude):
+            convs.append(name)
             continue
         if isinstance(mod, QuantLinear):
             already.append(name)
@@ -80,8 +74,9 @@ def _plan(model: nn.Module, config: StaticW8A8Config, calibration: CalibrationDa
         if name not in calibration.layers:
             missing.append(name)
             continue
-        boundary = config.boundary_blocks > 0 and (idx < config.boundary_blocks or idx >= n_blocks - config.boundary_blocks)
-        plan[name] = (config.boundary_bits if boundary else config.weight_bits[role], boundary)
+        plan[name] = (config.boundary_bits if boundary else config.weight_bits[role.value], boundary)
+    if convs:
+        logger.info("static W8A8 quantizes linear layers: the convolutions %s stay in full precision", convs[:5])
     if already:
         raise ValueError(
             f"apply_static_w8a8 needs full-precision nn.Linear layers (SmoothQuant is folded before the weight "
