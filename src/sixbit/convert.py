@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .checkpoint import finish
-from .builder import conversion_device, moved_to, quantize, spilling
+from .builder import LayerSwap, conversion_device, moved_to, quantize, spilling
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
 from .methods.record import Conversion, conversion_of, install, remove_methods
@@ -86,19 +86,14 @@ def _calibration(config: ConvertConfig, chosen: dict, data, pipe, calibration_kw
     return calibration_runner(data, pipe, dict(calibration_kwargs or {}))
 
 
-def _undo(model: nn.Module, originals: dict[str, nn.Module], tracked: bool) -> None:
+def _undo(model: nn.Module, swap: LayerSwap, tracked: bool) -> None:
     """Put every original layer back and remove the runtime hooks (after a failed conversion).
 
     ``tracked``: the model had a step tracker before the conversion; otherwise the one that
     calibration or a runtime method installed goes too. Layers go back first: that cannot fail,
     and a hook left on a discarded layer no longer matters.
     """
-    modules = dict(model.named_modules())
-    for name, layer in originals.items():
-        parent, _, child = name.rpartition(".")
-        current = modules.get(name)
-        if current is not layer:
-            setattr(modules[parent] if parent else model, child, layer)
+    swap.rollback()
     remove_methods(model)
     if not tracked:
         hooks.remove(model, STEP_HOOK_NAME)
@@ -184,7 +179,7 @@ def convert_model(
     stabilize = StabilizeConfig.from_argument(stabilize_frames)
     chosen = check_convertible(config, transformer, {} if stabilize is None else {"stabilize": stabilize})
     run, calibration = _calibration(config, chosen, calibration_data, pipe, calibration_kwargs)
-    originals = {name: m for name, m in transformer.named_modules() if is_quantizable(m)}
+    swap = LayerSwap.watching(transformer, [name for name, m in transformer.named_modules() if is_quantizable(m)])
     tracked = tracker_of(transformer) is not None  # a step tracker the caller installed survives a rollback
     back = moved_to(model if pipe is None else pipe, device) if device != here else (lambda: None)
     try:
@@ -193,7 +188,7 @@ def convert_model(
             install(transformer, config, applied, calibration, hardware)
     except BaseException:
         try:
-            _undo(transformer, originals, tracked)
+            _undo(transformer, swap, tracked)
         except Exception:  # the original error says what went wrong; a rollback error would hide it
             logger.exception("could not fully undo the failed conversion of %s", type(transformer).__name__)
         back()

@@ -83,6 +83,15 @@ class LayerSwap:
         self.model = model
         self.originals: dict[str, nn.Module] = {}
 
+    @classmethod
+    def watching(cls, model: nn.Module, names: Iterable[str]) -> LayerSwap:
+        """A swap whose rollback puts the layers now called ``names`` back, whatever replaced them
+        since: the rollback of a whole conversion (:func:`sixbit.convert_model`: the builds, then
+        the methods' fits, static W8A8's own build among them)."""
+        swap = cls(model)
+        swap.originals = {name: model.get_submodule(name) for name in names}
+        return swap
+
     def original(self, name: str) -> nn.Module:
         """The layer ``name`` was before this build replaced it."""
         if name in self.originals:
