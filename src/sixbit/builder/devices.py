@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..memory.devices import compute_device
+
 logger = logging.getLogger(__name__)
 
 
@@ -27,20 +29,7 @@ def conversion_device(device=None) -> torch.device:
     """
     if device is None:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        found = torch.device(device)
-    except (RuntimeError, TypeError):
-        found = None
-    if found is None or found.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r}: a conversion runs on 'cpu' or a CUDA device ('cuda', 'cuda:N')")
-    if found.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}, and this machine has no CUDA device (or this PyTorch build has no "
-                             "CUDA): convert on 'cpu'")
-        if (found.index or 0) >= torch.cuda.device_count():
-            raise ValueError(f"device={device!r}, and this machine has {torch.cuda.device_count()} CUDA device(s)")
-        found = torch.device("cuda", torch.cuda.current_device() if found.index is None else found.index)
-    return found
+    return compute_device(device, f"device={device!r}", "a conversion runs on 'cpu' or a CUDA device ('cuda', 'cuda:N')")
 
 
 def moved_to(model, device: torch.device) -> Callable[[], None]:

@@ -27,6 +27,31 @@ _VALID_OFFLOAD = ('a device ("cpu") or a folder path for disk offload (a directo
                   'exist yet, e.g. "/tmp/offload" or "./offload")')
 
 
+def compute_device(value, what: str, accepts: str = "give 'cpu' or a CUDA device ('cuda', 'cuda:N')") -> torch.device:
+    """``value`` (a string or a ``torch.device``) as a device this machine computes on: the CPU or
+    one of its CUDA devices, with its index (``"cuda"``: the current one). Anything else raises a
+    ``ValueError`` that starts with ``what`` (the argument and its value) and says what it
+    ``accepts``: the one parser of a device to compute on (a conversion's, each parallel worker's).
+
+    Example:
+        >>> compute_device("cpu", "device='cpu'")
+        device(type='cpu')
+    """
+    try:
+        found = torch.device(value) if isinstance(value, (str, torch.device)) else None
+    except (RuntimeError, TypeError):
+        found = None
+    if found is None or found.type not in ("cpu", "cuda"):
+        raise ValueError(f"{what}: {accepts}")
+    if found.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{what}, and this machine has no CUDA device (or this PyTorch build has no CUDA): use 'cpu'")
+        if (found.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"{what}, and this machine has {torch.cuda.device_count()} CUDA device(s)")
+        found = torch.device("cuda", torch.cuda.current_device() if found.index is None else found.index)
+    return found
+
+
 def split(obj, who: str = "enable_memory_optimization") -> tuple[object | None, nn.Module | None, nn.Module | None]:
     """``(pipeline, transformer, vae)`` of a diffusers pipeline or a bare model."""
     from diffusers import DiffusionPipeline
