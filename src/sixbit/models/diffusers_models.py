@@ -39,6 +39,20 @@ def _grid_5d(layout: str):
     return grid
 
 
+def _cogvideox_context_parallel(model) -> dict:
+    """Split the video tokens from the first block to ``proj_out`` (the text stays whole on every rank)."""
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    plan = {
+        "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
+        "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+    }
+    if model.config.use_rotary_positional_embeddings:  # the video tokens' (cos, sin) tables, split alike
+        rotary = ContextParallelInput(split_dim=0, expected_dims=2)
+        plan[""] = {"image_rotary_emb": (rotary, rotary)}
+    return plan
+
+
 register_model(
     ModelSpec(
         name="cogvideox",  # 1.0 and 1.5 configs share the class and the block layout
@@ -47,6 +61,7 @@ register_model(
         block_io=(_JOINT,),
         video_grid=_grid_5d("BFCHW"),
         text_tokens="first",  # joint attention and FF run on cat([text, video])
+        context_parallel=_cogvideox_context_parallel,  # diffusers ships none for CogVideoX
     )
 )
 register_model(

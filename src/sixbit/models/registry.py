@@ -117,6 +117,10 @@ class ModelSpec:
         text_tokens: where linears that see both streams find the text tokens: ``"first"``
             (CogVideoX concatenates ``[text, video]``), ``"last"`` (``[video, text]``) or ``None``
             (no such linears are known).
+        context_parallel: ``f(model) -> plan``: sixbit's context-parallel plan (diffusers'
+            ``_cp_plan`` shape) for a class whose diffusers code ships none; its attention then
+            runs on the whole ``[text, video]`` sequence through :mod:`sixbit.parallel.sequence`'s
+            exchange. ``None``: the class's own plan, or none.
     """
 
     name: str
@@ -127,6 +131,7 @@ class ModelSpec:
     interleaved: bool = False
     video_grid: Callable[[nn.Module, tuple, dict], "tuple[int, int] | None"] | None = None
     text_tokens: str | None = None
+    context_parallel: Callable[[nn.Module], dict] | None = None
 
     def io_for(self, block_list: str) -> BlockIO:
         index = self.block_lists.index(block_list)

@@ -35,18 +35,13 @@ from diffusers.hooks.context_parallel import (
     apply_context_parallel,
     remove_context_parallel,
 )
-from diffusers.models._modeling_parallel import (
-    ContextParallelConfig,
-    ContextParallelInput,
-    ContextParallelOutput,
-    ParallelConfig,
-)
+from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..nn import token_stats as distributed
 from ..methods.registry import unable
-from ..models import iter_blocks
+from ..models import iter_blocks, registered, spec_for
 from ..runtime import hooks
 from ..runtime.blocks import HOOK_NAME as BLOCK_HOOK
 
@@ -54,20 +49,11 @@ ROUTE_HOOK = "sixbit_joint_attention"
 GUARD_HOOK = "sixbit_sequence_guard"
 
 
-def _cogvideox_plan(model: nn.Module) -> dict:
-    plan = {
-        "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-        "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-    }
-    if model.config.use_rotary_positional_embeddings:  # the video tokens' (cos, sin) tables, split alike
-        rotary = ContextParallelInput(split_dim=0, expected_dims=2)
-        plan[""] = {"image_rotary_emb": (rotary, rotary)}
-    return plan
-
-
-# models whose diffusers class ships no context-parallel plan: sixbit's plan, and their attention
-# processors call F.scaled_dot_product_attention on [text, video] with the text whole on every rank
-_PLANS = {"CogVideoXTransformer3DModel": _cogvideox_plan}
+def _joint(model: nn.Module) -> bool:
+    """Whether ``model`` runs on sixbit's plan (its model spec's ``context_parallel``): a class whose
+    diffusers code ships none, and whose attention processors call F.scaled_dot_product_attention
+    on [text, video] with the text whole on every rank."""
+    return not getattr(model, "_cp_plan", None) and spec_for(model).context_parallel is not None
 
 
 def plan_for(model: nn.Module) -> dict:
@@ -75,11 +61,11 @@ def plan_for(model: nn.Module) -> dict:
     plan = getattr(model, "_cp_plan", None)
     if plan:
         return plan
-    build = _PLANS.get(type(model).__name__)
-    if build is None:
+    if not _joint(model):
+        known = sorted(c for spec in registered().values() if spec.context_parallel is not None for c in spec.classes)
         raise ValueError(f"{type(model).__name__} has no context-parallel plan (diffusers' _cp_plan), and sixbit has "
-                         f"none for it (it has: {sorted(_PLANS)}): use mode='tensor'")
-    return build(model)
+                         f"none for it (it has: {known}): use mode='tensor'")
+    return spec_for(model).context_parallel(model)
 
 
 def _to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
@@ -158,7 +144,7 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
 def check(model: nn.Module, world: int) -> None:
     """Refuse a model sequence parallelism cannot run across ``world`` ranks (nothing changes)."""
     plan_for(model)
-    if type(model).__name__ not in _PLANS:
+    if not _joint(model):
         plain = sorted({type(m.processor).__name__ for m in _attention_modules(model)
                         if not hasattr(m.processor, "_parallel_config")})
         if plain:
@@ -186,7 +172,7 @@ def enable(model: nn.Module, group) -> SequenceShards:
     config.setup(rank, world, torch.device(device), mesh=mesh)
     configured, routed = [], []
     plan = plan_for(model)
-    joint = type(model).__name__ in _PLANS
+    joint = _joint(model)
     for m in _attention_modules(model):
         if joint:
             hooks.register(m, _JointHook(group), ROUTE_HOOK)
