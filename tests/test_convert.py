@@ -95,7 +95,9 @@ def _write_videos(folder, n=2):
 
 def test_calibration_from_a_video_folder(tmp_path):
     _write_videos(tmp_path / "videos")
-    videos = sixbit.calibration.videos.read_videos(tmp_path / "videos")
+    from sixbit.calibration.videos import read_videos  # imported here: it ran alone only after another test imported it
+
+    videos = read_videos(tmp_path / "videos")
     assert sorted(v.name for v in videos) == ["clip0", "clip1"]
     assert [bool(v.caption) for v in sorted(videos, key=lambda v: v.name)] == [True, False]
     pipe = load_pipeline("cogvideox")

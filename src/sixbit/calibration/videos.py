@@ -24,6 +24,8 @@ import PIL.Image
 import PIL.ImageSequence
 import torch
 
+from ..models import registered, spec_for
+
 logger = logging.getLogger(__name__)
 
 VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".webm", ".mkv")
@@ -89,59 +91,28 @@ def read_videos(folder: str | Path) -> list[CalibrationVideo]:
     return videos
 
 
-@dataclasses.dataclass(frozen=True)
-class _Adapter:
-    """How one pipeline family takes videos: latent layout, target size, encoder."""
-
-    layout: str  # "BFCHW" or "BCFHW"
-    size: Callable[[object], tuple[int, int, int] | None]  # (frames, height, width) the pipeline makes, or None
-    encode: Callable[[object, torch.Tensor], torch.Tensor]  # (pipe, (B, C, F, H, W) in [-1, 1]) -> latents
-    call_kwargs: Callable[[tuple[int, int, int]], dict]  # size -> extra pipeline arguments
-
-
-def _fixed_size(pipe):
-    """A pipeline that makes videos of one size declares it as ``video_size`` (frames, height, width)."""
-    return getattr(pipe, "video_size", None)
-
-
-def _cogvideox_encode(pipe, video):
-    latents = pipe.vae.encode(video).latent_dist.mode() * pipe.vae.config.scaling_factor
-    return latents  # (B, C, F, H, W); permuted to BFCHW by the caller
-
-
-def _wan_encode(pipe, video):
-    latents = pipe.vae.encode(video).latent_dist.mode()
-    cfg = pipe.vae.config
-    mean = torch.tensor(cfg.latents_mean, dtype=latents.dtype).view(1, -1, 1, 1, 1)
-    std = torch.tensor(cfg.latents_std, dtype=latents.dtype).view(1, -1, 1, 1, 1)
-    return (latents - mean) / std
-
-
-def _pixels(pipe, video):
-    return video
+def _layout_and_encode(pipe) -> tuple[str, Callable[[object, torch.Tensor], torch.Tensor]]:
+    """How ``pipe``'s transformer lays out video latents and how its VAE makes them (from the
+    model spec, :mod:`sixbit.models`): ``(layout, encode(pipe, pixels))``. A pipeline without a
+    VAE samples in pixel space."""
+    transformer = getattr(pipe, "transformer", None)
+    spec = spec_for(transformer) if isinstance(transformer, torch.nn.Module) else None
+    vae = getattr(pipe, "vae", None)
+    if spec is None or spec.latent_layout is None or (vae is not None and spec.encode_video is None):
+        known = sorted(c for s in registered().values() if s.latent_layout and s.encode_video for c in s.classes)
+        raise ValueError(
+            f"calibration from a video folder supports pipelines whose transformer is one of {known}, not "
+            f"{type(pipe).__name__}; pass calibration_data as a list of prompts or as a callable that runs "
+            "generations instead"
+        )
+    if vae is None:
+        return spec.latent_layout, lambda p, video: video
+    return spec.latent_layout, lambda p, video: spec.encode_video(p.vae, video)
 
 
 def _size_kwargs(size):
     f, h, w = size
     return {"num_frames": f, "height": h, "width": w}
-
-
-_ADAPTERS: dict[str, _Adapter] = {
-    "ShapesCogVideoXPipeline": _Adapter("BFCHW", _fixed_size, _pixels, lambda s: {}),
-    "ShapesWanPipeline": _Adapter("BCFHW", _fixed_size, _pixels, lambda s: {}),
-    "CogVideoXPipeline": _Adapter("BFCHW", lambda p: None, _cogvideox_encode, _size_kwargs),
-    "WanPipeline": _Adapter("BCFHW", lambda p: None, _wan_encode, _size_kwargs),
-}
-
-
-def _adapter(pipe) -> _Adapter:
-    for cls in type(pipe).__mro__:
-        if cls.__name__ in _ADAPTERS:
-            return _ADAPTERS[cls.__name__]
-    raise ValueError(
-        f"calibration from a video folder supports {sorted(_ADAPTERS)}, not {type(pipe).__name__}; "
-        "pass calibration_data as a list of prompts or as a callable that runs generations instead"
-    )
 
 
 def _resize(frames: np.ndarray, size: tuple[int, int, int]) -> np.ndarray:
@@ -169,10 +140,11 @@ def video_runner(pipe, videos: list[CalibrationVideo], seed: int = 0, **call_kwa
     """A ``run()`` for :func:`sixbit.calibrate` / DMPQ fitting that samples along ``videos``' noising paths.
 
     Checks the pipeline and every video up front, so a bad folder fails before any conversion."""
-    adapter = _adapter(pipe)
+    layout, encode = _layout_and_encode(pipe)
+    fixed = getattr(pipe, "video_size", None)  # a pipeline that makes one size declares it (frames, height, width)
     prepared = []
     for v in videos:
-        size = adapter.size(pipe) or tuple(v.frames.shape[:3])
+        size = fixed or tuple(v.frames.shape[:3])
         frames = _resize(v.frames, size)
         prepared.append((v, size, torch.from_numpy(frames).permute(3, 0, 1, 2)[None] * 2 - 1))  # (1, 3, F, H, W)
 
@@ -182,9 +154,9 @@ def video_runner(pipe, videos: list[CalibrationVideo], seed: int = 0, **call_kwa
         for k, (video, size, pixels) in enumerate(prepared):
             vae = getattr(pipe, "vae", None)
             with torch.no_grad():
-                x0 = adapter.encode(pipe, pixels.to(device=device, dtype=vae.dtype if vae is not None else dtype))
+                x0 = encode(pipe, pixels.to(device=device, dtype=vae.dtype if vae is not None else dtype))
             x0 = x0.to(dtype)
-            if adapter.layout == "BFCHW":
+            if layout == "BFCHW":
                 x0 = x0.transpose(1, 2)
             noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed + k)).to(device, dtype)
 
@@ -197,7 +169,7 @@ def video_runner(pipe, videos: list[CalibrationVideo], seed: int = 0, **call_kwa
             logger.debug("calibrating on video %r (%s)", video.name, video.caption or "empty prompt")
             pipe(
                 video.caption, latents=noise, callback_on_step_end=replace,
-                callback_on_step_end_tensor_inputs=["latents"], **adapter.call_kwargs(size), **call_kwargs,
+                callback_on_step_end_tensor_inputs=["latents"], **({} if fixed else _size_kwargs(size)), **call_kwargs,
             )
 
     return run

@@ -6,6 +6,8 @@ Block I/O comes from each block class's ``forward`` in diffusers; role patterns 
 
 from __future__ import annotations
 
+import torch
+
 from .registry import BlockIO, ModelSpec, register_model
 from .roles import Role
 
@@ -39,6 +41,17 @@ def _grid_5d(layout: str):
     return grid
 
 
+def _cogvideox_encode(vae, video):
+    return vae.encode(video).latent_dist.mode() * vae.config.scaling_factor
+
+
+def _wan_encode(vae, video):
+    latents = vae.encode(video).latent_dist.mode()
+    mean = torch.tensor(vae.config.latents_mean, dtype=latents.dtype).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std, dtype=latents.dtype).view(1, -1, 1, 1, 1)
+    return (latents - mean) / std
+
+
 def _cogvideox_context_parallel(model) -> dict:
     """Split the video tokens from the first block to ``proj_out`` (the text stays whole on every rank)."""
     from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
@@ -61,6 +74,8 @@ register_model(
         block_io=(_JOINT,),
         video_grid=_grid_5d("BFCHW"),
         text_tokens="first",  # joint attention and FF run on cat([text, video])
+        latent_layout="BFCHW",
+        encode_video=_cogvideox_encode,
         context_parallel=_cogvideox_context_parallel,  # diffusers ships none for CogVideoX
     )
 )
@@ -71,6 +86,8 @@ register_model(
         block_lists=("blocks",),
         block_io=(_VIDEO_ONLY,),
         video_grid=_grid_5d("BCFHW"),
+        latent_layout="BCFHW",
+        encode_video=_wan_encode,
     )
 )
 register_model(

@@ -13,6 +13,7 @@ import inspect
 import re
 from typing import Callable, Iterator
 
+import torch
 from torch import nn
 
 from ..nn import QuantLinear
@@ -117,6 +118,11 @@ class ModelSpec:
         text_tokens: where linears that see both streams find the text tokens: ``"first"``
             (CogVideoX concatenates ``[text, video]``), ``"last"`` (``[video, text]``) or ``None``
             (no such linears are known).
+        latent_layout: ``"BFCHW"`` or ``"BCFHW"``: how the model's video latents are laid out
+            (calibration from a folder of videos builds them), or ``None`` if unknown.
+        encode_video: ``f(vae, pixels) -> latents``: the model family's VAE encoding with its
+            latent normalization, ``pixels`` ``(B, 3, F, H, W)`` in [-1, 1], latents
+            ``(B, C, F, H, W)`` (calibration from videos); ``None`` if unknown.
         context_parallel: ``f(model) -> plan``: sixbit's context-parallel plan (diffusers'
             ``_cp_plan`` shape) for a class whose diffusers code ships none; its attention then
             runs on the whole ``[text, video]`` sequence through :mod:`sixbit.parallel.sequence`'s
@@ -131,6 +137,8 @@ class ModelSpec:
     interleaved: bool = False
     video_grid: Callable[[nn.Module, tuple, dict], "tuple[int, int] | None"] | None = None
     text_tokens: str | None = None
+    latent_layout: str | None = None
+    encode_video: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
     context_parallel: Callable[[nn.Module], dict] | None = None
 
     def io_for(self, block_list: str) -> BlockIO:
