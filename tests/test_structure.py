@@ -214,6 +214,28 @@ def test_the_checker_sees_an_upward_import():
     assert rank["config"] < rank["calibration"] and rank["nn"] < rank["runtime"] < rank["methods"] < rank["convert"]
 
 
+# Package __init__s that still define functions or classes, each with its reason. Keep it short.
+LOGIC_IN_INIT = {
+    "sixbit": "PEP 562 lazy names: `import sixbit` loads neither torch nor diffusers",
+    "sixbit.integrations": "runs at `import sixbit`, before diffusers is imported: tells diffusers the backend's name",
+    "sixbit.integrations.diffusers": "importing it replaces the light table entries by the real backend",
+    "sixbit.zoo.shapes": "the shipped models' loaders (the zoo sits outside the library core)",
+}
+
+
+def test_package_inits_re_export():
+    """Issue 59: a package __init__ holds imports, __all__ and constants, so a small utility under
+    it never drags logic in with it."""
+    found = []
+    for module, path in MODULES.items():
+        if path.name != "__init__.py" or module in LOGIC_IN_INIT:
+            continue
+        defined = [n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        if defined:
+            found.append(f"{module}: {defined}")
+    assert not found, "package __init__s that define functions or classes (move them to a module):\n" + "\n".join(found)
+
+
 TOP_LEVEL_MODULES = 12  # issue 59: the top level names its jobs; the rest lives in packages
 
 
