@@ -211,8 +211,38 @@ def test_unpacked_nvfp4_dequantization_is_bit_identical(compiled):
 ])
 def test_cpu_kind_names_the_matrix_instructions_that_set_the_speeds(monkeypatch, flags, kind):
     from sixbit.kernels import cpu, cpu_kind
+    for cap in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):  # the suite may run under one: tested below
+        monkeypatch.delenv(cap, raising=False)
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset(flags))
     assert cpu_kind() == kind
+
+
+AMX_CPU = {"amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx512bw", "avx512vl",
+           "avx512dq", "avx2"}
+
+
+@pytest.mark.parametrize("cap, kind, amx, bf16", [
+    ("AVX512_CORE_AMX", "AMX-BF16, AMX-INT8, AVX512-BF16, AVX512-VNNI", True, True),
+    ("avx512_core_bf16", "AVX512-BF16, AVX512-VNNI", False, True),
+    ("AVX512_CORE_VNNI", "AVX512-VNNI", False, False),
+    ("AVX2", "no AMX, AVX512-BF16 or VNNI", False, False),
+])
+def test_cpu_kind_follows_onednns_isa_cap(monkeypatch, cap, kind, amx, bf16):
+    from sixbit.kernels import amx_int8, cpu, cpu_kind, fastest_float_dtype
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset(AMX_CPU))
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert cpu_kind().split(";")[0] == kind  # "; ATen AVX2" follows where ATEN_CPU_CAPABILITY caps ATen
+    assert amx_int8() == (amx and hasattr(torch.ops.onednn, "qlinear_prepack"))
+    assert fastest_float_dtype("cpu") == (torch.bfloat16 if bf16 else torch.float32)
+
+
+def test_cpu_kind_names_atens_cap_below_the_cpus_own():
+    from sixbit.kernels import cpu, cpu_kind, isa
+    level = torch.backends.cpu.get_cpu_capability()  # ATEN_CPU_CAPABILITY, read once by torch
+    capped = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu._cpu_flags() and level in ("AVX2", "DEFAULT")
+    assert isa.aten_cap(cpu._cpu_flags()) == (level if capped else None)
+    assert cpu_kind().endswith(f"; ATen {level}") == capped
 
 
 def test_e2m1_round_is_the_format_rounding_bit_for_bit():

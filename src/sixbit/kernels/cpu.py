@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..formats.constants import F4_E2M1_MAX
+from . import isa
 
 
 def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
@@ -29,7 +30,7 @@ def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     """
     if torch.device(device).type != "cpu":
         return torch.bfloat16
-    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & _cpu_flags() else torch.float32
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & isa.usable(_cpu_flags()) else torch.float32
 
 
 @functools.cache
@@ -42,18 +43,19 @@ def _cpu_flags() -> frozenset[str]:
 
 
 def cpu_kind() -> str:
-    """The CPU's bf16 and INT8 matrix instructions, which decide how fast each path runs here
-    (e.g. ``"AMX-BF16, AMX-INT8, AVX512-BF16, AVX512-VNNI"``); named with every speed ratio."""
-    names = {"amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8", "amx_fp16": "AMX-FP16", "avx512_bf16": "AVX512-BF16",
-             "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI"}
-    return ", ".join(name for flag, name in names.items() if flag in _cpu_flags()) or "no AMX, AVX512-BF16 or VNNI"
+    """The bf16 and INT8 matrix instructions torch reaches here, which set each path's speed and
+    rounding (``"AMX-BF16, AMX-INT8, AVX512-BF16, AVX512-VNNI"``); named with every speed ratio. Caps count (:mod:`sixbit.kernels.isa`): ``ONEDNN_MAX_CPU_ISA=AVX2``
+    drops AMX and AVX512; ``ATEN_CPU_CAPABILITY=avx2`` on an AVX512 CPU adds ``"; ATen AVX2"``."""
+    flags, aten = isa.usable(_cpu_flags()), isa.aten_cap(_cpu_flags())
+    kind = ", ".join(name for flag, name in isa.MATRIX_FLAGS.items() if flag in flags) or "no AMX, AVX512-BF16 or VNNI"
+    return kind if aten is None else f"{kind}; ATen {aten}"
 
 
 def amx_int8() -> bool:
     """Whether this CPU has AMX INT8 tiles and torch reaches them (oneDNN's brgemm matmul through
-    ``torch.ops.onednn.qlinear_pointwise``). ``torch._int_mm`` takes oneDNN's generic s8 GEMM
-    instead, which on an AMX machine is no faster than a bf16 matmul (which does use AMX)."""
-    return "amx_int8" in _cpu_flags() and hasattr(torch.ops.onednn, "qlinear_prepack")
+    ``torch.ops.onednn.qlinear_pointwise``; not under an ``ONEDNN_MAX_CPU_ISA`` below AMX). ``torch._int_mm``
+    takes oneDNN's generic s8 GEMM instead, which on an AMX machine is no faster than a bf16 matmul."""
+    return "amx_int8" in isa.usable(_cpu_flags()) and hasattr(torch.ops.onednn, "qlinear_prepack")
 
 
 def pack_int8_weight(codes: torch.Tensor) -> torch.Tensor:
