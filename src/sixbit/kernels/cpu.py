@@ -1,10 +1,10 @@
 """INT8 × INT8 → INT32 matrix multiplication, and the CPU's fused INT8 ops (below).
 
 ``torch._int_mm`` runs a real integer GEMM (oneDNN's generic s8 GEMM on CPUs, which does not use
-AMX tiles: see :func:`amx_int8`; cuBLASLt on CUDA). Shapes it cannot take (on CUDA: M ≤ 16, or K,
-N not multiples of 8) go through an exact fallback: the products of int8 values summed in float64
-are exact integers while ``K · 127² < 2^53`` (any K below 5·10^11), so the int32 result is identical.
-"""
+AMX tiles: see :func:`amx_int8`; cuBLASLt on CUDA). What it cannot take (on CUDA: M ≤ 16, or K, N
+not multiples of 8; CPUs without VNNI, where its int16 sums saturate: wrong by up to 30 %) goes
+through an exact fallback: products of int8 values summed in float64 are exact integers while
+``K · 127² < 2^53`` (any K below 5·10^11), so the int32 result is identical."""
 
 from __future__ import annotations
 
@@ -88,9 +88,9 @@ def packed_int8_matmul_reference(a: torch.Tensor, codes: torch.Tensor, w_scale: 
 def int8_matmul_backend(device: torch.device | str, m: int, k: int, n: int) -> str:
     """Which path :func:`int8_matmul` takes for an (m, k) × (k, n) product on ``device``."""
     device = torch.device(device)
-    ok = hasattr(torch, "_int_mm") and (
-        device.type == "cpu" or (device.type == "cuda" and m > 16 and k % 8 == 0 and n % 8 == 0)
-    )
+    ok = hasattr(torch, "_int_mm") and (  # CPUs: oneDNN's s8 GEMM saturates in int16 without VNNI
+        (device.type == "cpu" and bool(isa.usable(_cpu_flags()) & {"avx512_vnni", "avx_vnni", "amx_int8"}))
+        or (device.type == "cuda" and m > 16 and k % 8 == 0 and n % 8 == 0))
     return "torch._int_mm" if ok else "float64 exact fallback"
 
 
@@ -127,8 +127,7 @@ def int8_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
 _MIN_ELEMENTS = 1 << 20  # the shipped tiny models peak at 0.4 M (never compile); CogVideoX-2B at 4.8 M
 _COMPILED: dict[str, object] = {}
 _STATE = {"enabled": True, "broken": None}
-# a value a kernel rounds to bf16 and reads back is the rounded value, as eagerly (inductor would
-# otherwise keep its fp32 value: see scale_epilogue_quantize)
+# a value a kernel rounds to bf16 and reads back is the rounded value, as eagerly (see scale_epilogue_quantize)
 _OPTIONS = {"emulate_precision_casts": True}
 log = logging.getLogger(__name__)
 
@@ -166,7 +165,8 @@ def _run(fn, *args, numel: int | None = None, per_width: bool = False):
         torch._dynamo.maybe_mark_dynamic(args[0], 0)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[key] = torch.compile(fn, dynamic=None if per_width else True, options=_OPTIONS)
+        compiled = _COMPILED[key] = torch.compile(fn, dynamic=None if per_width else True,
+                                                  options={**_OPTIONS, **isa.inductor_options()})
         try:
             return compiled(*args)
         except Exception as e:  # no C++ compiler, or inductor cannot build here: same numerics eagerly

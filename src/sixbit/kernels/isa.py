@@ -54,3 +54,13 @@ def aten_cap(flags: frozenset[str]) -> str | None:
     if level in _ATEN_LEVELS and _ATEN_LEVELS.index(level) < _ATEN_LEVELS.index(best):
         return level
     return None
+
+
+def inductor_options() -> dict:
+    """The vector width inductor compiles sixbit's CPU kernels for, named in their options: the
+    one it picks under ``ATEN_CPU_CAPABILITY`` (0: scalar). Named, it is part of the key of
+    inductor's on-disk FX graph cache, which otherwise is not: a kernel cached by an AVX512 run was
+    reused under ``ATEN_CPU_CAPABILITY=avx2`` and wrote garbage (NaN, 1e31; torch 2.13, measured)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return {"cpp.simdlen": pick_vec_isa().bit_width()}
