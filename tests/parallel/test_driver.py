@@ -23,7 +23,7 @@ import torch
 import sixbit
 from sixbit.methods.delta_cache import DeltaCache, DeltaCacheConfig
 from sixbit.nn import QuantLinear
-from sixbit.parallel import TensorParallelWrapper, feed_forward
+from sixbit.parallel import TensorParallelWrapper, driver, feed_forward
 from sixbit.presets import resolve
 from sixbit.runtime import blocks
 from sixbit.zoo.shapes import load_pipeline
@@ -54,12 +54,24 @@ def pids_of(wrapper) -> list[int]:
     return wrapper.on_workers(lambda w: os.getpid())
 
 
+@pytest.fixture
+def workers_threads():
+    """This process at each CPU worker's thread count (the driver's share of the cores) while a
+    test compares bits: a BLAS may round a GEMM differently at another thread count (MKL on an AMD
+    EPYC without AMX: a 10-row SGEMM, 1 against 2 threads, up to 3e-5), and "the same video" is the
+    single process's at the same thread count (README, parallel)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(driver._threads(2))
+    yield torch.get_num_threads()
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("arch, preset, mode, chunk_size", [
     ("wan", None, "tensor", 32),        # the seed's call, full precision
     ("wan", "w8a8", "tensor", 32),      # the seed's call, quantized
     ("cogvideox", "tdc", "sequence", None),  # a runtime method (the delta cache) across generations
 ])
-def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size, tmp_path):
+def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size, tmp_path, workers_threads):
     pipe = load_pipeline(arch)
     if preset == "tdc":  # a threshold at which the cache skips blocks within the few steps
         sixbit.convert_model(pipe, None, dataclasses.replace(resolve("tdc"), cache=DeltaCacheConfig(threshold=0.4)))
@@ -75,6 +87,7 @@ def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size,
     try:
         workers = pids_of(wrapped)
         assert len(set(workers)) == 2 and os.getpid() not in workers
+        assert wrapped.on_workers(lambda w: torch.get_num_threads()) == [workers_threads] * 2
         got = [video(wrapped, steps)]
         if preset == "tdc":  # the cache ran in the workers, and skipped there as here
             assert wrapped.on_workers(skipped) == [skips_here] * 2 and skips_here > 0
@@ -95,7 +108,7 @@ def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size,
 
 
 @pytest.mark.parametrize("preset", [None, "w8a8"])
-def test_a_plain_loop_with_a_lora_and_garbage_collection(preset):
+def test_a_plain_loop_with_a_lora_and_garbage_collection(preset, workers_threads):
     """A bare transformer (full precision, or converted) with a LoRA on every linear, called in a
     plain loop; the wrapper dropped without close(): its workers end."""
     transformer = load_pipeline("cogvideox").transformer
