@@ -8,15 +8,14 @@ through an exact fallback: products of int8 values summed in float64 are exact i
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-from pathlib import Path
 
 import torch
 
 from ..formats.constants import F4_E2M1_MAX
 from . import isa
+from .isa import cpu_flags as _cpu_flags  # a name tests replace
 
 
 def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
@@ -31,15 +30,6 @@ def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     if torch.device(device).type != "cpu":
         return torch.bfloat16
     return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & isa.usable(_cpu_flags()) else torch.float32
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        return frozenset(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                               if line.startswith("flags")), []))
-    except OSError:  # not Linux: no cheap way to ask
-        return frozenset()
 
 
 def cpu_kind() -> str:
@@ -89,7 +79,7 @@ def int8_matmul_backend(device: torch.device | str, m: int, k: int, n: int) -> s
     """Which path :func:`int8_matmul` takes for an (m, k) × (k, n) product on ``device``."""
     device = torch.device(device)
     ok = hasattr(torch, "_int_mm") and (  # CPUs: oneDNN's s8 GEMM saturates in int16 without VNNI
-        (device.type == "cpu" and bool(isa.usable(_cpu_flags()) & {"avx512_vnni", "avx_vnni", "amx_int8"}))
+        (device.type == "cpu" and isa.int_mm_exact())
         or (device.type == "cuda" and m > 16 and k % 8 == 0 and n % 8 == 0))
     return "torch._int_mm" if ok else "float64 exact fallback"
 

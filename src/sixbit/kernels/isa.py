@@ -9,8 +9,10 @@ activations) follow ``ATEN_CPU_CAPABILITY``. Both change speeds and roundings, s
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -28,6 +30,23 @@ CAPS = {  # oneDNN's ISA names (cpu_isa_t) → the matrix flags it may use up to
 }
 _NO_CAP = ("", "ALL", "DEFAULT", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16")
 _ATEN_LEVELS = ("DEFAULT", "AVX2", "AVX512")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's flags (/proc/cpuinfo); empty where there is none."""
+    try:
+        return frozenset(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                               if line.startswith("flags")), []))
+    except OSError:  # not Linux: no cheap way to ask
+        return frozenset()
+
+
+@torch.compiler.assume_constant_result  # traced models take it as a constant (no file read in the graph)
+def int_mm_exact() -> bool:
+    """Whether ``torch._int_mm`` is exact here: oneDNN reaches VNNI or AMX. Without them its s8
+    GEMM sums pairs of products in int16 and saturates (measured under ONEDNN_MAX_CPU_ISA=AVX2)."""
+    return bool(usable(cpu_flags()) & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def onednn_cap() -> str | None:
