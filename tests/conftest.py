@@ -8,13 +8,43 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # "auto", which keeps operands that are machine-specific (AMX-packed, folded) on its own.
 os.environ.setdefault("SIXBIT_LAYOUT", "compact")
 
+import signal
+import threading
+
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "deadline(seconds): the test fails with TimeoutError past this many seconds")
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _deadline(request):
+    """``@pytest.mark.deadline(seconds)``: past it, TimeoutError is raised in the test (SIGALRM, so
+    also inside a blocking wait), whose cleanup then stops what it started. For tests that start
+    processes: a lost signal or ranks in different collectives would otherwise wait forever."""
+    marker = request.node.get_closest_marker("deadline")
+    if marker is None or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+    seconds = marker.args[0]
+
+    def expired(signum, frame):
+        raise TimeoutError(f"{request.node.nodeid} ran past its deadline of {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def heavy_tailed(*shape: int) -> torch.Tensor:

@@ -390,7 +390,8 @@ def test_save_keeps_permissions_and_symlinks_and_cleans_orphans(tmp_path):
     link.symlink_to(real)
     sixbit.save(model, link)
     assert link.is_symlink() and os.path.realpath(link) == str(real)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=120)
     orphan = tmp_path / f".real.safetensors.{int(dead.stdout)}.abcd1234.tmp"  # a save killed mid-write
     orphan.write_bytes(b"partial")
     mine = tmp_path / f".real.safetensors.{os.getpid()}.abcd1234.tmp"  # a save of this process: kept

@@ -38,7 +38,8 @@ def test_bad_family_is_one_line_error(capsys):
 def test_console_script_runs():
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "sixbit"]
     assert script.value == "sixbit.cli:main"
-    proc = subprocess.run([sys.executable, "-m", "sixbit.cli", "formats", "--family", "nvfp4"], capture_output=True, text=True, check=False)
+    proc = subprocess.run([sys.executable, "-m", "sixbit.cli", "formats", "--family", "nvfp4"], capture_output=True, text=True, check=False,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "nvfp4" in proc.stdout
 

@@ -16,7 +16,8 @@ SRC = Path(sixbit.__file__).resolve().parents[1]
 
 def _python(code: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False,
+                          timeout=300)
 
 
 def test_import_loads_neither_torch_nor_diffusers():

@@ -30,6 +30,9 @@ def _kept(model) -> int:
 def test_kept_bytes_counts_codes_and_scales_per_kind_of_layer():
     assert layout.kept_bytes(SHAPES, "cpu") == 64 * 36 + 64 * 68 + 32 * 16
     assert layout.kept_bytes(SHAPES, "cuda") == 64 * 36 + 64 * 68  # weight-only layers unpack on CPUs only
+    int8 = [(64, 32, "int8")]  # INT8 weights: packed on AMX CPUs only, read as stored elsewhere
+    assert layout.kept_bytes(int8, "cpu") == (64 * 36 if kernels.amx_int8() else 0)
+    assert layout.kept_bytes(int8, "cuda") == 0
 
 
 def test_decide_keeps_operands_where_they_fit_and_says_why_not(monkeypatch):
@@ -104,8 +107,14 @@ def test_every_loading_path_lays_out_the_model(tmp_path, monkeypatch):
     tm.model.save_pretrained(tmp_path / "folder")
     loaded = build_tiny("wan")
     sixbit.load(file, loaded.model, layout="fast")
+    planned = layout.planned(loaded.model)
     sample(loaded, 1)
-    assert sixbit.layout_of(loaded.model).kept and _kept(loaded.model) > 0
+    decided = sixbit.layout_of(loaded.model)
+    assert decided.kept and decided.kept_bytes == planned.kept_bytes == _kept(loaded.model)  # as decided, so done
+    if kernels.amx_int8():  # w8a8's INT8 weights packed for the AMX kernel
+        assert _kept(loaded.model) > 0 and "AMX" in decided.reason
+    else:  # the INT8 GEMM reads them as stored: nothing to keep, and said so
+        assert _kept(loaded.model) == 0 and decided.reason.startswith("nothing to keep on cpu (")
     monkeypatch.setenv(layout.ENVIRONMENT, "auto")  # from_pretrained takes the default
     restored = type(tm.model).from_pretrained(tmp_path / "folder")
     assert sixbit.layout_of(restored) is None

@@ -59,6 +59,8 @@ def test_settings_are_checked():
 def test_default_baseline_is_the_fastest_float_dtype(monkeypatch):
     from sixbit.kernels import cpu
 
+    for cap in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):  # a cap hides AMX (tests/kernels/test_cpu.py)
+        monkeypatch.delenv(cap, raising=False)
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
     assert BenchSettings("shapes-wan", ["tdc"]).baseline == "bf16"
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset({"avx2"}))  # no native bf16 matmul: fp32 is fastest

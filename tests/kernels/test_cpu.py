@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +18,18 @@ def test_int8_matmul_equals_reference(m, k, n):
     assert torch.equal(out, int8_matmul_reference(a, b))
 
 
+def test_int8_matmul_stays_exact_where_onednn_has_no_vnni():
+    """Under ``ONEDNN_MAX_CPU_ISA=AVX2`` (as on CPUs without VNNI) ``torch._int_mm`` sums pairs of
+    products in int16 and saturates (measured: off by up to 34364 of 117438); int8_matmul falls back."""
+    code = ("import torch; from sixbit.kernels import int8_matmul, int8_matmul_backend, int8_matmul_reference\n"
+            "a = torch.randint(-128, 128, (64, 256), dtype=torch.int8); b = torch.randint(-128, 128, (32, 256), "
+            "dtype=torch.int8)\nassert int8_matmul_backend('cpu', 64, 256, 32) == 'float64 exact fallback'\n"
+            "assert torch.equal(int8_matmul(a, b), int8_matmul_reference(a, b))")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_extremes_accumulate_exactly():
     a = torch.full((4, 4096), -128, dtype=torch.int8)
     b = torch.full((2, 4096), -128, dtype=torch.int8)
@@ -21,7 +37,10 @@ def test_extremes_accumulate_exactly():
 
 
 def test_backend_and_errors():
-    assert int8_matmul_backend("cpu", 4096, 1920, 7680) == "torch._int_mm"
+    from sixbit.kernels import cpu_kind
+    # without VNNI oneDNN's s8 GEMM saturates in int16
+    vnni = bool({"AVX512-VNNI", "AVX-VNNI", "AMX-INT8"} & set(cpu_kind().split(";")[0].split(", ")))
+    assert int8_matmul_backend("cpu", 4096, 1920, 7680) == ("torch._int_mm" if vnni else "float64 exact fallback")
     assert int8_matmul_backend("cuda", 8, 1920, 7680) == "float64 exact fallback"
     with pytest.raises(ValueError, match="int8"):
         int8_matmul(torch.zeros(2, 2), torch.zeros(2, 2))
@@ -211,8 +230,38 @@ def test_unpacked_nvfp4_dequantization_is_bit_identical(compiled):
 ])
 def test_cpu_kind_names_the_matrix_instructions_that_set_the_speeds(monkeypatch, flags, kind):
     from sixbit.kernels import cpu, cpu_kind
+    for cap in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):  # the suite may run under one: tested below
+        monkeypatch.delenv(cap, raising=False)
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset(flags))
     assert cpu_kind() == kind
+
+
+AMX_CPU = {"amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx512bw", "avx512vl",
+           "avx512dq", "avx2"}
+
+
+@pytest.mark.parametrize("cap, kind, amx, bf16", [
+    ("AVX512_CORE_AMX", "AMX-BF16, AMX-INT8, AVX512-BF16, AVX512-VNNI", True, True),
+    ("avx512_core_bf16", "AVX512-BF16, AVX512-VNNI", False, True),
+    ("AVX512_CORE_VNNI", "AVX512-VNNI", False, False),
+    ("AVX2", "no AMX, AVX512-BF16 or VNNI", False, False),
+])
+def test_cpu_kind_follows_onednns_isa_cap(monkeypatch, cap, kind, amx, bf16):
+    from sixbit.kernels import amx_int8, cpu, cpu_kind, fastest_float_dtype
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset(AMX_CPU))
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert cpu_kind().split(";")[0] == kind  # "; ATen AVX2" follows where ATEN_CPU_CAPABILITY caps ATen
+    assert amx_int8() == (amx and hasattr(torch.ops.onednn, "qlinear_prepack"))
+    assert fastest_float_dtype("cpu") == (torch.bfloat16 if bf16 else torch.float32)
+
+
+def test_cpu_kind_names_atens_cap_below_the_cpus_own():
+    from sixbit.kernels import cpu, cpu_kind, isa
+    level = torch.backends.cpu.get_cpu_capability()  # ATEN_CPU_CAPABILITY, read once by torch
+    capped = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu._cpu_flags() and level in ("AVX2", "DEFAULT")
+    assert isa.aten_cap(cpu._cpu_flags()) == (level if capped else None)
+    assert cpu_kind().endswith(f"; ATen {level}") == capped
 
 
 def test_e2m1_round_is_the_format_rounding_bit_for_bit():

@@ -90,7 +90,8 @@ def test_forward_and_execution_follow_the_plan(switches, monkeypatch):
     run = execution.run
     monkeypatch.setattr(execution, "run", lambda layer, path, *a: ran.append(path) or run(layer, path, *a))
     words = {Path.INT8_FUSED: "Triton fused", Path.INT8_STATIC: "static W8A8", Path.W4A16: "Triton dequantize",
-             Path.NVFP4: "real, torch._scaled_mm FP4", Path.NVFP4_EMULATED: "emulated", Path.INT8: "int8 (real",
+             Path.NVFP4: "real, torch._scaled_mm FP4", Path.NVFP4_EMULATED: "emulated",
+             Path.INT8: "int8 (real" if kernels.int8_matmul_backend(CPU, 4, 64, 64) == "torch._int_mm" else "int8 (emulated",
              Path.FP_DENSE: "a kept dense copy"}
     x = torch.randn(2, 3, 64)
     seen = set()

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -23,11 +24,12 @@ import torch
 import sixbit
 from sixbit.methods.delta_cache import DeltaCache, DeltaCacheConfig
 from sixbit.nn import QuantLinear
-from sixbit.parallel import TensorParallelWrapper, feed_forward
+from sixbit.parallel import TensorParallelWrapper, deadlines, driver, feed_forward
 from sixbit.presets import resolve
 from sixbit.runtime import blocks
 from sixbit.zoo.shapes import load_pipeline
 
+pytestmark = pytest.mark.deadline(900)  # every test here starts processes (about 1 min each on 2 loaded cores)
 SCRIPT = Path(__file__).with_name("driver_script.py")
 PROMPT = ["a red circle moving right"]
 
@@ -54,12 +56,24 @@ def pids_of(wrapper) -> list[int]:
     return wrapper.on_workers(lambda w: os.getpid())
 
 
+@pytest.fixture
+def workers_threads():
+    """This process at each CPU worker's thread count (the driver's share of the cores) while a
+    test compares bits: a BLAS may round a GEMM differently at another thread count (MKL on an AMD
+    EPYC without AMX: a 10-row SGEMM, 1 against 2 threads, up to 3e-5), and "the same video" is the
+    single process's at the same thread count (README, parallel)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(driver._threads(2))
+    yield torch.get_num_threads()
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("arch, preset, mode, chunk_size", [
     ("wan", None, "tensor", 32),        # the seed's call, full precision
     ("wan", "w8a8", "tensor", 32),      # the seed's call, quantized
     ("cogvideox", "tdc", "sequence", None),  # a runtime method (the delta cache) across generations
 ])
-def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size, tmp_path):
+def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size, tmp_path, workers_threads):
     pipe = load_pipeline(arch)
     if preset == "tdc":  # a threshold at which the cache skips blocks within the few steps
         sixbit.convert_model(pipe, None, dataclasses.replace(resolve("tdc"), cache=DeltaCacheConfig(threshold=0.4)))
@@ -75,6 +89,7 @@ def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size,
     try:
         workers = pids_of(wrapped)
         assert len(set(workers)) == 2 and os.getpid() not in workers
+        assert wrapped.on_workers(lambda w: torch.get_num_threads()) == [workers_threads] * 2
         got = [video(wrapped, steps)]
         if preset == "tdc":  # the cache ran in the workers, and skipped there as here
             assert wrapped.on_workers(skipped) == [skips_here] * 2 and skips_here > 0
@@ -95,7 +110,7 @@ def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size,
 
 
 @pytest.mark.parametrize("preset", [None, "w8a8"])
-def test_a_plain_loop_with_a_lora_and_garbage_collection(preset):
+def test_a_plain_loop_with_a_lora_and_garbage_collection(preset, workers_threads):
     """A bare transformer (full precision, or converted) with a LoRA on every linear, called in a
     plain loop; the wrapper dropped without close(): its workers end."""
     transformer = load_pipeline("cogvideox").transformer
@@ -171,7 +186,9 @@ def test_chunks_reproduce_whole_feed_forwards_in_one_process():
     assert all(not sixbit.runtime.hooks.names(m) for m in feed_forward.feed_forwards(transformer).values())
 
 
-def _run_script(case: str, interrupt: bool = False) -> list[dict]:
+def _run_script(case: str, interrupt: bool = False, seconds: float = 300) -> list[dict]:
+    """The script's events, exit code and stderr; past ``seconds`` after the Ctrl-C (or the
+    module's deadline before it) TimeoutExpired / TimeoutError, and its process group is killed."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, str(SCRIPT), case], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)
@@ -183,11 +200,13 @@ def _run_script(case: str, interrupt: bool = False) -> list[dict]:
                 if interrupt and events[-1].get("generating"):
                     time.sleep(2)  # mid-generation
                     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
-        proc.wait(timeout=120)
+                    break
+        out, err = proc.communicate(timeout=seconds)
+        events += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    return events, proc.returncode, proc.stderr.read()
+    return events, proc.returncode, err
 
 
 def test_an_error_in_a_worker_is_raised_here_and_exit_leaves_no_worker():
@@ -204,3 +223,39 @@ def test_ctrl_c_in_the_caller_leaves_no_worker():
     events, code, err = _run_script("interrupt", interrupt=True)
     assert "KeyboardInterrupt" in err and code != 0
     assert gone(events[0]["pids"])
+
+
+def test_a_wait_past_the_timeout_stops_the_workers_with_a_clear_error(monkeypatch):
+    wrapped = TensorParallelWrapper(load_pipeline("wan"), device_ids=[0, 1])
+    workers = pids_of(wrapped)
+    monkeypatch.setenv(deadlines.TIMEOUT, "2")  # the caller's wait; the workers' collectives keep theirs
+    with pytest.raises(driver.WorkerError, match=r"did not answer a run within 2 s \(\$SIXBIT_WORKER_TIMEOUT\)"):
+        wrapped.on_workers(lambda w: time.sleep(600))
+    assert gone(workers)
+    with pytest.raises(RuntimeError, match="WorkerError during a run"):
+        wrapped.on_workers(lambda w: None)
+    wrapped.close()
+
+
+@pytest.mark.parametrize("swallowed", [False, True])
+def test_ctrl_c_while_the_workers_run_stops_them_all_first(swallowed):
+    """Ctrl-C kills the workers before the caller's handler runs: a caller that swallows it (here a
+    handler that returns; in the report, KeyboardInterrupt lost inside code that ignores it) is
+    not left waiting, the call fails."""
+    wrapped = TensorParallelWrapper(load_pipeline("wan"), device_ids=[0, 1])
+    workers, handler = pids_of(wrapped), signal.getsignal(signal.SIGINT)
+    seen = []
+    if swallowed:
+        signal.signal(signal.SIGINT, lambda *_: seen.append("ctrl-c"))
+    installed = signal.getsignal(signal.SIGINT)
+    ctrl_c = threading.Timer(3, os.kill, (os.getpid(), signal.SIGINT))
+    ctrl_c.start()
+    try:
+        with pytest.raises(driver.WorkerError if swallowed else KeyboardInterrupt):
+            wrapped.on_workers(lambda w: time.sleep(600))
+        assert seen == (["ctrl-c"] if swallowed else [])
+        assert gone(workers) and signal.getsignal(signal.SIGINT) is installed  # the caller's own again
+    finally:
+        ctrl_c.cancel()
+        signal.signal(signal.SIGINT, handler)
+    wrapped.close()

@@ -24,6 +24,9 @@ from sixbit.zoo.shapes import load_pipeline
 WORKER = Path(__file__).with_name("gloo_worker.py")
 
 
+pytestmark = pytest.mark.deadline(900)  # tests here start processes (torchrun, or workers where a check regressed)
+
+
 @pytest.fixture(scope="module")
 def gloo_job(tmp_path_factory) -> dict:
     """``torchrun --nproc-per-node 2`` of the worker (both shipped models, both modes, full

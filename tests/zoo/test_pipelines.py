@@ -147,6 +147,6 @@ def test_save_pretrained_then_from_pretrained_in_a_fresh_process(tmp_path):
             f"print('same', {arch!r})",
         ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, env=env)
+    res = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split() == ["same", "cogvideox", "same", "wan"]

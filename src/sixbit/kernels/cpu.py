@@ -1,21 +1,21 @@
 """INT8 × INT8 → INT32 matrix multiplication, and the CPU's fused INT8 ops (below).
 
 ``torch._int_mm`` runs a real integer GEMM (oneDNN's generic s8 GEMM on CPUs, which does not use
-AMX tiles: see :func:`amx_int8`; cuBLASLt on CUDA). Shapes it cannot take (on CUDA: M ≤ 16, or K,
-N not multiples of 8) go through an exact fallback: the products of int8 values summed in float64
-are exact integers while ``K · 127² < 2^53`` (any K below 5·10^11), so the int32 result is identical.
-"""
+AMX tiles: see :func:`amx_int8`; cuBLASLt on CUDA). What it cannot take (on CUDA: M ≤ 16, or K, N
+not multiples of 8; CPUs without VNNI, where its int16 sums saturate: wrong by up to 30 %) goes
+through an exact fallback: products of int8 values summed in float64 are exact integers while
+``K · 127² < 2^53`` (any K below 5·10^11), so the int32 result is identical."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-from pathlib import Path
 
 import torch
 
 from ..formats.constants import F4_E2M1_MAX
+from . import isa
+from .isa import cpu_flags as _cpu_flags  # a name tests replace
 
 
 def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
@@ -29,31 +29,23 @@ def fastest_float_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     """
     if torch.device(device).type != "cpu":
         return torch.bfloat16
-    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & _cpu_flags() else torch.float32
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        return frozenset(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                               if line.startswith("flags")), []))
-    except OSError:  # not Linux: no cheap way to ask
-        return frozenset()
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & isa.usable(_cpu_flags()) else torch.float32
 
 
 def cpu_kind() -> str:
-    """The CPU's bf16 and INT8 matrix instructions, which decide how fast each path runs here
-    (e.g. ``"AMX-BF16, AMX-INT8, AVX512-BF16, AVX512-VNNI"``); named with every speed ratio."""
-    names = {"amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8", "amx_fp16": "AMX-FP16", "avx512_bf16": "AVX512-BF16",
-             "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI"}
-    return ", ".join(name for flag, name in names.items() if flag in _cpu_flags()) or "no AMX, AVX512-BF16 or VNNI"
+    """The bf16 and INT8 matrix instructions torch reaches here, which set each path's speed and
+    rounding (``"AMX-BF16, AMX-INT8, AVX512-BF16, AVX512-VNNI"``); named with every speed ratio. Caps count (:mod:`sixbit.kernels.isa`): ``ONEDNN_MAX_CPU_ISA=AVX2``
+    drops AMX and AVX512; ``ATEN_CPU_CAPABILITY=avx2`` on an AVX512 CPU adds ``"; ATen AVX2"``."""
+    flags, aten = isa.usable(_cpu_flags()), isa.aten_cap(_cpu_flags())
+    kind = ", ".join(name for flag, name in isa.MATRIX_FLAGS.items() if flag in flags) or "no AMX, AVX512-BF16 or VNNI"
+    return kind if aten is None else f"{kind}; ATen {aten}"
 
 
 def amx_int8() -> bool:
     """Whether this CPU has AMX INT8 tiles and torch reaches them (oneDNN's brgemm matmul through
-    ``torch.ops.onednn.qlinear_pointwise``). ``torch._int_mm`` takes oneDNN's generic s8 GEMM
-    instead, which on an AMX machine is no faster than a bf16 matmul (which does use AMX)."""
-    return "amx_int8" in _cpu_flags() and hasattr(torch.ops.onednn, "qlinear_prepack")
+    ``torch.ops.onednn.qlinear_pointwise``; not under an ``ONEDNN_MAX_CPU_ISA`` below AMX). ``torch._int_mm``
+    takes oneDNN's generic s8 GEMM instead, which on an AMX machine is no faster than a bf16 matmul."""
+    return "amx_int8" in isa.usable(_cpu_flags()) and hasattr(torch.ops.onednn, "qlinear_prepack")
 
 
 def pack_int8_weight(codes: torch.Tensor) -> torch.Tensor:
@@ -86,9 +78,9 @@ def packed_int8_matmul_reference(a: torch.Tensor, codes: torch.Tensor, w_scale: 
 def int8_matmul_backend(device: torch.device | str, m: int, k: int, n: int) -> str:
     """Which path :func:`int8_matmul` takes for an (m, k) × (k, n) product on ``device``."""
     device = torch.device(device)
-    ok = hasattr(torch, "_int_mm") and (
-        device.type == "cpu" or (device.type == "cuda" and m > 16 and k % 8 == 0 and n % 8 == 0)
-    )
+    ok = hasattr(torch, "_int_mm") and (  # CPUs: oneDNN's s8 GEMM saturates in int16 without VNNI
+        (device.type == "cpu" and isa.int_mm_exact())
+        or (device.type == "cuda" and m > 16 and k % 8 == 0 and n % 8 == 0))
     return "torch._int_mm" if ok else "float64 exact fallback"
 
 
@@ -125,8 +117,7 @@ def int8_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
 _MIN_ELEMENTS = 1 << 20  # the shipped tiny models peak at 0.4 M (never compile); CogVideoX-2B at 4.8 M
 _COMPILED: dict[str, object] = {}
 _STATE = {"enabled": True, "broken": None}
-# a value a kernel rounds to bf16 and reads back is the rounded value, as eagerly (inductor would
-# otherwise keep its fp32 value: see scale_epilogue_quantize)
+# a value a kernel rounds to bf16 and reads back is the rounded value, as eagerly (see scale_epilogue_quantize)
 _OPTIONS = {"emulate_precision_casts": True}
 log = logging.getLogger(__name__)
 
@@ -164,7 +155,8 @@ def _run(fn, *args, numel: int | None = None, per_width: bool = False):
         torch._dynamo.maybe_mark_dynamic(args[0], 0)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[key] = torch.compile(fn, dynamic=None if per_width else True, options=_OPTIONS)
+        compiled = _COMPILED[key] = torch.compile(fn, dynamic=None if per_width else True,
+                                                  options={**_OPTIONS, **isa.inductor_options()})
         try:
             return compiled(*args)
         except Exception as e:  # no C++ compiler, or inductor cannot build here: same numerics eagerly

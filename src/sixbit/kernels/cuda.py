@@ -183,7 +183,8 @@ def available(device: torch.device | str | None = None) -> dict[str, str]:
         'real: torch._int_mm'
     """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    int8 = f"real: {int8_matmul_backend(device, 4096, 4096, 4096)}"
+    backend = int8_matmul_backend(device, 4096, 4096, 4096)  # the fallback (CPUs without VNNI): no INT8 arithmetic
+    int8 = f"real: {backend}" if backend == "torch._int_mm" else f"emulated (exact integers): {backend}"
     if select("int8", device, Operands(), CAPABILITIES) is Path.INT8_FUSED:
         int8 += " + Triton fused quantize (Hadamard fused) and epilogue"
     elif device.type == "cpu":

@@ -49,7 +49,7 @@ from torch import nn
 from .. import kernels
 from .offload import OffloadHook
 from ..models import transformer_of
-from ..nn import QuantLinear, execution
+from ..nn import QuantLinear, execution, weight_views
 from ..runtime import hooks
 from ..runtime.fusion import fuse_activations
 
@@ -66,9 +66,12 @@ class Layout:
     Attributes:
         choice: what was asked (``"auto"``, ``"fast"`` or ``"compact"``).
         device: the device it was decided for.
-        kept: whether the INT8 operands are kept (``"fast"``).
+        kept: whether the INT8 operands are kept ready (``"fast"``); where the stored weights
+            already are them (8-bit weights off AMX, static W8A8) that keeps 0 bytes, and ``reason``
+            says there is nothing to keep.
         fold: whether rotations and low-rank branches are folded into them (AMX CPUs).
-        kept_bytes: bytes the kept operands hold (``"fast"``), or would hold (``"compact"``).
+        kept_bytes: bytes the kept operands hold (``"fast"``), or would hold (``"compact"``), on this
+            device's CPU kind (:func:`kept_bytes`).
         reason: why, in words.
     """
 
@@ -116,12 +119,15 @@ def check_choice(choice: str | None, what: str = "layout") -> str:
 
 def kept_bytes(shapes, device: torch.device | str) -> int:
     """Bytes the kept operands of layers ``(out_features, in_features, kind)`` take on ``device``,
-    ``kind`` one of ``"gemm"`` (INT8 calls: codes and a scale per row), ``"weight_only"``
-    (CPUs: NVFP4 values unpacked, one int8 each) and ``"static"`` (static W8A8: nothing kept). An
-    upper bound: off AMX, 8-bit weights the INT8 GEMM reads as they are need no copy."""
+    ``kind`` one of ``"gemm"`` (INT8 calls of weights the INT8 GEMM cannot read: an INT8 copy,
+    codes and a scale per row), ``"int8"`` (per-channel INT8 weights: packed for AMX on AMX CPUs,
+    read as stored elsewhere), ``"weight_only"`` (CPUs: NVFP4 values unpacked, one int8 each)
+    and ``"static"`` (static W8A8: nothing kept). What :func:`apply` keeps there, byte for byte."""
     device = torch.device(device)
+    cpu, amx = device.type == "cpu", device.type == "cpu" and kernels.amx_int8()
     per_layer = {"gemm": lambda n, k: n * (k + 4), "static": lambda n, k: 0,
-                 "weight_only": lambda n, k: n * k if device.type == "cpu" else 0}
+                 "int8": lambda n, k: n * (k + 4) if amx else 0,
+                 "weight_only": lambda n, k: n * k if cpu else 0}
     return sum(per_layer[kind](n, k) for n, k, kind in shapes)
 
 
@@ -145,12 +151,7 @@ def decide(shapes, device: torch.device | str, choice: str | None = None, offloa
     device, choice = torch.device(device), check_choice(choice)
     size = kept_bytes(shapes, device)
     fold = device.type == "cpu" and kernels.amx_int8()
-    if device.type == "cpu":
-        gain = ("INT8 operands packed for oneDNN's AMX INT8 kernel, rotations and branches folded in: measured fastest "
-                "on AMX CPUs" if fold else "INT8 copies of 4-bit weights instead of re-rounding them on every call "
-                "(measured faster on AMX CPUs; this CPU kind has no AMX-INT8)")
-    else:
-        gain = "INT8 copies of 4-bit weights instead of re-rounding them on every INT8 call"
+    gain = _gain(shapes, device, fold, size)
     if choice == "compact":
         return Layout(choice, device, False, False, size, "the stored weights alone, re-rounded on every call (asked)")
     if choice == "fast" or size == 0:
@@ -163,6 +164,22 @@ def decide(shapes, device: torch.device | str, choice: str | None = None, offloa
         return Layout(choice, device, False, False, size, f"kept operands would take more than half of the "
                       f"{free / 2**30:.1f} GiB free on {device}; layout='fast' keeps them anyway")
     return Layout(choice, device, True, fold, size, gain)
+
+
+def _gain(shapes, device: torch.device, fold: bool, size: int) -> str:
+    """Why ``"fast"`` pays on ``device``, in words: what it keeps there, or that it keeps nothing."""
+    if fold:
+        return ("INT8 operands packed for oneDNN's AMX INT8 kernel, rotations and branches folded in: measured "
+                "fastest on AMX CPUs")
+    if size == 0:
+        return (f"nothing to keep on {device_kind(device)}: the INT8 GEMM reads the stored weights as they are; "
+                "each feed-forward's GELU runs in its linear's INT8 epilogue")
+    copies = "INT8 copies of 4-bit weights instead of re-rounding them on every INT8 call"
+    if device.type != "cpu":
+        return copies
+    if not any(kind == "gemm" for *_, kind in shapes):
+        return "NVFP4 weight-only values unpacked: a multiply instead of a table lookup on every call"
+    return f"{copies} (measured faster on AMX CPUs; this CPU kind has no AMX-INT8)"
 
 
 def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True) -> int:
@@ -298,7 +315,8 @@ class _LayoutHook(ModelHook):
 
 
 def _shapes(model: nn.Module) -> list[tuple[int, int, str]]:
-    kind = lambda m: "weight_only" if m.weight_only else "static" if execution.is_static(m) else "gemm"  # noqa: E731
+    kind = lambda m: ("weight_only" if m.weight_only else "static" if execution.is_static(m)  # noqa: E731
+                      else "int8" if weight_views.fits_int8_gemm(m.quantized_weight()) else "gemm")
     return [(m.out_features, m.in_features, kind(m)) for m in model.modules() if isinstance(m, QuantLinear)]
 
 

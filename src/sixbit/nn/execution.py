@@ -115,10 +115,11 @@ def describe(layer, path: Path, device: torch.device) -> str:
         folded = " (rotation and branch folded in)" if path is Path.INT8_FOLDED else ""
         return f"int8 (real, oneDNN AMX INT8 on a packed copy{folded})"
     backend = kernels.int8_matmul_backend(device, 4096, layer.in_features, layer.out_features)
+    backend = f"real, {backend}" if backend == "torch._int_mm" else f"emulated with exact integers, {backend}"
     if path is Path.INT8_STATIC:
-        return f"{input_quantizer(layer).describe()} (real, {backend})"
+        return f"{input_quantizer(layer).describe()} ({backend})"
     fused = " + Triton fused quantize" if path is Path.INT8_FUSED else ""
-    return f"int8 (real, {backend}{fused})"
+    return f"int8 ({backend}{fused})"
 
 
 class Call(NamedTuple):

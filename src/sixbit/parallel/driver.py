@@ -18,7 +18,9 @@ worker process per device and drives them; the caller keeps its pipeline and its
 - **Errors.** An exception in a worker is raised here, the same exception with the worker's
   traceback as its cause. A worker that ends, an error or a ``KeyboardInterrupt`` while the
   workers run stops them all (their collectives are mid-call): the wrapper refuses calls after
-  that, and ``close()`` gives the model back to run here.
+  that, and ``close()`` gives the model back to run here. Ctrl-C while they run kills them
+  before ``KeyboardInterrupt`` is raised here, and a wait past ``$SIXBIT_WORKER_TIMEOUT`` seconds
+  stops them with a :class:`WorkerError` (:mod:`.deadlines`).
 - **Stop.** ``close()``, garbage collection of the wrapper and interpreter exit stop the
   workers; workers ignore SIGINT (Ctrl-C is the caller's to handle) and are killed by the
   kernel if the caller dies (Linux ``PR_SET_PDEATHSIG``).
@@ -37,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import datetime
 import logging
 import os
 import pickle
@@ -44,6 +47,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import traceback
 import types
 import weakref
@@ -60,6 +64,7 @@ from torch import nn
 from ..lora import linear_factors, set_linear_factors
 from ..runtime import hooks
 from ..runtime.context import ContextRecorder
+from .deadlines import expired, killed_on_ctrl_c, timeout
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +189,7 @@ def _serve(conn, wrap, rank: int, world: int, device: torch.device, mode: str, c
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.FileStore(store, world),
-                                rank=rank, world_size=world)
+                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout()))
         transformer, factors = torch.load(model_path, mmap=True, weights_only=False)
         set_linear_factors(transformer, factors)
         wrapper = wrap(transformer, device_ids=[device.index] * world if device.type == "cuda" else None,
@@ -320,22 +325,28 @@ class Driver:
                                "this process, or close() and wrap it again")
         data = cloudpickle.dumps((op, payload))
         try:
-            for conn in self.conns:
-                conn.send_bytes(data)
-            return self._replies()
+            with killed_on_ctrl_c(self.processes):
+                for conn in self.conns:
+                    conn.send_bytes(data)
+                return self._replies(op)
         except BaseException as e:  # a worker's error, a worker gone, Ctrl-C: the others are mid-collective
             self.failed = f"{type(e).__name__} during a {op}"
             self._finalizer.detach()
             _stop(self.processes, self.conns, self._folder, graceful=False)
             raise
 
-    def _replies(self) -> list:
-        """Every worker's answer, in rank order; the first error raised as the worker raised it."""
+    def _replies(self, op: str = "start") -> list:
+        """Every worker's answer, in rank order; the first error raised as the worker raised it,
+        :class:`WorkerError` past :func:`~.deadlines.timeout` seconds (the caller stops them)."""
         replies = [None] * self.world
         waiting = {conn: rank for rank, conn in enumerate(self.conns)}
         sentinels = {p.sentinel: rank for rank, p in enumerate(self.processes)}
+        deadline = time.monotonic() + timeout()
         while waiting:
-            for ready in wait([*waiting, *sentinels]):
+            ready_now = wait([*waiting, *sentinels], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready_now:
+                raise WorkerError(expired(op, sorted(waiting.values())))
+            for ready in ready_now:
                 if ready in sentinels:
                     rank = sentinels[ready]
                     if self.conns[rank] in waiting and not self.conns[rank].poll():
@@ -343,7 +354,12 @@ class Driver:
                                           f"{self.processes[rank].exitcode} before it answered")
                     continue
                 rank = waiting.pop(ready)
-                reply = pickle.loads(ready.recv_bytes())
+                try:
+                    reply = pickle.loads(ready.recv_bytes())
+                except EOFError:  # it ended (killed, crashed) before it answered
+                    self.processes[rank].join(_STOP_SECONDS)
+                    raise WorkerError(f"worker {rank} (pid {self.processes[rank].pid}) ended with exit code "
+                                      f"{self.processes[rank].exitcode} before it answered") from None
                 if reply[0] == "error":
                     _, error, text = reply
                     if error is None:

@@ -13,9 +13,11 @@ Why output rows only (column parallelism), never the input dimension (Megatron's
 second layer): a row slice sees the whole input, so every format, Hadamard block, activation
 scale (per token, per tensor, static) and runtime decision is the single-process one, and the
 packed formats need no cut inside their blocks (they run along the input). No sum is split
-across ranks: the shipped (fp32) models' videos are bit for bit the single process's, quantized
-and cached ones included (measured on this CPU; bf16 GEMM kernels may round a narrower output
-differently: one call of a bf16 CogVideoX-2B-width model came out at 57–64 dB). That matters: a
+across ranks: the shipped (fp32) models' videos are bit for bit the single process's at the
+workers' thread count, quantized and cached ones included (measured on AMX and AVX512-VNNI CPUs;
+at another thread count a BLAS may round differently: README, parallel; bf16 GEMM kernels may
+round a narrower output differently: one call of a bf16 CogVideoX-2B-width model came out at
+57–64 dB). That matters: a
 quantized model amplifies a 1e-7 relative difference in one block's output into a 40–46 dB video
 difference (INT8 roundings flip, and the sampler compounds them), so a split sum of squares or a
 row-parallel partial sum would cost more than all of the quantization's own error budget. The
