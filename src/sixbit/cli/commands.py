@@ -21,9 +21,8 @@ from ..builder import conversion_device
 from ..footprint import summary
 from ..convert import conversion_of, convert_model
 from ..pipelines import SHAPES_CLASSES, SHIPPED, is_transformer_folder, load_pipeline, shapes_arch
-from ..methods.attention import AttentionQuantConfig
-from ..methods.delta_cache import DeltaCacheConfig, enable_delta_cache
-from ..config import Activations
+from ..methods.delta_cache import enable_delta_cache
+from ..config import Activations, AttentionQuantConfig, DeltaCacheConfig
 from ..integrations.diffusers.folder import check_apart
 from ..integrations.diffusers.reading import load_folder, read_folder_header
 from ..presets import PRESETS, calibration_free, for_device, resolve

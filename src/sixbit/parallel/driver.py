@@ -62,6 +62,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
 from ..lora import linear_factors, set_linear_factors
+from ..memory.devices import compute_device
 from ..runtime import hooks
 from ..runtime.context import ContextRecorder
 from .deadlines import expired, killed_on_ctrl_c, timeout
@@ -81,21 +82,10 @@ def devices(device_ids) -> list[torch.device]:
                          f"got {device_ids!r}")
     found = []
     for d in device_ids:
-        if isinstance(d, int) and not isinstance(d, bool) and d >= 0:
-            found.append(torch.device("cuda", d) if torch.cuda.is_available() else torch.device("cpu"))
-            continue
-        try:
-            device = torch.device(d) if isinstance(d, (str, torch.device)) else None
-        except RuntimeError:
-            device = None
-        if device is None or device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device_ids[{len(found)}] is {d!r}: give a CUDA index (0, 1, …), 'cpu' or 'cuda:N'")
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(f"device_ids names {d!r}, and this machine has no CUDA device: use 'cpu' "
-                                 "(or plain indices, which mean CPU workers here)")
-            device = torch.device("cuda", device.index or 0)
-        found.append(device)
+        if isinstance(d, int) and not isinstance(d, bool) and d >= 0:  # an index: a GPU, or a CPU worker without GPUs
+            d = f"cuda:{d}" if torch.cuda.is_available() else "cpu"
+        found.append(compute_device(d, f"device_ids[{len(found)}] is {d!r}", "give a CUDA index (0, 1, …), 'cpu' or "
+                                    "'cuda:N' (plain indices mean CPU workers on a machine without GPUs)"))
     if not found:
         raise ValueError("device_ids is empty: give one device per worker, e.g. [0, 1]")
     if len({d.type for d in found}) > 1:
@@ -104,9 +94,6 @@ def devices(device_ids) -> list[torch.device]:
     cuda = [d.index for d in found if d.type == "cuda"]
     if len(set(cuda)) < len(cuda):
         raise ValueError(f"device_ids names a GPU twice ({cuda}): one worker per GPU")
-    if cuda and max(cuda) >= torch.cuda.device_count():
-        raise ValueError(f"device_ids names cuda:{max(cuda)}, and this machine has {torch.cuda.device_count()} "
-                         "CUDA device(s)")
     return found
 
 
