@@ -1,4 +1,5 @@
-"""The driver behind ``TensorParallelWrapper(model, device_ids=[0, 1])`` in a plain process.
+"""The driver behind ``TensorParallelWrapper(model, device_ids=[0, 1])`` in a plain process
+(one file past 380 lines: the caller's side of one request protocol; the deadlines are apart).
 
 With no process group in the calling process (a script, a notebook), the wrapper starts one
 worker process per device and drives them; the caller keeps its pipeline and its loops:
