@@ -74,6 +74,8 @@ def test_sixbit_config_overrides_and_round_trip():
         SixbitConfig("w8a8", bitz=4)
     with pytest.raises(ValueError, match="keeps the weights in full precision"):
         SixbitConfig("tdc", gptq=False)
+    with pytest.raises(ValueError, match=r"\['gptq'\] set how weights are quantized.*weights=None"):
+        SixbitConfig("w8a8", weights=None, gptq=False)  # issue 61: a raw TypeError from dataclasses.replace
 
 
 @pytest.mark.parametrize("name", sorted([*TINY_BUILDERS, "sana-video"]))  # sana-video: pointwise-conv feed-forward

@@ -113,8 +113,9 @@ def _with_overrides(config: ConvertConfig, overrides: dict[str, Any]) -> Convert
     outer = {k: v for k, v in overrides.items() if k in _CONVERT_FIELDS}
     inner = {k: v for k, v in overrides.items() if k not in _CONVERT_FIELDS}
     if inner:
-        if config.weights is None and "weights" not in outer:
+        weights = outer.get("weights", config.weights)
+        if weights is None:  # also weights=None given beside them (issue 61: a raw TypeError from replace())
             raise ValueError(f"SixbitConfig: {sorted(inner)} set how weights are quantized, but this config keeps "
-                             "the weights in full precision (weights=None)")
-        outer["weights"] = dataclasses.replace(outer.get("weights", config.weights), **inner)
+                             "the weights in full precision (weights=None): drop one or the other")
+        outer["weights"] = dataclasses.replace(weights, **inner)
     return dataclasses.replace(config, **outer)
