@@ -212,4 +212,9 @@ def test_a_save_with_a_lora_says_the_lora_is_not_stored(tmp_path, caplog):
     sixbit.load_lora(pipe, lora(), adapter_name="style")
     with caplog.at_level("WARNING", logger="sixbit.checkpoint"):
         sixbit.save(pipe, tmp_path / "m.safetensors")
-    assert "LoRA(s) ['style'] are not stored" in caplog.text
+    assert "LoRA(s) ['style'] are not stored" in caplog.text and "after sixbit.load" in caplog.text
+    caplog.clear()  # issue 61: save_pretrained dropped it without a word
+    with caplog.at_level("WARNING", logger="sixbit.checkpoint"):
+        pipe.transformer.save_pretrained(tmp_path / "folder")
+    assert f"LoRA(s) ['style'] are not stored in {tmp_path / 'folder'}" in caplog.text
+    assert "after from_pretrained" in caplog.text
