@@ -158,3 +158,13 @@ def test_a_sixbit_lora_onto_a_model_with_a_peft_lora_names_peft(tmp_path):
     with pytest.raises(ValueError, match=r"LoRA\(s\) \['style'\] are loaded through PEFT .*unload_lora_weights"):
         sixbit.load_lora(model, tmp_path / "lora" / "lora.safetensors", adapter_name="second")
     assert sixbit.loras(model) == []
+
+
+def test_a_folder_saved_with_a_peft_lora_loaded_names_peft_when_streamed(tmp_path):
+    """diffusers' save_pretrained writes PEFT's wrapped names (``to_q.base_layer.weight``,
+    ``to_q.lora_A.style.weight``); the streamed conversion said only "do not fit its config.json"."""
+    _with_peft_lora(tmp_path).save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match=r"saved with a PEFT LoRA loaded \(e.g. 'transformer_blocks.0.attn1.to_k.base_"
+                                         r"layer.bias'\).*fuse_lora\(\).*unload_lora\(\)"):
+        sixbit.convert_pretrained(tmp_path / "model", "w8a8", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
