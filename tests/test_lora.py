@@ -180,8 +180,16 @@ def test_set_adapters_with_an_unknown_name_is_an_error_and_changes_nothing():
         pipe.transformer.set_adapters("nope")
     with pytest.raises(ValueError, match="2 adapter names but 1 weights"):
         pipe.transformer.set_adapters(["style", "style"], [0.5])
-    with pytest.raises(ValueError, match="adapter weight must be a finite number"):
+    with pytest.raises(ValueError, match="weight of adapter 'style' must be a finite number, got nan"):
         pipe.transformer.set_adapters("style", float("nan"))
+    with pytest.raises(ValueError, match="weight of adapter 'style' must be a finite number, got nan"):
+        pipe.transformer.set_adapters(["style"], [float("nan")])
+    # issue 61: a dict was read key by key ("an adapter weight must be a finite number, got 'style'")
+    with pytest.raises(ValueError, match=r"weight of adapter 'style' is \{'style': nan\}, a dict of per-layer "
+                                         r"weights.*set_adapters\(\['style'\], \[1.0\]\)"):
+        pipe.transformer.set_adapters("style", weights={"style": float("nan")})
+    with pytest.raises(ValueError, match=r"weight of adapter 'style' is \{'style': 0.5\}, a dict"):
+        pipe.transformer.set_adapters(["style"], [{"style": 0.5}])
     assert layer.loras == {"style": 1.0}
     pipe.transformer.set_adapters("style", 0.25)
     assert layer.loras == {"style": 0.25}
@@ -212,4 +220,9 @@ def test_a_save_with_a_lora_says_the_lora_is_not_stored(tmp_path, caplog):
     sixbit.load_lora(pipe, lora(), adapter_name="style")
     with caplog.at_level("WARNING", logger="sixbit.checkpoint"):
         sixbit.save(pipe, tmp_path / "m.safetensors")
-    assert "LoRA(s) ['style'] are not stored" in caplog.text
+    assert "LoRA(s) ['style'] are not stored" in caplog.text and "after sixbit.load" in caplog.text
+    caplog.clear()  # issue 61: save_pretrained dropped it without a word
+    with caplog.at_level("WARNING", logger="sixbit.checkpoint"):
+        pipe.transformer.save_pretrained(tmp_path / "folder")
+    assert f"LoRA(s) ['style'] are not stored in {tmp_path / 'folder'}" in caplog.text
+    assert "after from_pretrained" in caplog.text

@@ -10,6 +10,7 @@ import torch
 from diffusers import CogVideoXTransformer3DModel
 from safetensors.torch import load_file, save_file
 from test_checkpoint import build, inputs
+from test_lora import _peft_lora
 
 import sixbit
 from sixbit.checkpoint.file import _digest
@@ -87,3 +88,83 @@ def test_load_of_a_checkpoint_whose_record_holds_it(tmp_path):
     assert _unchanged(model, before) and sixbit.conversion_of(model) is None
     with torch.no_grad():
         model(**inputs())  # still the plain model
+
+
+# ---- issue 61: a LoRA loaded by diffusers through PEFT (load_lora_adapter / pipe.load_lora_weights) -----
+# on the full-precision model wraps its layers in PEFT's; a conversion or a load replaced what was
+# under them and returned normally, after which generation failed, diffusers could not remove the
+# LoRA and the checkpoint did not load. Every way in now refuses it with one message, and changes nothing.
+
+
+def _with_peft_lora(tmp_path, seed=0):
+    model = build(seed)
+    lora = _peft_lora(model, tmp_path / "lora", strength=0.5)
+    model.load_lora_adapter(tmp_path / "lora", weight_name=lora.name, prefix=None, adapter_name="style")
+    return model
+
+
+PEFT_REFUSAL = r"replaces layers PEFT has wrapped for LoRA\(s\) \[.style.\].*fuse_lora\(\).*unload_lora_weights\(\).*load_lora_weights"
+
+
+@pytest.mark.parametrize("way", ["convert_model", "static_w8a8", "tune", "quantize", "load"])
+def test_a_peft_lora_is_refused_by_every_way_in_and_nothing_changes(tmp_path, way):
+    path = sixbit.save(sixbit.convert_model(build(0), None, "w8a8"), tmp_path / "w8a8.safetensors")
+    model = _with_peft_lora(tmp_path)
+    before = _state(model)
+    with torch.no_grad():
+        video = model(**inputs()).sample
+    calls = {"convert_model": lambda: sixbit.convert_model(model, None, "w8a8"),
+             "static_w8a8": lambda: sixbit.convert_model(model, lambda: None, ConvertConfig(weights=None, activations="static")),
+             "tune": lambda: sixbit.tune(model, lambda: None, max_bits=6.0, progress=False),
+             "quantize": lambda: sixbit.quantize(model, QuantConfig(weight_format="int8"), progress=False),
+             "load": lambda: sixbit.load(path, model)}
+    with pytest.raises(ValueError, match=PEFT_REFUSAL):
+        calls[way]()
+    assert _unchanged(model, before) and sixbit.conversion_of(model) is None
+    with torch.no_grad():
+        assert torch.equal(model(**inputs()).sample, video)  # the LoRA still runs, through PEFT
+    model.unload_lora()  # and diffusers still removes it
+    assert not any(type(m).__module__.startswith("peft.") for m in model.modules())
+
+
+def test_the_ways_the_peft_refusal_names_work(tmp_path):
+    """Fused into the weights (then PEFT's layers removed), or loaded after the conversion."""
+    model = _with_peft_lora(tmp_path)
+    model.fuse_lora()
+    model.unload_lora()
+    sixbit.convert_model(model, None, "w8a8")
+    converted = sixbit.convert_model(build(0), None, "w8a8")
+    converted.load_lora_adapter(tmp_path / "lora", weight_name="lora.safetensors", prefix=None, adapter_name="style")
+    assert sixbit.loras(converted) == ["style"]
+    with torch.no_grad():
+        fused, late = model(**inputs()).sample, converted(**inputs()).sample
+    assert (fused - late).abs().max() < 0.05 * fused.abs().max()  # the same LoRA, either way
+
+
+def test_a_sixbit_lora_on_the_full_precision_model_is_refused_by_quantize(tmp_path):
+    """convert_model refused it already; sixbit.quantize replaced the layers and the LoRA stopped acting."""
+    model = build(0)
+    lora = _peft_lora(model, tmp_path, strength=0.5)
+    sixbit.load_lora(model, lora, adapter_name="style")
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"sixbit.quantize replaces the layers that LoRA\(s\) \['style'\]"):
+        sixbit.quantize(model, QuantConfig(weight_format="int8"), progress=False)
+    assert _unchanged(model, before) and not any(isinstance(m, sixbit.nn.QuantLinear) for m in model.modules())
+
+
+def test_a_sixbit_lora_onto_a_model_with_a_peft_lora_names_peft(tmp_path):
+    """Before: "'...to_q': Linear, not a linear layer (was it made for another model?)"."""
+    model = _with_peft_lora(tmp_path)
+    with pytest.raises(ValueError, match=r"LoRA\(s\) \['style'\] are loaded through PEFT .*unload_lora_weights"):
+        sixbit.load_lora(model, tmp_path / "lora" / "lora.safetensors", adapter_name="second")
+    assert sixbit.loras(model) == []
+
+
+def test_a_folder_saved_with_a_peft_lora_loaded_names_peft_when_streamed(tmp_path):
+    """diffusers' save_pretrained writes PEFT's wrapped names (``to_q.base_layer.weight``,
+    ``to_q.lora_A.style.weight``); the streamed conversion said only "do not fit its config.json"."""
+    _with_peft_lora(tmp_path).save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match=r"saved with a PEFT LoRA loaded \(e.g. 'transformer_blocks.0.attn1.to_k.base_"
+                                         r"layer.bias'\).*fuse_lora\(\).*unload_lora\(\)"):
+        sixbit.convert_pretrained(tmp_path / "model", "w8a8", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -176,9 +176,11 @@ LAYERS = [
     "version", "files",                                     # no sixbit imports
     "formats", "transforms", "kernels", "nn", "models",     # numbers, kernels, layers, model metadata
     "config", "presets",                                    # every config, the named ones
-    "runtime", "memory", "calibration", "rounding", "builder",  # steps and hooks; offload; statistics; weights
+    "runtime", "memory", "calibration", "rounding",         # steps and hooks; offload; statistics
+    "lora",                                                 # LoRAs: below the builder, which refuses to replace their layers
+    "builder",                                              # weights
     "methods",                                              # the runtime methods and their registry
-    "lora", "preflight", "checkpoint", "footprint", "convert", "parallel", "tuning",  # the public jobs
+    "preflight", "checkpoint", "footprint", "convert", "parallel", "tuning",  # the public jobs
     "integrations", "streaming",                            # diffusers' doors in; real size from files
     "eval", "zoo", "pipelines", "bench", "optimize", "cli", "__main__",  # around the library
 ]

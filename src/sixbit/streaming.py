@@ -145,6 +145,11 @@ def _check_layout(folder: Path, model: nn.Module, shards: SafetensorsFolder) -> 
     unexpected = sorted(set(shards.layout) - set(state))
     wrong = [f"{k}: file {shards.layout[k][0]} vs model {tuple(state[k].shape)}"
              for k in state if k in shards.layout and shards.layout[k][0] != tuple(state[k].shape)]
+    peft = [k for k in unexpected if ".base_layer." in k or ".lora_A." in k]  # PEFT's wrapped names
+    if peft:
+        raise ValueError(f"the weights in {str(folder)!r} were saved with a PEFT LoRA loaded (e.g. {peft[0]!r}): "
+                         "save the full-precision model again after fusing the LoRA into it (fuse_lora(), then "
+                         "unload_lora()) or after removing it (unload_lora()), and convert that folder")
     if missing or unexpected or wrong:
         problems = [f"missing {k}" for k in missing[:5]] + [f"unexpected {k}" for k in unexpected[:5]] + wrong[:5]
         raise ValueError(f"the weights in {str(folder)!r} do not fit its config.json: {problems}")

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from ..calibration import hessians
 from .block_inputs import BlockInputs, keeping
 from ..config import QuantConfig
+from ..lora import check_no_loras
 from ..memory import allocator
 from ..memory.devices import total_memory
 from ..models import iter_blocks
@@ -183,7 +184,8 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
     :mod:`sixbit.models`), by ``include``/``exclude`` patterns and by block position, as
     described in :class:`~sixbit.QuantConfig`; its weight algorithms (scale search, GPTQ, the
     low-rank branch) run here, once (:mod:`sixbit.rounding`). An error leaves the model
-    unchanged. The model keeps working inside its diffusers pipeline. Returns ``model``.
+    unchanged; a model with a LoRA loaded (sixbit's or PEFT's) is refused (:func:`sixbit.lora.check_no_loras`).
+    The model keeps working inside its diffusers pipeline. Returns ``model``.
 
     Args:
         model: the transformer.
@@ -207,6 +209,7 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
     config = config or QuantConfig()
     if not isinstance(config, QuantConfig):
         raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
+    check_no_loras(model, "sixbit.quantize")
     plan = plan_layers(model, config)
     quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
     logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)

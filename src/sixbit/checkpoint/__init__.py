@@ -9,9 +9,10 @@
   diffusers' methods, its layout): one list for every way in.
 """
 
-from .file import FORMAT_VERSION, CheckpointWriter, check_header, check_tensors, open_checkpoint, read_header, save
+from .file import (FORMAT_VERSION, CheckpointWriter, check_header, check_tensors, open_checkpoint, read_header, save,
+                   warn_loras_not_stored)
 from .finishing import attach_save, finish, register_save_method
 from .loading import load
 
 __all__ = ["FORMAT_VERSION", "CheckpointWriter", "attach_save", "check_header", "check_tensors", "finish", "load",
-           "open_checkpoint", "read_header", "register_save_method", "save"]
+           "open_checkpoint", "read_header", "register_save_method", "save", "warn_loras_not_stored"]

@@ -162,14 +162,21 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
     if isinstance(model, QuantLinear):  # load() replaces layers inside a model, never the model itself
         raise ValueError("a bare QuantLinear could be saved but never loaded back: save the model that holds it, "
                          "or wrap it, e.g. sixbit.save(torch.nn.Sequential(layer), path)")
-    if loras(model):  # LoRA factors are 16-bit side branches, never part of the packed checkpoint
-        logger.warning("the LoRA(s) %s are not stored in %s: load them again after sixbit.load", loras(model), path)
+    warn_loras_not_stored(model, path, "sixbit.load")
     wrapper = wrapper_of(model)  # split across processes: rank 0 writes the whole model
     with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:
         if not writes:
             return Path(path)
         with CheckpointWriter(path, type(model).__name__) as writer:
             return writer.write(model)
+
+
+def warn_loras_not_stored(model: nn.Module, path, reload: str) -> None:
+    """Say that the LoRAs loaded on ``model`` are not written to ``path``: their factors are 16-bit
+    side branches, never part of the packed checkpoint (``reload``: the call after which they are
+    loaded again). :func:`save` and a converted model's ``save_pretrained`` both say it."""
+    if loras(model):
+        logger.warning("the LoRA(s) %s are not stored in %s: load them again after %s", loras(model), path, reload)
 
 
 def _exports(model: nn.Module) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
@@ -256,4 +263,5 @@ def _format_fix(version) -> str:
     return "the header is damaged or the file was not written by sixbit.save"
 
 
-__all__ = ["FORMAT_VERSION", "CheckpointWriter", "check_header", "check_tensors", "open_checkpoint", "read_header", "save"]
+__all__ = ["FORMAT_VERSION", "CheckpointWriter", "check_header", "check_tensors", "open_checkpoint", "read_header", "save",
+           "warn_loras_not_stored"]

@@ -92,6 +92,10 @@ def load_factors(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict,
         raise ValueError(f"adapter_name must be a Python identifier, got {show(adapter_name)}")
     if adapter_name in loras(model):
         raise ValueError(f"a LoRA called {adapter_name!r} is already loaded: unload it or choose another adapter_name")
+    if peft_layers(model):  # its layers are PEFT's wrappers now, which sixbit's branches do not go on
+        raise ValueError(f"LoRA(s) {list(getattr(model, 'peft_config', None) or {})} are loaded through PEFT "
+                         "(load_lora_adapter / pipe.load_lora_weights) on this full-precision model: load every LoRA "
+                         "the same way, or unload them (pipe.unload_lora_weights()) and load this one with sixbit")
     pairs = files.pairs(tensors, meta)
     modules = dict(model.named_modules())
     problems = []
@@ -194,9 +198,24 @@ def loras(model_or_pipe) -> list[str]:
     return list(_state(transformer_of(model_or_pipe)).factors)
 
 
+def peft_layers(model: nn.Module) -> list[str]:
+    """Names of ``model``'s layers wrapped by PEFT: a LoRA loaded onto the full-precision model by
+    diffusers (``load_lora_adapter``, what ``pipe.load_lora_weights`` calls) or ``add_adapter``."""
+    return [name for name, m in model.named_modules() if type(m).__module__.startswith("peft.tuners.")]
+
+
 def check_no_loras(model: nn.Module, action: str) -> None:
-    """Refuse ``action`` (a conversion or a checkpoint load) on a model with LoRAs loaded: it
-    replaces the layers they are attached to, and they would silently stop acting."""
+    """Refuse ``action`` (a conversion, ``sixbit.quantize`` or a checkpoint load) on a model with
+    LoRAs loaded: it replaces the layers they are attached to, and they would silently stop acting.
+    A PEFT LoRA's wrapper layers would be left around a quantized layer that PEFT cannot run."""
+    wrapped = peft_layers(model)
+    if wrapped:
+        adapters = list(getattr(model, "peft_config", None) or {})
+        raise ValueError(f"{action} replaces layers PEFT has wrapped for LoRA(s) {adapters} (loaded by "
+                         f"load_lora_adapter / pipe.load_lora_weights; {len(wrapped)} layers, e.g. {wrapped[0]!r}), "
+                         "which PEFT cannot run once quantized: fuse the LoRA into the full-precision weights first "
+                         "(pipe.fuse_lora(), then pipe.unload_lora_weights()), or convert first and load the LoRA "
+                         "afterwards (pipe.load_lora_weights on the converted model runs it beside the packed weights)")
     if loras(model):
         raise ValueError(f"{action} replaces the layers that LoRA(s) {loras(model)} are attached to: unload them "
                          "first (sixbit.unload_lora) and load them again afterwards")

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...checkpoint import CheckpointWriter
+from ...checkpoint import CheckpointWriter, warn_loras_not_stored
 from ...methods.record import NAME as CONVERSION
 from ...files.safetensors import SafetensorsWriter, copy_file_atomic, write_text_atomic
 from ...memory import resident_weights
@@ -230,6 +230,7 @@ def save_folder(model: nn.Module, save_directory: str | os.PathLike, *, is_main_
     if folder.is_file():
         raise ValueError(f"{str(folder)!r} is a file: give the folder to write the model into")
     _size(max_shard_size)  # a bad size is refused before the model is gathered
+    warn_loras_not_stored(model, folder, "from_pretrained")
     wrapper = wrapper_of(model)
     with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:
         if not (writes and is_main_process):

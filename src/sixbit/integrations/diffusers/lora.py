@@ -30,13 +30,13 @@ per-call LoRA scale (``attention_kwargs={"scale": s}``) is not applied (set it w
 
 from __future__ import annotations
 
-import numbers
 import os
 import types
 
 import torch
 from torch import nn
 
+from ...config.validate import show
 from ...lora import files as lora_files
 from ...lora import checked_scale, load_factors, lora_state, loras, set_lora_scale, set_loras_enabled, unload_lora
 
@@ -65,11 +65,15 @@ def set_adapters(self, adapter_names, weights=None):
     unknown = [n for n in names if n not in loras(self)]
     if unknown:  # as diffusers: an unknown name is an error, not "switch everything off"
         raise ValueError(f"adapter name(s) {unknown} are not loaded; loaded adapters: {loras(self)}")
-    if weights is None or isinstance(weights, numbers.Real):
-        weights = [1.0 if weights is None else weights] * len(names)
-    weights = [checked_scale(1.0 if w is None else w, "an adapter weight") for w in weights]
+    weights = list(weights) if isinstance(weights, (list, tuple)) else [weights] * len(names)  # as diffusers
     if len(weights) != len(names):
         raise ValueError(f"set_adapters got {len(names)} adapter names but {len(weights)} weights: give one per name")
+    for name, w in zip(names, weights):
+        if isinstance(w, dict):  # diffusers reads a dict as {layer name part: weight}
+            raise ValueError(f"the weight of adapter {name!r} is {show(w)}, a dict of per-layer weights, which a "
+                             "converted transformer does not take (it scales each adapter as a whole): give one "
+                             f"number per adapter, e.g. set_adapters({names!r}, {[1.0] * len(names)!r})")
+    weights = [checked_scale(1.0 if w is None else w, f"the weight of adapter {name!r}") for name, w in zip(names, weights)]
     for name in loras(self):  # diffusers: the adapters not named are switched off
         set_lora_scale(self, weights[names.index(name)] if name in names else 0.0, name)
 
