@@ -43,11 +43,10 @@ from pathlib import Path
 
 import torch
 from diffusers.hooks import ModelHook
-from diffusers.hooks.group_offloading import GroupOffloadingHook
 from torch import nn
 
 from .. import kernels
-from .offload import OffloadHook
+from .weights import offloaded_by, resident_weights
 from ..models import transformer_of
 from ..nn import QuantLinear, execution, weight_views
 from ..runtime import hooks
@@ -272,7 +271,7 @@ def planned(model) -> Layout | None:
         return _LAYOUTS[model]
     if model not in _CHOICES:
         return None
-    return decide(_shapes(model), _device_of(model), _CHOICES[model], _offloaded(model))
+    return decide(_shapes(model), _device_of(model), _CHOICES[model], offloaded_by(model))
 
 
 def apply(model, device: torch.device | str | None = None, choice: str | None = None) -> Layout:
@@ -281,7 +280,7 @@ def apply(model, device: torch.device | str | None = None, choice: str | None = 
     model = transformer_of(model)
     choice = check_choice(choice if choice is not None else _CHOICES.get(model))
     device = _device_of(model) if device is None else torch.device(device)
-    layout = decide(_shapes(model), device, choice, _offloaded(model))
+    layout = decide(_shapes(model), device, choice, offloaded_by(model))
     kept = _keep(model, layout.kept, layout.fold) if layout.kept or _held(model) else 0
     layout = dataclasses.replace(layout, kept_bytes=kept) if layout.kept else layout
     _LAYOUTS[model] = layout
@@ -326,16 +325,6 @@ def _held(model: nn.Module) -> bool:
 
 def _device_of(model: nn.Module) -> torch.device:
     return next((t.device for t in model.buffers() if t.device.type != "meta"), torch.device("cpu"))
-
-
-def _offloaded(model: nn.Module) -> str | None:
-    """What offloads ``model``'s weights (accelerate's or diffusers' hooks, sixbit.optimize), or ``None``."""
-    for name, module in model.named_modules():
-        if hasattr(module, "_hf_hook"):
-            return f"accelerate hooks on {name or 'the model'}"
-        if any(isinstance(h, (GroupOffloadingHook, OffloadHook)) for h in hooks.hooks_of(module)):
-            return f"block offloading on {name or 'the model'}"
-    return None
 
 
 __all__ = ["CHOICES", "ENVIRONMENT", "Layout", "apply", "attach", "check_choice", "decide", "default_choice",

@@ -16,7 +16,7 @@ from torch import nn
 from ..runtime import hooks
 
 from .devices import split
-from .offload import HANDLES, OffloadedWeightsLost, Scheduler
+from .offload import HANDLES, OffloadedWeightsLost, OffloadHook, Scheduler
 
 
 def _disk_scheduler(model: nn.Module | None) -> Scheduler | None:
@@ -24,6 +24,28 @@ def _disk_scheduler(model: nn.Module | None) -> Scheduler | None:
     if handle is None or not handle._active or handle._folder is None:
         return None
     return handle._scheduler
+
+
+def offloaded_by(model: nn.Module) -> str | None:
+    """What offloads ``model``'s weights (sixbit.optimize's block offloading, diffusers' group
+    offloading, accelerate's hooks: ``mode="cpu_offload"``), in words, or ``None``."""
+    for name, module in model.named_modules():
+        if hasattr(module, "_hf_hook"):
+            return f"accelerate hooks on {name or 'the model'}"
+        if any(isinstance(h, (GroupOffloadingHook, OffloadHook)) for h in hooks.hooks_of(module)):
+            return f"block offloading on {name or 'the model'}"
+    return None
+
+
+def check_not_offloaded(model: nn.Module, action: str) -> None:
+    """Refuse ``action`` (one that replaces or rebuilds the model's layers from their weights: a
+    conversion, a checkpoint load) on a model whose weights are offloaded: it would read the
+    offload's placeholders, and the offload would go on restoring the old tensors."""
+    what = offloaded_by(model)
+    if what is not None:
+        raise ValueError(f"{type(model).__name__}'s weights are offloaded ({what}): {action} would read placeholders, "
+                         "not its weights; disable the offloading first (sixbit.optimize.disable_memory_optimization"
+                         f"(pipe); accelerate's: pipe.remove_all_hooks()), run {action}, then enable it again")
 
 
 def offload_problem(model_or_pipe) -> str | None:
