@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import sixbit
+from sixbit.lora import set_loras_enabled
 from sixbit.memory import fast_path
 from sixbit.nn import QuantLinear
 from sixbit.optimize import enable_memory_optimization
@@ -89,3 +90,86 @@ def test_a_conversion_of_an_offloaded_model_is_refused_and_changes_nothing(conve
     assert sixbit.conversion_of(pipe) is None
     undo()
     assert torch.equal(_generate(pipe), video)
+
+
+# ---- LoRAs on a disk-offloaded model ---------------------------------------------------------------
+
+
+def _lora(model, seed=1, strength=0.3):
+    """A LoRA on every block's self-attention query (quantized layers) and on one full-precision linear."""
+    g = torch.Generator().manual_seed(seed)
+    names = [n for n, m in model.named_modules() if isinstance(m, QuantLinear) and n.endswith("attn1.to_q")]
+    names.append(next(n for n, m in model.named_modules() if type(m) is torch.nn.Linear))
+    tensors = {}
+    for name in names:
+        layer = model.get_submodule(name)
+        tensors[f"{name}.lora_A.weight"] = strength * torch.randn(4, layer.in_features, generator=g)
+        tensors[f"{name}.lora_B.weight"] = strength * torch.randn(layer.out_features, 4, generator=g)
+    return tensors
+
+
+STEPS = {  # what is done to the loaded LoRA before the calls compared
+    "loaded": lambda pipe: None,
+    "scaled": lambda pipe: sixbit.set_lora_scale(pipe, 0.5),
+    "switched off": lambda pipe: set_loras_enabled(pipe, False),
+    "unloaded": lambda pipe: sixbit.unload_lora(pipe),
+}
+
+
+@pytest.mark.parametrize("lora_first, step", [*((False, step) for step in STEPS), (True, "loaded"), (True, "unloaded")],
+                         ids=lambda value: {False: "offload-then-lora", True: "lora-then-offload"}.get(value, value))
+def test_a_lora_acts_on_every_call_of_a_disk_offloaded_model_and_after_disable(lora_first, step, tmp_path):
+    """A LoRA loaded after the disk offload used to act on the first transformer call only: its
+    factors were zeroed with the group's placeholders and never read back (not in the group's
+    file), so from the second call on the video equalled the LoRA-free one, also after disable(),
+    while sixbit.loras() still listed it."""
+    reference = _converted()
+    base = _generate(reference)
+    sixbit.load_lora(reference, _lora(reference.transformer))
+    STEPS[step](reference)
+    expected = _generate(reference)
+    assert not torch.equal(expected, base) or step in ("switched off", "unloaded")
+
+    pipe = _converted()
+    if lora_first:
+        sixbit.load_lora(pipe, _lora(pipe.transformer))
+    memory = _disk(pipe, tmp_path)
+    if not lora_first:
+        sixbit.load_lora(pipe, _lora(pipe.transformer))
+    STEPS[step](pipe)
+    assert torch.equal(_generate(pipe), expected) and torch.equal(_generate(pipe), expected)
+    memory.disable()
+    assert torch.equal(_generate(pipe), expected)
+    assert sixbit.loras(pipe) == ([] if step == "unloaded" else ["default"])
+
+
+def test_a_peft_lora_loaded_onto_a_disk_offloaded_model_acts_on_every_call(tmp_path):
+    """diffusers' ``load_lora_adapter`` on a full-precision model: PEFT's factors, parameters its
+    blocks gained after the group files were written, used to be zeroed with the placeholders."""
+    import copy
+
+    from peft import LoraConfig
+
+    maker = copy.deepcopy(load_pipeline("wan").transformer)
+    maker.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=["to_q"]))
+    g = torch.Generator().manual_seed(0)
+    for name, p in maker.named_parameters():
+        if "lora_" in name:
+            p.data = (0.1 if "lora_B" in name else p.shape[1] ** -0.5) * torch.randn(p.shape, generator=g)
+    maker.save_lora_adapter(tmp_path / "lora", weight_name="lora.safetensors")
+
+    def load(pipe):
+        pipe.transformer.load_lora_adapter(tmp_path / "lora", weight_name="lora.safetensors", prefix=None,
+                                           adapter_name="x")
+
+    reference = load_pipeline("wan")
+    base = _generate(reference)
+    load(reference)
+    expected = _generate(reference)
+    assert not torch.equal(expected, base)
+    pipe = load_pipeline("wan")
+    memory = _disk(pipe, tmp_path / "offload")
+    load(pipe)
+    assert torch.equal(_generate(pipe), expected) and torch.equal(_generate(pipe), expected)
+    memory.disable()
+    assert torch.equal(_generate(pipe), expected)

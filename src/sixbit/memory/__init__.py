@@ -70,7 +70,11 @@ video transformer:
 ``QuantLinear`` weights travel packed (they are buffers, which diffusers' ``ModuleGroup`` moves
 with the parameters); copies kept by ``cache_converted=True`` are not buffers and stay resident.
 
-Quantize (or load) before enabling this; DMPQ and the delta cache may come before or after.
+Quantize (or load) before enabling this: a conversion (``convert_model``, ``sixbit.quantize``,
+``tune``) or ``sixbit.load`` of an offloaded model is refused (it would read the placeholders).
+DMPQ, the delta cache and LoRAs (sixbit's and PEFT's) may come before or after; a LoRA loaded
+onto a disk-offloaded model stays resident (its factors are not in the group files, which are
+written once).
 Outputs are bit-identical to the same model without offloading: the
 weights make an exact round trip (memory copy or safetensors file) and every block computes on
 the same device and dtype.
