@@ -18,6 +18,7 @@ from ..runtime import hooks
 from .devices import accelerator as _accelerator
 from .devices import parse_devices as _devices
 from .devices import split as _split
+from .fast_path import decide_auto_again
 from .offload import HANDLES as _HANDLES
 from .offload import (
     OffloadedWeightsLost,
@@ -84,7 +85,8 @@ class MemoryOptimization:
 
         Disk offload: block weights are read back to the onload device and the folder this
         call wrote is deleted. CPU-memory offload: the whole transformer ends on the offload
-        device (move it where you want it).
+        device (move it where you want it). A layout ``"auto"`` decided while the weights were
+        offloaded ("compact") is decided again at the next call, as before offloading.
 
         Raises:
             OffloadedWeightsLost: disk offload whose files are gone (the folder was deleted or
@@ -111,6 +113,8 @@ class MemoryOptimization:
                 setattr(self._vae, key, value)
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+        if self._model is not None and self.mode is not MemoryMode.NONE:
+            decide_auto_again(self._model)  # layout="auto" keeps operands again where it did before
         if self._model is not None and _HANDLES.get(self._model) is self:
             del _HANDLES[self._model]
 
@@ -235,6 +239,8 @@ def _offload(handle: MemoryOptimization, onload, offload, folder, blocks_per_gro
     elif handle.mode is MemoryMode.SEQUENTIAL_CPU_OFFLOAD:
         handle._pipe.enable_sequential_cpu_offload(device=onload)
         handle.offload = f"diffusers sequential CPU offload (each leaf onloaded to {onload} when used)"
+    if handle.mode is not MemoryMode.NONE and handle._model is not None:
+        decide_auto_again(handle._model)  # layout="auto" keeps no operands while the weights are offloaded
 
 
 def _mode(mode) -> MemoryMode:
