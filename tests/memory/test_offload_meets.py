@@ -143,9 +143,8 @@ def test_a_lora_acts_on_every_call_of_a_disk_offloaded_model_and_after_disable(l
     assert sixbit.loras(pipe) == ([] if step == "unloaded" else ["default"])
 
 
-def test_a_peft_lora_loaded_onto_a_disk_offloaded_model_acts_on_every_call(tmp_path):
-    """diffusers' ``load_lora_adapter`` on a full-precision model: PEFT's factors, parameters its
-    blocks gained after the group files were written, used to be zeroed with the placeholders."""
+def _peft_loader(folder):
+    """A PEFT LoRA on the self-attention queries, saved by diffusers; returns what loads it."""
     import copy
 
     from peft import LoraConfig
@@ -156,12 +155,15 @@ def test_a_peft_lora_loaded_onto_a_disk_offloaded_model_acts_on_every_call(tmp_p
     for name, p in maker.named_parameters():
         if "lora_" in name:
             p.data = (0.1 if "lora_B" in name else p.shape[1] ** -0.5) * torch.randn(p.shape, generator=g)
-    maker.save_lora_adapter(tmp_path / "lora", weight_name="lora.safetensors")
+    maker.save_lora_adapter(folder, weight_name="lora.safetensors")
+    return lambda pipe: pipe.transformer.load_lora_adapter(folder, weight_name="lora.safetensors", prefix=None,
+                                                           adapter_name="x")
 
-    def load(pipe):
-        pipe.transformer.load_lora_adapter(tmp_path / "lora", weight_name="lora.safetensors", prefix=None,
-                                           adapter_name="x")
 
+def test_a_peft_lora_loaded_onto_a_disk_offloaded_model_acts_on_every_call(tmp_path):
+    """diffusers' ``load_lora_adapter`` on a full-precision model: PEFT's factors, parameters its
+    blocks gained after the group files were written, used to be zeroed with the placeholders."""
+    load = _peft_loader(tmp_path / "lora")
     reference = load_pipeline("wan")
     base = _generate(reference)
     load(reference)
@@ -173,6 +175,28 @@ def test_a_peft_lora_loaded_onto_a_disk_offloaded_model_acts_on_every_call(tmp_p
     assert torch.equal(_generate(pipe), expected) and torch.equal(_generate(pipe), expected)
     memory.disable()
     assert torch.equal(_generate(pipe), expected)
+
+
+@pytest.mark.parametrize("safe_fusing", [False, True])
+def test_fusing_a_peft_lora_into_a_disk_offloaded_model_is_refused(safe_fusing, tmp_path):
+    """fuse_lora adds the LoRA to the weights in place: on the offloaded groups' placeholders, and
+    the group files, written once, never see it. It used to raise a raw "more than one element of
+    the written-to tensor" after fusing the resident groups, or (safe_fusing) drop the LoRA silently."""
+    load = _peft_loader(tmp_path / "lora")
+    reference = load_pipeline("wan")
+    load(reference)
+    expected = _generate(reference)
+    pipe = load_pipeline("wan")
+    load(pipe)
+    memory = _disk(pipe, tmp_path / "offload")
+    _generate(pipe)  # some groups resident, the others on placeholders
+    for fuse in (pipe.transformer.fuse_lora, pipe.transformer.unfuse_lora):
+        with pytest.raises(ValueError, match=r"offloaded.*disable_memory_optimization\(pipe\) first.*then enable it again"):
+            fuse(safe_fusing=safe_fusing) if fuse == pipe.transformer.fuse_lora else fuse()
+    assert torch.equal(_generate(pipe), expected)  # nothing was fused
+    memory.disable()
+    pipe.transformer.fuse_lora(safe_fusing=safe_fusing)  # the way that works
+    torch.testing.assert_close(_generate(pipe), expected, rtol=0, atol=1e-4)
 
 
 # ---- the layout under offloading -------------------------------------------------------------------

@@ -71,7 +71,9 @@ video transformer:
 with the parameters); copies kept by ``cache_converted=True`` are not buffers and stay resident.
 
 Quantize (or load) before enabling this: a conversion (``convert_model``, ``sixbit.quantize``,
-``tune``) or ``sixbit.load`` of an offloaded model is refused (it would read the placeholders).
+``tune``) or ``sixbit.load`` of an offloaded model is refused (it would read the placeholders), and
+so are diffusers' ``fuse_lora`` / ``unfuse_lora`` of a disk-offloaded one (they change weights in
+place, which the group files, written once, would undo).
 DMPQ, the delta cache and LoRAs (sixbit's and PEFT's) may come before or after; a LoRA loaded
 onto a disk-offloaded model stays resident (its factors are not in the group files, which are
 written once).

@@ -29,7 +29,7 @@ from .offload import (
     release,
 )
 from .tiling import tile_vae
-from .weights import offload_problem, resident_weights
+from .weights import allow_in_place, offload_problem, refuse_in_place, resident_weights
 
 __all__ = [
     "HOOK_NAME", "MemoryMode", "MemoryOptimization", "OffloadStats", "OffloadedWeightsLost",
@@ -71,6 +71,7 @@ class MemoryOptimization:
     _vae: nn.Module | None = dataclasses.field(default=None, repr=False)
     _saved_tiling: dict | None = dataclasses.field(default=None, repr=False)
     _folder: Path | None = dataclasses.field(default=None, repr=False)
+    _methods: dict | None = dataclasses.field(default=None, repr=False)  # see refuse_in_place
     _active: bool = dataclasses.field(default=True, repr=False)
 
     @property
@@ -113,6 +114,8 @@ class MemoryOptimization:
                 setattr(self._vae, key, value)
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+        if self._methods is not None:
+            allow_in_place(self._model, self._methods)
         if self._model is not None and self.mode is not MemoryMode.NONE:
             decide_auto_again(self._model)  # layout="auto" keeps operands again where it did before
         if self._model is not None and _HANDLES.get(self._model) is self:
@@ -288,6 +291,7 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
         folder.mkdir(parents=True, exist_ok=True)
         # A fresh subfolder: diffusers reuses an existing group file without checking what it holds.
         handle._folder = Path(tempfile.mkdtemp(prefix="sixbit-offload-", dir=folder))
+        handle._methods = refuse_in_place(model)
         offload = torch.device("cpu")
     members, groups, rest = block_groups(model, blocks_per_group, onload, offload, handle._folder)
     handle._rest = rest

@@ -8,6 +8,7 @@ out zeros; a deleted folder takes the weights with it.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 from diffusers.hooks.group_offloading import GroupOffloadingHook
@@ -46,6 +47,35 @@ def check_not_offloaded(model: nn.Module, action: str) -> None:
         raise ValueError(f"{type(model).__name__}'s weights are offloaded ({what}): {action} would read placeholders, "
                          "not its weights; disable the offloading first (sixbit.optimize.disable_memory_optimization"
                          f"(pipe); accelerate's: pipe.remove_all_hooks()), run {action}, then enable it again")
+
+
+IN_PLACE = ("fuse_lora", "unfuse_lora")  # diffusers' model methods that change the weights in place
+
+
+def refuse_in_place(model: nn.Module) -> dict:
+    """Make ``model``'s :data:`IN_PLACE` methods refuse, while it is offloaded to disk: they would
+    change the offloaded groups' placeholders, and the group files (written once) would bring the
+    old weights back. Returns what :func:`allow_in_place` puts back."""
+    saved = {name: model.__dict__[name] for name in IN_PLACE if name in model.__dict__}
+    for name in IN_PLACE:
+        if hasattr(model, name):
+            setattr(model, name, functools.partial(_refused, type(model).__name__, name))
+    return saved
+
+
+def allow_in_place(model: nn.Module, saved: dict) -> None:
+    """Undo :func:`refuse_in_place` (``saved``: what it returned)."""
+    for name in IN_PLACE:
+        if name in saved:
+            setattr(model, name, saved[name])
+        else:
+            model.__dict__.pop(name, None)
+
+
+def _refused(model_name: str, name: str, *args, **kwargs):
+    raise ValueError(f"{name} changes the weights in place, but {model_name} is offloaded to disk: its offloaded "
+                     "blocks hold placeholders and their files, written once, would bring the old weights back; "
+                     f"call sixbit.optimize.disable_memory_optimization(pipe) first, then {name}, then enable it again")
 
 
 def offload_problem(model_or_pipe) -> str | None:
