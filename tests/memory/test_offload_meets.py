@@ -6,8 +6,11 @@ The rule: refuse with the way that works, or carry the state through; never acce
   disk offload, diffusers' group offloading, accelerate's hooks), and changes nothing.
 - A LoRA loaded onto a disk-offloaded model acts on every call and after ``disable()``; scale,
   switch-off and unload act too (they used to be zeroed with the group's placeholders).
+- diffusers' ``fuse_lora`` / ``unfuse_lora`` of a disk-offloaded model are refused (they change
+  the placeholders in place; the group files would undo them).
 - The layout: ``"fast"`` under disk offload keeps operands of the real weights (they used to be
   built from the placeholders: 8 dB), and ``disable()`` gives the model back the layout it had.
+- A TensorParallelWrapper of an offloaded model, and offloading a split one, are refused.
 """
 
 import pytest
@@ -15,7 +18,6 @@ import torch
 
 import sixbit
 from sixbit.lora import set_loras_enabled
-from sixbit.memory import fast_path
 from sixbit.nn import QuantLinear
 from sixbit.optimize import enable_memory_optimization
 from sixbit.zoo.shapes import load_pipeline
@@ -52,9 +54,9 @@ def _offload(how, pipe, tmp_path):
         apply_group_offloading(model, onload_device="cpu", offload_device="cpu", offload_type="block_level",
                                num_blocks_per_group=1)
         return lambda: None
-    from accelerate import cpu_offload  # what mode="cpu_offload" installs, on a machine with an accelerator
+    from accelerate import cpu_offload
 
-    cpu_offload(model, execution_device="cpu")
+    cpu_offload(model, execution_device="cpu")  # what mode="cpu_offload" installs, on a machine with an accelerator
     return pipe.remove_all_hooks
 
 
@@ -249,3 +251,35 @@ def test_a_layout_asked_for_stays_through_offloading(w4a8, tmp_path):
     assert torch.equal(_generate(pipe), w4a8["compact"])
     memory.disable()
     assert torch.equal(_generate(pipe), w4a8["compact"]) and sixbit.layout_of(pipe).name == "compact"
+
+
+# ---- a TensorParallelWrapper ------------------------------------------------------------------------
+
+
+def test_wrapping_an_offloaded_model_is_refused_before_any_worker_starts(plain, tmp_path):
+    """It used to fail with a raw "cannot pickle '_thread.RLock' object" (the offload's hooks)."""
+    from sixbit.parallel import TensorParallelWrapper
+
+    pipe = load_pipeline("wan")
+    memory = _disk(pipe, tmp_path)
+    with pytest.raises(ValueError, match=r"weights are offloaded .*disable_memory_optimization\(pipe\).*TensorParallel"):
+        TensorParallelWrapper(pipe, device_ids=["cpu", "cpu"])
+    assert torch.equal(_generate(pipe), plain[0])
+    memory.disable()
+
+
+def test_offloading_a_model_split_by_a_tensor_parallel_wrapper_is_refused(tmp_path):
+    """Its workers (or row shards) hold the weights: an offload of the caller's copy would be
+    accepted and change nothing they run. A stand-in wrapper with workers: starting real ones
+    takes a minute on the test machine."""
+    from types import SimpleNamespace
+
+    from sixbit.runtime.wrapped import mark, unmark
+
+    pipe = load_pipeline("wan")
+    mark(pipe.transformer, SimpleNamespace(driver=object(), shards=None))
+    with pytest.raises(ValueError, match=r"split by a TensorParallelWrapper.*close\(\) the wrapper"):
+        enable_memory_optimization(pipe, onload_device="cpu", offload_device=tmp_path)
+    assert not list(tmp_path.iterdir())
+    enable_memory_optimization(pipe, mode="none").disable()  # tiling alone reaches nothing the workers hold
+    unmark(pipe.transformer)

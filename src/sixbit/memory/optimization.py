@@ -15,6 +15,7 @@ from torch import nn
 
 from ..models import iter_blocks, spec_for
 from ..runtime import hooks
+from ..runtime.wrapped import wrapper_of
 from .devices import accelerator as _accelerator
 from .devices import parse_devices as _devices
 from .devices import split as _split
@@ -257,6 +258,11 @@ def _check_mode(mode: MemoryMode, pipe, model, onload, offload, folder, auto_onl
     """Refuse a mode that cannot apply to what was passed, or would change nothing here; return why
     offloading is skipped when the device defaults meet a machine without an accelerator."""
     accelerator = _accelerator()
+    wrapper = wrapper_of(model) if model is not None else None
+    if mode is not MemoryMode.NONE and wrapper is not None and (wrapper.driver is not None or wrapper.shards is not None):
+        raise ValueError(f"{type(model).__name__} runs split by a TensorParallelWrapper (its worker processes or row "
+                         "shards hold the weights), which offloading cannot reach: close() the wrapper to offload "
+                         "here, or use mode='none' for VAE tiling only")
     if mode is MemoryMode.GROUP:
         if model is None:
             raise ValueError(f"mode='group' offloads a transformer, but this {type(pipe).__name__} has none; use mode='none' for tiling only")

@@ -38,15 +38,16 @@ def offloaded_by(model: nn.Module) -> str | None:
     return None
 
 
-def check_not_offloaded(model: nn.Module, action: str) -> None:
-    """Refuse ``action`` (one that replaces or rebuilds the model's layers from their weights: a
-    conversion, a checkpoint load) on a model whose weights are offloaded: it would read the
-    offload's placeholders, and the offload would go on restoring the old tensors."""
+def check_not_offloaded(model: nn.Module, action: str, then: str = "then enable it again") -> None:
+    """Refuse ``action`` (one that replaces, rebuilds or copies the model's layers from their
+    weights: a conversion, a checkpoint load, a TensorParallelWrapper) on a model whose weights are
+    offloaded: it would read the offload's placeholders, and the offload would go on restoring the
+    old tensors. ``then``: what to do after ``action``, in the message."""
     what = offloaded_by(model)
     if what is not None:
         raise ValueError(f"{type(model).__name__}'s weights are offloaded ({what}): {action} would read placeholders, "
                          "not its weights; disable the offloading first (sixbit.optimize.disable_memory_optimization"
-                         f"(pipe); accelerate's: pipe.remove_all_hooks()), run {action}, then enable it again")
+                         f"(pipe); accelerate's: pipe.remove_all_hooks()), run {action}, {then}")
 
 
 IN_PLACE = ("fuse_lora", "unfuse_lora")  # diffusers' model methods that change the weights in place
