@@ -15,6 +15,7 @@ from torch import nn
 
 from .config import ConvertConfig
 from .lora import check_no_loras
+from .memory.weights import check_not_offloaded
 from .methods.record import check, conversion_of, selected
 from .models import spec_for
 from .runtime.blocks import quant_linears
@@ -35,6 +36,7 @@ def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict
         raise ValueError("convert the model before wrapping it in a TensorParallelWrapper (every rank converts "
                          "it the same way, then wraps)")
     check_no_loras(transformer, "convert_model")
+    check_not_offloaded(transformer, "the conversion")  # it would quantize the offload's placeholders
     chosen = selected(config, extra or {})
     check(transformer, config, chosen)
     if conversion_of(transformer) is not None or quant_linears(transformer):

@@ -33,6 +33,7 @@ from ..config import QuantConfig
 from ..lora import check_no_loras
 from ..memory import allocator
 from ..memory.devices import total_memory
+from ..memory.weights import check_not_offloaded
 from ..models import iter_blocks
 from ..rounding import refine
 from .layers import plan_layers, quantized_linear
@@ -210,6 +211,7 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
     if not isinstance(config, QuantConfig):
         raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
     check_no_loras(model, "sixbit.quantize")
+    check_not_offloaded(model, "sixbit.quantize")  # it would quantize the offload's placeholders
     plan = plan_layers(model, config)
     quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
     logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)

@@ -9,6 +9,7 @@ from torch import nn
 
 from ..lora import check_no_loras
 from ..memory.fast_path import check_choice
+from ..memory.weights import check_not_offloaded
 from ..models import transformer_of
 from ..runtime.wrapped import wrapper_of
 from .file import open_checkpoint
@@ -45,6 +46,7 @@ def load(path: str | os.PathLike, model: nn.Module, *, layout: str | None = None
         raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
                          "(every rank loads the whole file, then wraps)")
     check_no_loras(model, "sixbit.load")
+    check_not_offloaded(model, "sixbit.load")
     layout = check_choice(layout)
     header, tensors = open_checkpoint(Path(path))
     restore(model, header, tensors, str(path))

@@ -70,10 +70,21 @@ video transformer:
 ``QuantLinear`` weights travel packed (they are buffers, which diffusers' ``ModuleGroup`` moves
 with the parameters); copies kept by ``cache_converted=True`` are not buffers and stay resident.
 
-Quantize (or load) before enabling this; DMPQ and the delta cache may come before or after.
-Outputs are bit-identical to the same model without offloading: the
-weights make an exact round trip (memory copy or safetensors file) and every block computes on
-the same device and dtype.
+Quantize (or load) before enabling this: a conversion (``convert_model``, ``sixbit.quantize``,
+``tune``) or ``sixbit.load`` of an offloaded model is refused (it would read the placeholders), and
+so are diffusers' ``fuse_lora`` / ``unfuse_lora`` of a disk-offloaded one (they change weights in
+place, which the group files, written once, would undo).
+DMPQ, the delta cache and LoRAs (sixbit's and PEFT's) may come before or after; a LoRA loaded
+onto a disk-offloaded model stays resident (its factors are not in the group files, which are
+written once).
+Outputs are bit-identical to the same model without offloading in the same layout
+(:mod:`sixbit.memory.fast_path`): the weights make an exact round trip (memory copy or safetensors
+file) and every block computes on the same device and dtype. ``layout="auto"`` keeps no operands
+while the weights are offloaded ("compact": they would undo the saving) and is decided again at
+the next call when offloading is switched on or off, so ``disable()`` gives it back the layout it
+had; "compact" and "fast" differ by rounding, which a diffusion loop carries into the video
+(README, "Less memory"). ``layout="fast"`` under disk offload builds its operands from the real
+weights (read back once) and keeps them resident.
 """
 
 from .optimization import (

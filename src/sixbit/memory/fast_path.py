@@ -15,7 +15,8 @@ Three choices (``layout=`` of those calls, ``--layout`` of the CLI, or the envir
 ``SIXBIT_LAYOUT`` for the default):
 
 - ``"auto"`` (default): ``"fast"`` where its kept operands fit in half the device's free memory
-  and the model's weights are not offloaded, else ``"compact"`` (the reason is reported).
+  and the model's weights are not offloaded, else ``"compact"`` (the reason is reported);
+  switching offloading on or off decides it again at the next call (:func:`decide_auto_again`).
 - ``"fast"``: keep the operands (:func:`keep_int8_weights`): ``w8a8`` 1.35× and ``w4a8`` 1.33×
   bf16 at CogVideoX-2B size on an AMX CPU, against 0.90× and 0.68× without
   (BENCHMARKS.md ``cpu-speed``); 8 more bits per weight resident (``w4a8``: 4.9 → 13).
@@ -36,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import weakref
@@ -43,11 +45,10 @@ from pathlib import Path
 
 import torch
 from diffusers.hooks import ModelHook
-from diffusers.hooks.group_offloading import GroupOffloadingHook
 from torch import nn
 
 from .. import kernels
-from .offload import OffloadHook
+from .weights import offloaded_by, resident_weights
 from ..models import transformer_of
 from ..nn import QuantLinear, execution, weight_views
 from ..runtime import hooks
@@ -237,19 +238,21 @@ def _keep(model: nn.Module, enabled: bool, fold: bool) -> int:
     layers = [m for m in model.modules()
               if isinstance(m, QuantLinear) and not m.weight_only and not execution.is_static(m)]
     weight_only = [m for m in model.modules() if isinstance(m, QuantLinear) and m.weight_only]
-    for layer in weight_only:
-        layer.drop_converted()
-        if enabled and next(layer.buffers()).device.type == "cpu":
-            layer.unpack_nvfp4()
-    for layer in layers:
-        layer.cache_converted = bool(enabled)
-        layer.drop_converted()
-        if not enabled:
-            continue
-        if kernels.amx_int8() and next(layer.buffers()).device.type == "cpu":
-            layer.pack_int8(fold)
-        else:
-            layer.int8_weight()  # builds and keeps the copy (a no-op for INT8-ready weights)
+    # built from the real weights: a disk-offloaded model's offloaded groups hold zero placeholders
+    with resident_weights(model) if enabled and offloaded_by(model) else contextlib.nullcontext():
+        for layer in weight_only:
+            layer.drop_converted()
+            if enabled and next(layer.buffers()).device.type == "cpu":
+                layer.unpack_nvfp4()
+        for layer in layers:
+            layer.cache_converted = bool(enabled)
+            layer.drop_converted()
+            if not enabled:
+                continue
+            if kernels.amx_int8() and next(layer.buffers()).device.type == "cpu":
+                layer.pack_int8(fold)
+            else:
+                layer.int8_weight()  # builds and keeps the copy (a no-op for INT8-ready weights)
     fuse_activations(model, enabled)
     return sum(m.converted_nbytes() for m in layers + weight_only)
 
@@ -272,7 +275,17 @@ def planned(model) -> Layout | None:
         return _LAYOUTS[model]
     if model not in _CHOICES:
         return None
-    return decide(_shapes(model), _device_of(model), _CHOICES[model], _offloaded(model))
+    return decide(_shapes(model), _device_of(model), _CHOICES[model], offloaded_by(model))
+
+
+def decide_auto_again(model) -> None:
+    """Forget ``model``'s layout where ``"auto"`` decided it, so that its next call decides again:
+    what switching offloading on or off calls (``"auto"`` keeps no operands while the weights are
+    offloaded). A layout asked for (``"fast"``, ``"compact"``, :func:`keep_int8_weights`) stays."""
+    model = transformer_of(model)
+    layout = _LAYOUTS.get(model)
+    if layout is not None and layout.choice == "auto":
+        del _LAYOUTS[model]
 
 
 def apply(model, device: torch.device | str | None = None, choice: str | None = None) -> Layout:
@@ -281,7 +294,7 @@ def apply(model, device: torch.device | str | None = None, choice: str | None = 
     model = transformer_of(model)
     choice = check_choice(choice if choice is not None else _CHOICES.get(model))
     device = _device_of(model) if device is None else torch.device(device)
-    layout = decide(_shapes(model), device, choice, _offloaded(model))
+    layout = decide(_shapes(model), device, choice, offloaded_by(model))
     kept = _keep(model, layout.kept, layout.fold) if layout.kept or _held(model) else 0
     layout = dataclasses.replace(layout, kept_bytes=kept) if layout.kept else layout
     _LAYOUTS[model] = layout
@@ -328,15 +341,5 @@ def _device_of(model: nn.Module) -> torch.device:
     return next((t.device for t in model.buffers() if t.device.type != "meta"), torch.device("cpu"))
 
 
-def _offloaded(model: nn.Module) -> str | None:
-    """What offloads ``model``'s weights (accelerate's or diffusers' hooks, sixbit.optimize), or ``None``."""
-    for name, module in model.named_modules():
-        if hasattr(module, "_hf_hook"):
-            return f"accelerate hooks on {name or 'the model'}"
-        if any(isinstance(h, (GroupOffloadingHook, OffloadHook)) for h in hooks.hooks_of(module)):
-            return f"block offloading on {name or 'the model'}"
-    return None
-
-
-__all__ = ["CHOICES", "ENVIRONMENT", "Layout", "apply", "attach", "check_choice", "decide", "default_choice",
-           "device_kind", "free_memory", "keep_int8_weights", "kept_bytes", "layout_of", "planned"]
+__all__ = ["CHOICES", "ENVIRONMENT", "Layout", "apply", "attach", "check_choice", "decide", "decide_auto_again",
+           "default_choice", "device_kind", "free_memory", "keep_int8_weights", "kept_bytes", "layout_of", "planned"]

@@ -50,9 +50,8 @@ def load_group(group: ModuleGroup) -> None:
     """
     group.onload_()
     if group.offload_to_disk_path is not None and group.onload_device.type == "cpu":
-        for module in group.modules:
-            for tensor in (*module.parameters(), *module.buffers()):
-                tensor.data = tensor.data.clone()
+        for tensor in group.tensor_to_key:
+            tensor.data = tensor.data.clone()
 
 
 def release(group: ModuleGroup) -> None:
@@ -61,12 +60,15 @@ def release(group: ModuleGroup) -> None:
     diffusers leaves ``torch.empty_like`` placeholders, which the allocator may serve from the
     pages just freed, so the resident memory would not drop (nor could a stray read be told
     from real weights); an expanded zero holds no memory and reads as zeros.
+
+    Only the tensors in the group's file are released: a tensor its blocks gained after the file
+    was written (a LoRA's factors loaded onto the offloaded model) has no copy there, so it stays
+    resident instead of being lost.
     """
     group.offload_()
     if group.offload_to_disk_path is not None:
-        for module in group.modules:
-            for tensor in (*module.parameters(), *module.buffers()):
-                tensor.data = torch.zeros((), dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)
+        for tensor in group.tensor_to_key:
+            tensor.data = torch.zeros((), dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)
 
 
 class OffloadedWeightsLost(RuntimeError):

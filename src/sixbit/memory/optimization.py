@@ -15,9 +15,11 @@ from torch import nn
 
 from ..models import iter_blocks, spec_for
 from ..runtime import hooks
+from ..runtime.wrapped import wrapper_of
 from .devices import accelerator as _accelerator
 from .devices import parse_devices as _devices
 from .devices import split as _split
+from .fast_path import decide_auto_again
 from .offload import HANDLES as _HANDLES
 from .offload import (
     OffloadedWeightsLost,
@@ -28,7 +30,7 @@ from .offload import (
     release,
 )
 from .tiling import tile_vae
-from .weights import offload_problem, resident_weights
+from .weights import allow_in_place, offload_problem, refuse_in_place, resident_weights
 
 __all__ = [
     "HOOK_NAME", "MemoryMode", "MemoryOptimization", "OffloadStats", "OffloadedWeightsLost",
@@ -70,6 +72,7 @@ class MemoryOptimization:
     _vae: nn.Module | None = dataclasses.field(default=None, repr=False)
     _saved_tiling: dict | None = dataclasses.field(default=None, repr=False)
     _folder: Path | None = dataclasses.field(default=None, repr=False)
+    _methods: dict | None = dataclasses.field(default=None, repr=False)  # see refuse_in_place
     _active: bool = dataclasses.field(default=True, repr=False)
 
     @property
@@ -84,7 +87,8 @@ class MemoryOptimization:
 
         Disk offload: block weights are read back to the onload device and the folder this
         call wrote is deleted. CPU-memory offload: the whole transformer ends on the offload
-        device (move it where you want it).
+        device (move it where you want it). A layout ``"auto"`` decided while the weights were
+        offloaded ("compact") is decided again at the next call, as before offloading.
 
         Raises:
             OffloadedWeightsLost: disk offload whose files are gone (the folder was deleted or
@@ -111,6 +115,10 @@ class MemoryOptimization:
                 setattr(self._vae, key, value)
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+        if self._methods is not None:
+            allow_in_place(self._model, self._methods)
+        if self._model is not None and self.mode is not MemoryMode.NONE:
+            decide_auto_again(self._model)  # layout="auto" keeps operands again where it did before
         if self._model is not None and _HANDLES.get(self._model) is self:
             del _HANDLES[self._model]
 
@@ -235,6 +243,8 @@ def _offload(handle: MemoryOptimization, onload, offload, folder, blocks_per_gro
     elif handle.mode is MemoryMode.SEQUENTIAL_CPU_OFFLOAD:
         handle._pipe.enable_sequential_cpu_offload(device=onload)
         handle.offload = f"diffusers sequential CPU offload (each leaf onloaded to {onload} when used)"
+    if handle.mode is not MemoryMode.NONE and handle._model is not None:
+        decide_auto_again(handle._model)  # layout="auto" keeps no operands while the weights are offloaded
 
 
 def _mode(mode) -> MemoryMode:
@@ -248,6 +258,11 @@ def _check_mode(mode: MemoryMode, pipe, model, onload, offload, folder, auto_onl
     """Refuse a mode that cannot apply to what was passed, or would change nothing here; return why
     offloading is skipped when the device defaults meet a machine without an accelerator."""
     accelerator = _accelerator()
+    wrapper = wrapper_of(model) if model is not None else None
+    if mode is not MemoryMode.NONE and wrapper is not None and (wrapper.driver is not None or wrapper.shards is not None):
+        raise ValueError(f"{type(model).__name__} runs split by a TensorParallelWrapper (its worker processes or row "
+                         "shards hold the weights), which offloading cannot reach: close() the wrapper to offload "
+                         "here, or use mode='none' for VAE tiling only")
     if mode is MemoryMode.GROUP:
         if model is None:
             raise ValueError(f"mode='group' offloads a transformer, but this {type(pipe).__name__} has none; use mode='none' for tiling only")
@@ -282,6 +297,7 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
         folder.mkdir(parents=True, exist_ok=True)
         # A fresh subfolder: diffusers reuses an existing group file without checking what it holds.
         handle._folder = Path(tempfile.mkdtemp(prefix="sixbit-offload-", dir=folder))
+        handle._methods = refuse_in_place(model)
         offload = torch.device("cpu")
     members, groups, rest = block_groups(model, blocks_per_group, onload, offload, handle._folder)
     handle._rest = rest

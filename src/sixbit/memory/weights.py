@@ -8,6 +8,7 @@ out zeros; a deleted folder takes the weights with it.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 from diffusers.hooks.group_offloading import GroupOffloadingHook
@@ -16,7 +17,7 @@ from torch import nn
 from ..runtime import hooks
 
 from .devices import split
-from .offload import HANDLES, OffloadedWeightsLost, Scheduler
+from .offload import HANDLES, OffloadedWeightsLost, OffloadHook, Scheduler
 
 
 def _disk_scheduler(model: nn.Module | None) -> Scheduler | None:
@@ -24,6 +25,58 @@ def _disk_scheduler(model: nn.Module | None) -> Scheduler | None:
     if handle is None or not handle._active or handle._folder is None:
         return None
     return handle._scheduler
+
+
+def offloaded_by(model: nn.Module) -> str | None:
+    """What offloads ``model``'s weights (sixbit.optimize's block offloading, diffusers' group
+    offloading, accelerate's hooks: ``mode="cpu_offload"``), in words, or ``None``."""
+    for name, module in model.named_modules():
+        if hasattr(module, "_hf_hook"):
+            return f"accelerate hooks on {name or 'the model'}"
+        if any(isinstance(h, (GroupOffloadingHook, OffloadHook)) for h in hooks.hooks_of(module)):
+            return f"block offloading on {name or 'the model'}"
+    return None
+
+
+def check_not_offloaded(model: nn.Module, action: str, then: str = "then enable it again") -> None:
+    """Refuse ``action`` (one that replaces, rebuilds or copies the model's layers from their
+    weights: a conversion, a checkpoint load, a TensorParallelWrapper) on a model whose weights are
+    offloaded: it would read the offload's placeholders, and the offload would go on restoring the
+    old tensors. ``then``: what to do after ``action``, in the message."""
+    what = offloaded_by(model)
+    if what is not None:
+        raise ValueError(f"{type(model).__name__}'s weights are offloaded ({what}): {action} would read placeholders, "
+                         "not its weights; disable the offloading first (sixbit.optimize.disable_memory_optimization"
+                         f"(pipe); accelerate's: pipe.remove_all_hooks()), run {action}, {then}")
+
+
+IN_PLACE = ("fuse_lora", "unfuse_lora")  # diffusers' model methods that change the weights in place
+
+
+def refuse_in_place(model: nn.Module) -> dict:
+    """Make ``model``'s :data:`IN_PLACE` methods refuse, while it is offloaded to disk: they would
+    change the offloaded groups' placeholders, and the group files (written once) would bring the
+    old weights back. Returns what :func:`allow_in_place` puts back."""
+    saved = {name: model.__dict__[name] for name in IN_PLACE if name in model.__dict__}
+    for name in IN_PLACE:
+        if hasattr(model, name):
+            setattr(model, name, functools.partial(_refused, type(model).__name__, name))
+    return saved
+
+
+def allow_in_place(model: nn.Module, saved: dict) -> None:
+    """Undo :func:`refuse_in_place` (``saved``: what it returned)."""
+    for name in IN_PLACE:
+        if name in saved:
+            setattr(model, name, saved[name])
+        else:
+            model.__dict__.pop(name, None)
+
+
+def _refused(model_name: str, name: str, *args, **kwargs):
+    raise ValueError(f"{name} changes the weights in place, but {model_name} is offloaded to disk: its offloaded "
+                     "blocks hold placeholders and their files, written once, would bring the old weights back; "
+                     f"call sixbit.optimize.disable_memory_optimization(pipe) first, then {name}, then enable it again")
 
 
 def offload_problem(model_or_pipe) -> str | None:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import checkpoint
+from ..memory.weights import check_not_offloaded
 from ..models import transformer_of
 from . import driver, feed_forward, sequence, tensor
 from ..runtime.wrapped import mark, unmark, wrapper_of
@@ -53,6 +54,8 @@ class TensorParallelWrapper:
         transformer = transformer_of(model)
         if wrapper_of(transformer) is not None:
             raise ValueError("this model is already wrapped by a TensorParallelWrapper")
+        check_not_offloaded(transformer, "the TensorParallelWrapper",
+                            "and leave the weights where they are (each rank holds its share of them)")
         self._model, self.mode, self.chunk_size = model, mode, chunk_size
         self.shards = self.driver = None
         if dist.is_available() and dist.is_initialized():
