@@ -34,6 +34,7 @@ from ..memory import allocator
 from ..memory.devices import total_memory
 from ..models import iter_blocks
 from ..rounding import refine
+from ..runtime.wrapped import check_not_wrapped
 from .layers import plan_layers, quantized_linear
 from .swap import LayerSwap, Part, Recipe, build, parts_of
 
@@ -207,6 +208,7 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
     config = config or QuantConfig()
     if not isinstance(config, QuantConfig):
         raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
+    check_not_wrapped(model, "quantize the model")  # as convert_model (sixbit.preflight): its layers are cut and hooked
     plan = plan_layers(model, config)
     quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
     logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)

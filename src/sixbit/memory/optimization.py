@@ -27,6 +27,7 @@ from .offload import (
     block_groups,
     release,
 )
+from ..runtime.wrapped import changes_model
 from .tiling import tile_vae
 from .weights import offload_problem, resident_weights
 
@@ -135,6 +136,7 @@ def _check_no_foreign_offload(model: nn.Module) -> None:
             )
 
 
+@changes_model("enable_memory_optimization")
 def enable_memory_optimization(
     model_or_pipe,
     tile_size: int = 256,
@@ -305,6 +307,7 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
                        "so no memory is saved; lower prefetch_depth", prefetch_depth, len(groups) - 1)
 
 
+@changes_model("disable_memory_optimization")
 def disable_memory_optimization(model_or_pipe) -> None:
     """Undo :func:`enable_memory_optimization` on ``model_or_pipe`` (no-op when none is installed)."""
     _, model, _ = _split(model_or_pipe, "disable_memory_optimization")

@@ -67,6 +67,7 @@ from ..memory.devices import compute_device
 from ..runtime import hooks
 from ..runtime.context import ContextRecorder
 from .deadlines import expired, killed_on_ctrl_c, timeout
+from .handover import Handed, write
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +263,8 @@ class Driver:
         self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns, folder, True)
         try:
             model_path = os.path.join(folder, "model.pt")
-            torch.save((transformer, linear_factors(transformer)), model_path, pickle_module=cloudpickle)
+            self.handed = Handed.of(transformer)  # what a later change here is checked against
+            write(transformer, linear_factors(transformer), model_path)
             context = mp.get_context("spawn")
             threads = _threads(self.world) if devices[0].type == "cpu" else 1
             with _script_not_rerun():
@@ -314,8 +316,13 @@ class Driver:
         data = cloudpickle.dumps((op, payload))
         try:
             with killed_on_ctrl_c(self.processes):
-                for conn in self.conns:
-                    conn.send_bytes(data)
+                for rank, conn in enumerate(self.conns):
+                    try:
+                        if not self.processes[rank].is_alive():
+                            raise BrokenPipeError
+                        conn.send_bytes(data)
+                    except OSError:  # it ended (killed, crashed) since the last request
+                        raise self._ended(rank, f"before it was sent a {op}") from None
                 return self._replies(op)
         except BaseException as e:  # a worker's error, a worker gone, Ctrl-C: the others are mid-collective
             self.failed = f"{type(e).__name__} during a {op}"
@@ -338,16 +345,13 @@ class Driver:
                 if ready in sentinels:
                     rank = sentinels[ready]
                     if self.conns[rank] in waiting and not self.conns[rank].poll():
-                        raise WorkerError(f"worker {rank} (pid {self.processes[rank].pid}) ended with exit code "
-                                          f"{self.processes[rank].exitcode} before it answered")
+                        raise self._ended(rank, "before it answered")
                     continue
                 rank = waiting.pop(ready)
                 try:
                     reply = pickle.loads(ready.recv_bytes())
-                except EOFError:  # it ended (killed, crashed) before it answered
-                    self.processes[rank].join(_STOP_SECONDS)
-                    raise WorkerError(f"worker {rank} (pid {self.processes[rank].pid}) ended with exit code "
-                                      f"{self.processes[rank].exitcode} before it answered") from None
+                except (EOFError, OSError):  # it ended (killed, crashed) before it answered: EOF or a reset
+                    raise self._ended(rank, "before it answered") from None
                 if reply[0] == "error":
                     _, error, text = reply
                     if error is None:
@@ -355,6 +359,15 @@ class Driver:
                     raise error from RemoteTraceback(f"\n\nin worker {rank}:\n{text}")
                 replies[rank] = reply[1]
         return replies
+
+
+    def _ended(self, rank: int, when: str) -> WorkerError:
+        """The error for worker ``rank``, which ended (killed, crashed) ``when``."""
+        process = self.processes[rank]
+        process.join(_STOP_SECONDS)
+        return WorkerError(f"worker {rank} (pid {process.pid}) ended with exit code {process.exitcode} {when}: "
+                           "every worker is stopped; call close() to run the model in this process, or close() "
+                           "and wrap it again")
 
 
 class DriverHook(ModelHook):
@@ -368,6 +381,7 @@ class DriverHook(ModelHook):
         self.context = ContextRecorder()  # the pipeline's cache_context(...), sent with each call
 
     def new_forward(self, module, *args, **kwargs):
+        self.driver.handed.check(module, "call it")
         return self.driver.call(args, kwargs, self.context.current)
 
     def reset_state(self, module):
