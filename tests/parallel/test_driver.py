@@ -24,7 +24,13 @@ import torch
 import sixbit
 from sixbit.methods.delta_cache import DeltaCache, DeltaCacheConfig
 from sixbit.nn import QuantLinear
-from sixbit.parallel import TensorParallelWrapper, deadlines, driver, feed_forward
+from sixbit.parallel import (
+    TensorParallelWrapper,
+    deadlines,
+    driver,
+    feed_forward,
+    handover,
+)
 from sixbit.presets import resolve
 from sixbit.runtime import blocks
 from sixbit.zoo.shapes import load_pipeline
@@ -261,19 +267,8 @@ def test_ctrl_c_while_the_workers_run_stops_them_all_first(swallowed):
     wrapped.close()
 
 
-def test_changes_after_wrapping_are_refused_and_dropping_the_wrapper_stops_the_workers():
-    """Issue 61: sixbit calls that change a model whose workers run it (a LoRA's scale, unloading or
-    switching it off, the delta cache, offloading, a conversion…) were accepted and ignored by the
-    workers; now each is refused, naming close(), before anything changes. ``del wrapper`` left the
-    workers running (the model kept the wrapper); now garbage collection stops them."""
-    pipe = load_pipeline("wan")
-    sixbit.convert_model(pipe, None, "w8a8")
-    name, layer = next((n, m) for n, m in pipe.transformer.named_modules() if isinstance(m, QuantLinear))
-    sixbit.load_lora(pipe, {f"{name}.lora_A.weight": torch.randn(2, layer.in_features) / 8,
-                            f"{name}.lora_B.weight": torch.randn(layer.out_features, 2) / 8})
-    want = video(pipe, steps=2)
-    wrapped = TensorParallelWrapper(pipe, device_ids=[0, 1])
-    workers = pids_of(wrapped)
+def refuse_changes(pipe, wrapped) -> None:
+    """Each sixbit call that changes the model is refused, naming close(), and changes nothing."""
     x = pipe.transformer
     before = (sixbit.loras(pipe), dict(sixbit.lora.lora_state(pipe).scales), sixbit.runtime.hooks.names(x))
     changes = {
@@ -290,12 +285,29 @@ def test_changes_after_wrapping_are_refused_and_dropping_the_wrapper_stops_the_w
         with pytest.raises(ValueError, match=rf"{what} before wrapping.*wrapper\.close\(\)"):
             change()
     assert (sixbit.loras(pipe), dict(sixbit.lora.lora_state(pipe).scales), sixbit.runtime.hooks.names(x)) == before
+
+
+def test_changes_after_wrapping_are_refused_and_dropping_the_wrapper_stops_the_workers():
+    """Issue 61: sixbit calls that change a model whose workers run it (a LoRA's scale, unloading or
+    switching it off, the delta cache, offloading, a conversion…) were accepted and ignored by the
+    workers; now each is refused, naming close(), before anything changes. ``del wrapper`` left the
+    workers running (the model kept the wrapper); now garbage collection stops them."""
+    pipe = load_pipeline("wan")
+    sixbit.convert_model(pipe, None, "w8a8")
+    name, layer = next((n, m) for n, m in pipe.transformer.named_modules() if isinstance(m, QuantLinear))
+    sixbit.load_lora(pipe, {f"{name}.lora_A.weight": torch.randn(2, layer.in_features) / 8,
+                            f"{name}.lora_B.weight": torch.randn(layer.out_features, 2) / 8})
+    want = video(pipe, steps=2)
+    wrapped = TensorParallelWrapper(pipe, device_ids=[0, 1])
+    workers = pids_of(wrapped)
+    refuse_changes(pipe, wrapped)
     with pytest.raises(ValueError, match=r"already wrapped by a TensorParallelWrapper: .*close\(\)"):
         TensorParallelWrapper(pipe, device_ids=[0, 1])
     del wrapped
     gc.collect()
     assert gone(workers)  # the model did not keep the wrapper, nor its workers
-    assert sixbit.parallel.wrapper_of(x) is None and np.array_equal(video(pipe, steps=2), want)  # runs here, unchanged
+    assert sixbit.parallel.wrapper_of(pipe.transformer) is None
+    assert np.array_equal(video(pipe, steps=2), want)  # it runs here again, unchanged
 
 
 def test_a_cast_after_wrapping_is_refused_and_a_killed_worker_raises_worker_error(tmp_path):
@@ -306,10 +318,11 @@ def test_a_cast_after_wrapping_is_refused_and_a_killed_worker_raises_worker_erro
     wrapped = TensorParallelWrapper(pipe, device_ids=[0, 1])
     workers = pids_of(wrapped)
     pipe.transformer.to(torch.bfloat16)
-    with pytest.raises(ValueError, match=r"cannot call it: the model was cast: .* is torch\.bfloat16 here and "
-                                         r"torch\.float32 in the workers .*wrapper\.close\(\)"):
+    with pytest.raises(ValueError, match=r"cannot call it: this model changed after it was wrapped \(the model was "
+                                         r"cast: .* is torch\.bfloat16 here and torch\.float32 in the workers\).*"
+                                         r"wrapper\.close\(\)"):
         video(wrapped, steps=1)
-    with pytest.raises(ValueError, match="cannot save it: the model was cast"):
+    with pytest.raises(ValueError, match=r"cannot save it: this model changed after it was wrapped \(the model was"):
         sixbit.save(wrapped, tmp_path / "m.safetensors")
     assert not (tmp_path / "m.safetensors").exists() and wrapped.driver.alive  # refused here: the workers run on
     os.kill(workers[1], signal.SIGKILL)
@@ -321,6 +334,29 @@ def test_a_cast_after_wrapping_is_refused_and_a_killed_worker_raises_worker_erro
     wrapped.close()
 
 
+def test_the_record_of_the_handed_model_sees_casts_new_layers_and_edits_not_moves():
+    """In one process: what a call or save after wrapping is checked against (driver.Driver.handed)."""
+    pipe = load_pipeline("wan")
+    x = pipe.transformer
+    handed = handover.Handed.of(x)
+    pipe.to("cpu")  # a move of the caller's copy: nothing the workers run changes
+    assert handed.change(x) is None
+    name, layer = next((n, m) for n, m in x.named_modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad():
+        layer.weight.add_(1)
+    assert handed.change(x) == f"{name}.weight was changed in place"
+    handed = handover.Handed.of(x)
+    x.load_lora_adapter({f"{name}.lora_A.weight": torch.zeros(2, layer.in_features),  # diffusers' PEFT LoRA
+                         f"{name}.lora_B.weight": torch.zeros(layer.out_features, 2)}, prefix=None)
+    assert handed.change(x) == (f"module {name!r} was replaced (torch.nn.modules.linear.Linear → "
+                                "peft.tuners.lora.layer.Linear)")
+    handed = handover.Handed.of(x)
+    x.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"cannot call it: this model changed after it was wrapped \(the model was "
+                                         r"cast: \S+ is torch.bfloat16 here and torch.float32 in the workers\)"):
+        handed.check(x, "call it")
+
+
 def test_a_hook_that_cannot_be_pickled_is_named_before_any_worker_starts():
     """Issue 61: a forward hook holding a lock gave pickle's bare TypeError, naming no module."""
     pipe = load_pipeline("wan")
@@ -328,7 +364,7 @@ def test_a_hook_that_cannot_be_pickled_is_named_before_any_worker_starts():
 
     def guarded(module, args):
         with lock:
-            return None
+            pass
 
     target = pipe.transformer.blocks[0].attn1
     target.register_forward_pre_hook(guarded)

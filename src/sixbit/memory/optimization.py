@@ -15,6 +15,7 @@ from torch import nn
 
 from ..models import iter_blocks, spec_for
 from ..runtime import hooks
+from ..runtime.wrapped import changes_model
 from .devices import accelerator as _accelerator
 from .devices import parse_devices as _devices
 from .devices import split as _split
@@ -27,7 +28,6 @@ from .offload import (
     block_groups,
     release,
 )
-from ..runtime.wrapped import changes_model
 from .tiling import tile_vae
 from .weights import offload_problem, resident_weights
 

@@ -10,7 +10,9 @@ of it as handed, so that a change made here afterwards is refused instead of sil
   the others — a cast (``.to(torch.bfloat16)``), diffusers' own PEFT LoRA, a layer replaced or a
   weight edited in place — at the next call and at ``sixbit.save``, whose file would otherwise
   hold a model the workers never ran. Moving the caller's copy to another device changes
-  nothing the workers run and is not refused.
+  nothing the workers run and is not refused. Not seen: an edit that keeps every tensor's dtype,
+  shape and version counter (through ``param.data``), or a tensor replaced by one of its kind
+  after a move (its values are not compared: that would read every weight at every call).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ def _version(t: torch.Tensor) -> int | None:
         return t._version
     except RuntimeError:  # an inference tensor: no version counter (it cannot be changed in place either)
         return None
+
+
+def _name(kind: type, other: type) -> str:
+    """``kind``'s name, with its module where ``other`` has the same name (PEFT's ``Linear``)."""
+    return f"{kind.__module__}.{kind.__qualname__}" if kind.__name__ == other.__name__ else kind.__name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +61,7 @@ class Handed:
             if was is not is_:
                 return (f"module {name!r} was added ({is_.__name__})" if was is None else
                         f"module {name!r} was removed" if is_ is None else
-                        f"module {name!r} was replaced ({was.__name__} → {is_.__name__})")
+                        f"module {name!r} was replaced ({_name(was, is_)} → {_name(is_, was)})")
         for name in (*self.tensors, *now.tensors):
             was, is_ = self.tensors.get(name), now.tensors.get(name)
             if was is None or is_ is None:
@@ -71,9 +78,9 @@ class Handed:
         """Refuse ``doing`` when ``model`` changed since it was handed; nothing runs or changes."""
         change = self.change(model)
         if change is not None:
-            raise ValueError(f"cannot {doing}: {change} after this model was wrapped, and its worker processes run "
-                             "it as it was wrapped: call wrapper.close() to run the changed model in this process, "
-                             "or close(), change it and wrap it again (change the model before wrapping)")
+            raise ValueError(f"cannot {doing}: this model changed after it was wrapped ({change}), and its worker "
+                             "processes run it as it was: call wrapper.close() to run the changed model in this "
+                             "process, or close(), change it and wrap it again (change the model before wrapping)")
 
 
 def _parts(obj) -> list[tuple[str, object]]:
@@ -128,7 +135,7 @@ def write(model: nn.Module, extra, path: str) -> None:
     """``torch.save((model, extra), path)`` for the workers; what cannot be pickled is named, with the fix."""
     try:
         torch.save((model, extra), path, pickle_module=cloudpickle)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         found = culprit(model)
         if found is None:
             raise
