@@ -19,7 +19,7 @@ from .memory.weights import check_not_offloaded
 from .methods.record import check, conversion_of, selected
 from .models import spec_for
 from .runtime.blocks import quant_linears
-from .runtime.wrapped import wrapper_of
+from .runtime.wrapped import check_not_wrapped
 
 
 def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict | None = None, *,
@@ -32,9 +32,7 @@ def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict
     quantized while loading); otherwise its weights must be loaded.
     """
     spec_for(transformer)  # unsupported architectures fail here
-    if wrapper_of(transformer) is not None:  # its layers are cut into per-rank shards, its hooks split calls
-        raise ValueError("convert the model before wrapping it in a TensorParallelWrapper (every rank converts "
-                         "it the same way, then wraps)")
+    check_not_wrapped(transformer, "convert the model")
     check_no_loras(transformer, "convert_model")
     check_not_offloaded(transformer, "the conversion")  # it would quantize the offload's placeholders
     chosen = selected(config, extra or {})

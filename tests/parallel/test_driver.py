@@ -24,7 +24,13 @@ import torch
 import sixbit
 from sixbit.methods.delta_cache import DeltaCache, DeltaCacheConfig
 from sixbit.nn import QuantLinear
-from sixbit.parallel import TensorParallelWrapper, deadlines, driver, feed_forward
+from sixbit.parallel import (
+    TensorParallelWrapper,
+    deadlines,
+    driver,
+    feed_forward,
+    handover,
+)
 from sixbit.presets import resolve
 from sixbit.runtime import blocks
 from sixbit.zoo.shapes import load_pipeline
@@ -259,3 +265,111 @@ def test_ctrl_c_while_the_workers_run_stops_them_all_first(swallowed):
         ctrl_c.cancel()
         signal.signal(signal.SIGINT, handler)
     wrapped.close()
+
+
+def refuse_changes(pipe, wrapped) -> None:
+    """Each sixbit call that changes the model is refused, naming close(), and changes nothing."""
+    x = pipe.transformer
+    before = (sixbit.loras(pipe), dict(sixbit.lora.lora_state(pipe).scales), sixbit.runtime.hooks.names(x))
+    changes = {
+        "set_lora_scale": lambda: sixbit.set_lora_scale(pipe, 0.5),
+        "unload_lora": lambda: sixbit.unload_lora(wrapped),
+        "switch LoRAs on or off": lambda: x.disable_lora(),  # diffusers' pipe.disable_lora() lands here
+        "enable_delta_cache": lambda: sixbit.enable_delta_cache(x, DeltaCacheConfig(threshold=0.4)),
+        "enable_memory_optimization": lambda: sixbit.memory.enable_memory_optimization(pipe),
+        "keep_int8_weights": lambda: sixbit.keep_int8_weights(model=x),
+        "quantize the model": lambda: sixbit.quantize(x, sixbit.QuantConfig(weight_format="int8")),
+        "convert the model": lambda: sixbit.convert_model(pipe, None, "w4a8-rtn"),
+    }
+    for what, change in changes.items():
+        with pytest.raises(ValueError, match=rf"{what} before wrapping.*wrapper\.close\(\)"):
+            change()
+    assert (sixbit.loras(pipe), dict(sixbit.lora.lora_state(pipe).scales), sixbit.runtime.hooks.names(x)) == before
+
+
+def test_changes_after_wrapping_are_refused_and_dropping_the_wrapper_stops_the_workers():
+    """Issue 61: sixbit calls that change a model whose workers run it (a LoRA's scale, unloading or
+    switching it off, the delta cache, offloading, a conversion…) were accepted and ignored by the
+    workers; now each is refused, naming close(), before anything changes. ``del wrapper`` left the
+    workers running (the model kept the wrapper); now garbage collection stops them."""
+    pipe = load_pipeline("wan")
+    sixbit.convert_model(pipe, None, "w8a8")
+    name, layer = next((n, m) for n, m in pipe.transformer.named_modules() if isinstance(m, QuantLinear))
+    sixbit.load_lora(pipe, {f"{name}.lora_A.weight": torch.randn(2, layer.in_features) / 8,
+                            f"{name}.lora_B.weight": torch.randn(layer.out_features, 2) / 8})
+    want = video(pipe, steps=2)
+    wrapped = TensorParallelWrapper(pipe, device_ids=[0, 1])
+    workers = pids_of(wrapped)
+    refuse_changes(pipe, wrapped)
+    with pytest.raises(ValueError, match=r"already wrapped by a TensorParallelWrapper: .*close\(\)"):
+        TensorParallelWrapper(pipe, device_ids=[0, 1])
+    del wrapped
+    gc.collect()
+    assert gone(workers)  # the model did not keep the wrapper, nor its workers
+    assert sixbit.parallel.wrapper_of(pipe.transformer) is None
+    assert np.array_equal(video(pipe, steps=2), want)  # it runs here again, unchanged
+
+
+def test_a_cast_after_wrapping_is_refused_and_a_killed_worker_raises_worker_error(tmp_path):
+    """Issue 61: ``.to(torch.bfloat16)`` on the caller after wrapping broke every call in the
+    workers (a dtype mismatch there) and sixbit.save would have written a model they never ran; a
+    killed worker gave a raw BrokenPipeError at the next request."""
+    pipe = load_pipeline("wan")
+    wrapped = TensorParallelWrapper(pipe, device_ids=[0, 1])
+    workers = pids_of(wrapped)
+    pipe.transformer.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"cannot call it: this model changed after it was wrapped \(the model was "
+                                         r"cast: .* is torch\.bfloat16 here and torch\.float32 in the workers\).*"
+                                         r"wrapper\.close\(\)"):
+        video(wrapped, steps=1)
+    with pytest.raises(ValueError, match=r"cannot save it: this model changed after it was wrapped \(the model was"):
+        sixbit.save(wrapped, tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists() and wrapped.driver.alive  # refused here: the workers run on
+    os.kill(workers[1], signal.SIGKILL)
+    wrapped.driver.processes[1].join(15)  # ended, and reaped (a killed worker's threads take a moment to end)
+    with pytest.raises(driver.WorkerError, match=r"worker 1 \(pid \d+\) ended with exit code -9 before it was sent "
+                                                 r"a run: every worker is stopped; call close\(\)"):
+        wrapped.on_workers(lambda w: None)
+    assert gone(workers)
+    wrapped.close()
+
+
+def test_the_record_of_the_handed_model_sees_casts_new_layers_and_edits_not_moves():
+    """In one process: what a call or save after wrapping is checked against (driver.Driver.handed)."""
+    pipe = load_pipeline("wan")
+    x = pipe.transformer
+    handed = handover.Handed.of(x)
+    pipe.to("cpu")  # a move of the caller's copy: nothing the workers run changes
+    assert handed.change(x) is None
+    name, layer = next((n, m) for n, m in x.named_modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad():
+        layer.weight.add_(1)
+    assert handed.change(x) == f"{name}.weight was changed in place"
+    handed = handover.Handed.of(x)
+    x.load_lora_adapter({f"{name}.lora_A.weight": torch.zeros(2, layer.in_features),  # diffusers' PEFT LoRA
+                         f"{name}.lora_B.weight": torch.zeros(layer.out_features, 2)}, prefix=None)
+    assert handed.change(x) == (f"module {name!r} was replaced (torch.nn.modules.linear.Linear → "
+                                "peft.tuners.lora.layer.Linear)")
+    handed = handover.Handed.of(x)
+    x.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"cannot call it: this model changed after it was wrapped \(the model was "
+                                         r"cast: \S+ is torch.bfloat16 here and torch.float32 in the workers\)"):
+        handed.check(x, "call it")
+
+
+def test_a_hook_that_cannot_be_pickled_is_named_before_any_worker_starts():
+    """Issue 61: a forward hook holding a lock gave pickle's bare TypeError, naming no module."""
+    pipe = load_pipeline("wan")
+    lock = threading.Lock()
+
+    def guarded(module, args):
+        with lock:
+            pass
+
+    target = pipe.transformer.blocks[0].attn1
+    target.register_forward_pre_hook(guarded)
+    with pytest.raises(TypeError, match=r"the forward pre hook .*guarded \(closure variable 'lock'\) of module "
+                                        r"'blocks\.0\.attn1' cannot be pickled \(TypeError: cannot pickle "
+                                        r"'_thread\.lock' object\): remove it before wrapping"):
+        TensorParallelWrapper(pipe, device_ids=[0, 1])
+    assert not multiprocessing.active_children() and sixbit.parallel.wrapper_of(pipe.transformer) is None

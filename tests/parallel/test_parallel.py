@@ -145,3 +145,14 @@ def test_one_rank_wraps_runs_and_refuses_misuse(one_rank, tmp_path):
     assert dict(pipe.transformer.named_modules()) == layers and sixbit.conversion_of(pipe) is None
     with pytest.raises(ValueError, match="device_ids names 2 devices for 1 ranks"):
         TensorParallelWrapper(load_pipeline("cogvideox"), device_ids=[0, 1])
+
+
+def test_quantize_after_the_split_is_refused_as_convert_model_is(one_rank):
+    """Issue 61: ``sixbit.quantize`` of a split model was accepted, and every call then failed
+    ("expected input with last dimension 192, got (1, 256, 96)"); now refused as convert_model."""
+    pipe = load_pipeline("wan")
+    wrapped = TensorParallelWrapper(pipe, mode="tensor")
+    layers = {name: type(m) for name, m in pipe.transformer.named_modules()}
+    with pytest.raises(ValueError, match=r"quantize the model before wrapping it in a TensorParallelWrapper"):
+        sixbit.quantize(wrapped.transformer, sixbit.QuantConfig(weight_format="int8"))
+    assert {name: type(m) for name, m in pipe.transformer.named_modules()} == layers  # nothing changed

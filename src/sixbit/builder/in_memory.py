@@ -36,6 +36,7 @@ from ..memory.devices import total_memory
 from ..memory.weights import check_not_offloaded
 from ..models import iter_blocks
 from ..rounding import refine
+from ..runtime.wrapped import check_not_wrapped
 from .layers import plan_layers, quantized_linear
 from .swap import LayerSwap, Part, Recipe, build, parts_of
 
@@ -212,6 +213,7 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
         raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
     check_no_loras(model, "sixbit.quantize")
     check_not_offloaded(model, "sixbit.quantize")  # it would quantize the offload's placeholders
+    check_not_wrapped(model, "quantize the model")  # as convert_model (sixbit.preflight): its layers are cut and hooked
     plan = plan_layers(model, config)
     quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
     logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)

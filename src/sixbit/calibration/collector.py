@@ -15,6 +15,7 @@ from ..nn.pointwise_conv import features_last
 from ..runtime import blocks
 from ..runtime.blocks import relative_l1
 from ..runtime.context import StepTracker, track_steps
+from ..runtime.wrapped import changes_model
 from .data import BlockStats, CalibrationData, LayerStats
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class _DeltaMemory:
         self.previous: dict[str, torch.Tensor] = {}
 
 
+@changes_model("calibrate")
 def calibrate(
     model: nn.Module,
     run: Callable[[], object],

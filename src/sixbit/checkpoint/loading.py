@@ -11,7 +11,7 @@ from ..lora import check_no_loras
 from ..memory.fast_path import check_choice
 from ..memory.weights import check_not_offloaded
 from ..models import transformer_of
-from ..runtime.wrapped import wrapper_of
+from ..runtime.wrapped import check_not_wrapped
 from .file import open_checkpoint
 from .finishing import finish
 from .restore import restore
@@ -42,9 +42,7 @@ def load(path: str | os.PathLike, model: nn.Module, *, layout: str | None = None
     """
     target = model
     model = transformer_of(model)
-    if wrapper_of(model) is not None:
-        raise ValueError("load the checkpoint into the model before wrapping it in a TensorParallelWrapper "
-                         "(every rank loads the whole file, then wraps)")
+    check_not_wrapped(model, "load the checkpoint into the model")
     check_no_loras(model, "sixbit.load")
     check_not_offloaded(model, "sixbit.load")
     layout = check_choice(layout)

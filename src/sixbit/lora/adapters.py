@@ -39,7 +39,7 @@ from ..models import transformer_of
 from ..nn import QuantLinear
 from ..nn.lowrank import branch_factors, low_rank
 from ..runtime import hooks
-from ..runtime.wrapped import wrapper_of
+from ..runtime.wrapped import changes_model, check_not_driven, wrapper_of
 from ..config.validate import show
 
 # full-precision nn.Linear targets: {layer: {adapter: [down, up, scale]}}, and one hook each (HOOK_NAME)
@@ -74,11 +74,8 @@ def load_lora(model_or_pipe, lora, scale: float = 1.0, adapter_name: str = "defa
 def check_not_split(model: nn.Module) -> None:
     """Refuse a LoRA on a model a TensorParallelWrapper has cut into row shards (tensor mode):
     its layers hold 1/N of their rows, which no LoRA file fits, however right the file is."""
+    check_not_driven(model, "load the LoRA")
     wrapper = wrapper_of(model)
-    if wrapper is not None and getattr(wrapper, "driver", None) is not None:
-        raise ValueError(f"this model runs in {wrapper.world} worker processes started by a TensorParallelWrapper: "
-                         "load the LoRA before wrapping (the workers get it with the model), or close() the wrapper "
-                         "and wrap again after loading it")
     if wrapper is not None and wrapper.mode == "tensor" and wrapper.shards is not None:
         raise ValueError(f"this model is already split across {wrapper.world} ranks by a TensorParallelWrapper "
                          "(mode='tensor'), so each layer holds only its rank's rows: load the LoRA before wrapping "
@@ -243,6 +240,7 @@ def _apply_scales(model: nn.Module, adapters: list[str]) -> None:
                 _LINEAR[layer][adapter][2] = scale * factor
 
 
+@changes_model("set_lora_scale")
 def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None) -> None:
     """Set the scale of one LoRA (or of all, ``adapter_name=None``); 0 switches it off exactly.
     While LoRAs are switched off (:func:`set_loras_enabled`) the scale is kept for when they are
@@ -255,6 +253,7 @@ def set_lora_scale(model_or_pipe, scale: float, adapter_name: str | None = None)
     _apply_scales(model, adapters)
 
 
+@changes_model("switch LoRAs on or off")
 def set_loras_enabled(model_or_pipe, enabled: bool) -> None:
     """Switch every loaded LoRA off (``False``: the layers compute exactly as without them) or
     back on at the scales they had (``True``); LoRAs loaded while off stay off until then."""
@@ -263,6 +262,7 @@ def set_loras_enabled(model_or_pipe, enabled: bool) -> None:
     _apply_scales(model, loras(model))
 
 
+@changes_model("unload_lora")
 def unload_lora(model_or_pipe, adapter_name: str | None = None) -> None:
     """Remove one LoRA (or all, ``adapter_name=None``): the layers compute exactly as before it."""
     model = transformer_of(model_or_pipe)

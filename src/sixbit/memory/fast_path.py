@@ -53,6 +53,7 @@ from ..models import transformer_of
 from ..nn import QuantLinear, execution, weight_views
 from ..runtime import hooks
 from ..runtime.fusion import fuse_activations
+from ..runtime.wrapped import changes_model
 
 CHOICES = ("auto", "fast", "compact")
 ENVIRONMENT = "SIXBIT_LAYOUT"  # the default choice, where the calls are not given one
@@ -183,6 +184,7 @@ def _gain(shapes, device: torch.device, fold: bool, size: int) -> str:
     return f"{copies} (measured faster on AMX CPUs; this CPU kind has no AMX-INT8)"
 
 
+@changes_model("keep_int8_weights")
 def keep_int8_weights(model: nn.Module, enabled: bool = True, fold: bool = True) -> int:
     """Keep every quantized layer's INT8 GEMM operand ready, built now: an INT8 copy of weights the
     integer GEMM cannot read directly (NVFP4, MX, FP8, grouped formats: the 4-bit presets), and on

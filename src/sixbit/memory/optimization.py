@@ -15,7 +15,7 @@ from torch import nn
 
 from ..models import iter_blocks, spec_for
 from ..runtime import hooks
-from ..runtime.wrapped import wrapper_of
+from ..runtime.wrapped import changes_model, wrapper_of
 from .devices import accelerator as _accelerator
 from .devices import parse_devices as _devices
 from .devices import split as _split
@@ -143,6 +143,7 @@ def _check_no_foreign_offload(model: nn.Module) -> None:
             )
 
 
+@changes_model("enable_memory_optimization")
 def enable_memory_optimization(
     model_or_pipe,
     tile_size: int = 256,
@@ -321,6 +322,7 @@ def _install_groups(handle: MemoryOptimization, model: nn.Module, onload: torch.
                        "so no memory is saved; lower prefetch_depth", prefetch_depth, len(groups) - 1)
 
 
+@changes_model("disable_memory_optimization")
 def disable_memory_optimization(model_or_pipe) -> None:
     """Undo :func:`enable_memory_optimization` on ``model_or_pipe`` (no-op when none is installed)."""
     _, model, _ = _split(model_or_pipe, "disable_memory_optimization")

@@ -1,4 +1,5 @@
-"""How long the caller waits for its workers, and what Ctrl-C does while they run (:mod:`.driver`).
+"""How long the caller waits for its workers, what Ctrl-C does while they run, and what the caller
+is told when one ended (:mod:`.driver`).
 
 Every wait for the workers' answers lasts at most ``$SIXBIT_WORKER_TIMEOUT`` seconds (default
 1800, also the workers' collective timeout); past it they are stopped and the caller gets a
@@ -26,6 +27,13 @@ def timeout() -> float:
 def expired(op: str, ranks: list[int]) -> str:
     """The error's message when workers ``ranks`` did not answer ``op`` in time."""
     return f"worker(s) {ranks} did not answer a {op} within {timeout():g} s (${TIMEOUT}): every worker is stopped"
+
+
+def ended(rank: int, process, when: str) -> str:
+    """The error's message when worker ``rank`` (its ``process``) ended ``when`` (killed, crashed)."""
+    process.join(10)  # its exit code, once the kernel has reaped it
+    return (f"worker {rank} (pid {process.pid}) ended with exit code {process.exitcode} {when}: every worker is "
+            "stopped; call close() to run the model here, or close() and wrap it again")
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ With no process group in the calling process (a script, a notebook), the wrapper
 worker process per device and drives them; the caller keeps its pipeline and its loops:
 
 - **Start.** The transformer (converted or not, with its runtime methods and LoRAs) is written
-  once to a temporary file with ``torch.save`` (``cloudpickle`` for the hooks' closures), and
+  once to a temporary file (:mod:`.handover`: ``torch.save``, ``cloudpickle`` for hooks), and
   ``N`` workers start with ``torch.multiprocessing`` (spawn). Each one loads the file memory-
   mapped, joins a process group (NCCL on GPUs, gloo on CPUs, over a file store), and splits the
   model as under ``torchrun`` (:mod:`.tensor` or :mod:`.sequence`): it keeps its shard, and the
@@ -15,16 +15,17 @@ worker process per device and drives them; the caller keeps its pipeline and its
   call's inputs and diffusers cache context to every worker; each runs the call on its device
   and rank 0 sends the output back, to the device the inputs came from. The end of a pipeline
   call (diffusers' ``reset_stateful_hooks``) reaches the workers too, so runtime methods start a
-  new generation there as they would here. Calls run without autograd: inference only.
+  new generation there as they would here. Calls run without autograd: inference only. A call
+  (or ``sixbit.save``) after the model changed here is refused (:mod:`.handover`).
 - **Errors.** An exception in a worker is raised here, the same exception with the worker's
   traceback as its cause. A worker that ends, an error or a ``KeyboardInterrupt`` while the
   workers run stops them all (their collectives are mid-call): the wrapper refuses calls after
   that, and ``close()`` gives the model back to run here. Ctrl-C while they run kills them
   before ``KeyboardInterrupt`` is raised here, and a wait past ``$SIXBIT_WORKER_TIMEOUT`` seconds
   stops them with a :class:`WorkerError` (:mod:`.deadlines`).
-- **Stop.** ``close()``, garbage collection of the wrapper and interpreter exit stop the
-  workers; workers ignore SIGINT (Ctrl-C is the caller's to handle) and are killed by the
-  kernel if the caller dies (Linux ``PR_SET_PDEATHSIG``).
+- **Stop.** ``close()``, garbage collection of the wrapper (the model does not keep it) and
+  interpreter exit stop the workers; workers ignore SIGINT (Ctrl-C is the caller's to handle) and
+  are killed by the kernel if the caller dies (Linux ``PR_SET_PDEATHSIG``).
 
 The caller's own transformer stays whole in its memory (it is what ``sixbit.save`` writes and
 what ``close()`` gives back); the workers hold the shards.
@@ -66,7 +67,8 @@ from ..lora import linear_factors, set_linear_factors
 from ..memory.devices import compute_device
 from ..runtime import hooks
 from ..runtime.context import ContextRecorder
-from .deadlines import expired, killed_on_ctrl_c, timeout
+from .deadlines import ended, expired, killed_on_ctrl_c, timeout
+from .handover import Handed, write
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +264,8 @@ class Driver:
         self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns, folder, True)
         try:
             model_path = os.path.join(folder, "model.pt")
-            torch.save((transformer, linear_factors(transformer)), model_path, pickle_module=cloudpickle)
+            self.handed = Handed.of(transformer)  # what a later change here is checked against
+            write(transformer, linear_factors(transformer), model_path)
             context = mp.get_context("spawn")
             threads = _threads(self.world) if devices[0].type == "cpu" else 1
             with _script_not_rerun():
@@ -314,8 +317,13 @@ class Driver:
         data = cloudpickle.dumps((op, payload))
         try:
             with killed_on_ctrl_c(self.processes):
-                for conn in self.conns:
-                    conn.send_bytes(data)
+                for rank, conn in enumerate(self.conns):
+                    if not self.processes[rank].is_alive():  # it ended (killed, crashed) since the last request
+                        raise WorkerError(ended(rank, self.processes[rank], f"before it was sent a {op}"))
+                    try:
+                        conn.send_bytes(data)
+                    except OSError:  # ended since the line above: a broken pipe
+                        raise WorkerError(ended(rank, self.processes[rank], f"before it was sent a {op}")) from None
                 return self._replies(op)
         except BaseException as e:  # a worker's error, a worker gone, Ctrl-C: the others are mid-collective
             self.failed = f"{type(e).__name__} during a {op}"
@@ -338,16 +346,13 @@ class Driver:
                 if ready in sentinels:
                     rank = sentinels[ready]
                     if self.conns[rank] in waiting and not self.conns[rank].poll():
-                        raise WorkerError(f"worker {rank} (pid {self.processes[rank].pid}) ended with exit code "
-                                          f"{self.processes[rank].exitcode} before it answered")
+                        raise WorkerError(ended(rank, self.processes[rank], "before it answered"))
                     continue
                 rank = waiting.pop(ready)
                 try:
                     reply = pickle.loads(ready.recv_bytes())
-                except EOFError:  # it ended (killed, crashed) before it answered
-                    self.processes[rank].join(_STOP_SECONDS)
-                    raise WorkerError(f"worker {rank} (pid {self.processes[rank].pid}) ended with exit code "
-                                      f"{self.processes[rank].exitcode} before it answered") from None
+                except (EOFError, OSError):  # it ended (killed, crashed) before it answered: EOF or a reset
+                    raise WorkerError(ended(rank, self.processes[rank], "before it answered")) from None
                 if reply[0] == "error":
                     _, error, text = reply
                     if error is None:
@@ -355,6 +360,7 @@ class Driver:
                     raise error from RemoteTraceback(f"\n\nin worker {rank}:\n{text}")
                 replies[rank] = reply[1]
         return replies
+
 
 
 class DriverHook(ModelHook):
@@ -368,6 +374,7 @@ class DriverHook(ModelHook):
         self.context = ContextRecorder()  # the pipeline's cache_context(...), sent with each call
 
     def new_forward(self, module, *args, **kwargs):
+        self.driver.handed.check(module, "call it")
         return self.driver.call(args, kwargs, self.context.current)
 
     def reset_state(self, module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from . import driver, feed_forward, sequence, tensor
 from ..runtime.wrapped import mark, unmark, wrapper_of
 
 MODES = ("tensor", "sequence")
+
+
+def _release(transformer: nn.Module, workers: driver.Driver) -> None:
+    """Stop the workers; ``transformer`` runs in this process again (at ``close()``, garbage
+    collection of the wrapper, or exit)."""
+    workers.close()
+    driver.detach(transformer)
+    unmark(transformer)
 
 
 class TensorParallelWrapper:
@@ -53,7 +62,8 @@ class TensorParallelWrapper:
         chunk_size = feed_forward.check_size(chunk_size)
         transformer = transformer_of(model)
         if wrapper_of(transformer) is not None:
-            raise ValueError("this model is already wrapped by a TensorParallelWrapper")
+            raise ValueError("this model is already wrapped by a TensorParallelWrapper: use that wrapper, or call its "
+                             "close() (unwrap() under torchrun) and wrap the model again")
         check_not_offloaded(transformer, "the TensorParallelWrapper",
                             "and leave the weights where they are (each rank holds its share of them)")
         self._model, self.mode, self.chunk_size = model, mode, chunk_size
@@ -77,7 +87,9 @@ class TensorParallelWrapper:
             self.group, self.rank, self.world = None, None, len(found)
             self.driver = driver.Driver(transformer, found, mode, chunk_size, TensorParallelWrapper)
             driver.attach(transformer, self.driver)
-        mark(transformer, self)
+            # the model marks this wrapper weakly: dropping the wrapper stops the workers (garbage collection)
+            self._release = weakref.finalize(self, _release, transformer, self.driver)
+        mark(transformer, self, weak=self.driver is not None)
 
     def _split(self, transformer: nn.Module, device_ids, group) -> None:
         """Under torchrun: split this rank's copy in place."""
@@ -136,14 +148,10 @@ class TensorParallelWrapper:
 
     def close(self):
         """Stop the worker processes; the model (returned) runs whole in this process again.
-        Garbage collection and interpreter exit stop them too. Under torchrun: nothing to stop
-        (see :meth:`unwrap`)."""
-        if self.driver is None:
-            return self._model
-        self.driver.close()
-        if wrapper_of(self.transformer) is self:
-            driver.detach(self.transformer)
-            unmark(self.transformer)
+        Garbage collection of the wrapper (the model does not keep it alive) and interpreter exit
+        stop them too. Under torchrun: nothing to stop (see :meth:`unwrap`)."""
+        if self.driver is not None:
+            self._release()
         return self._model
 
     def __enter__(self):
@@ -191,7 +199,8 @@ class TensorParallelWrapper:
         """For a checkpoint: yields whether this rank writes it (rank 0, holding the whole
         weights inside); every rank must enter it, and all leave together. With workers, this
         process holds the whole model and writes it."""
-        if self.driver is not None:
+        if self.driver is not None:  # what this process holds is what the workers run, unless it changed since
+            self.driver.handed.check(self.transformer, "save it")
             yield True
             return
         try:

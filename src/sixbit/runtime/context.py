@@ -42,6 +42,7 @@ from torch import nn
 
 from ..nn import precision
 from . import hooks
+from .wrapped import changes_model
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +263,7 @@ def _observe(tracker: StepTracker, t, context) -> None:
     tracker.observe(float(t.reshape(-1)[0]) if isinstance(t, torch.Tensor) else float(t), context)
 
 
+@changes_model("track_steps")
 def track_steps(model: nn.Module, batched_cfg: bool | None = None) -> StepTracker:
     """Install (once) the step-tracking hook on ``model`` and return its :class:`StepTracker`.
 

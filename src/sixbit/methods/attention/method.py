@@ -33,6 +33,7 @@ from ...kernels.attention import int8_attention, int8_attention_path
 from ...models import iter_blocks, spec_for, transformer_of
 from ...runtime import hooks
 from ...runtime.context import track_steps
+from ...runtime.wrapped import changes_model
 
 HOOK_NAME = "sixbit_attention_quant"
 
@@ -153,6 +154,7 @@ def check_attention(model: nn.Module, config: AttentionQuantConfig) -> list[tupl
     return modules
 
 
+@changes_model("apply_attention_quant")
 def apply_attention_quant(model: nn.Module, config: AttentionQuantConfig | None = None) -> AttentionQuantState:
     """Quantize the attention of ``model``'s blocks (or a pipeline's transformer's) where
     ``config`` selects (default: everywhere). A block range that selects no block of the model
@@ -180,6 +182,7 @@ def _hooks(model: nn.Module):
             yield module, hook
 
 
+@changes_model("remove_attention_quant")
 def remove_attention_quant(model: nn.Module) -> None:
     """Run attention in full precision again (a no-op where it was not quantized)."""
     for module, hook in list(_hooks(transformer_of(model))):

@@ -7,6 +7,7 @@ from torch import nn
 from ...config.convert import Activations
 from ...nn.precision import ActMode, Level, act_mode
 from ...runtime.context import track_steps, tracker_of
+from ...runtime.wrapped import changes_model
 
 #: The ``activations`` values that are a fixed precision (the others choose a method).
 FIXED = (Activations.INT8, Activations.NVFP4, Activations.FP)
@@ -23,6 +24,7 @@ class DefaultPrecision:
         return self.mode
 
 
+@changes_model("set a default precision")
 def apply_default_precision(model: nn.Module, mode: ActMode | str) -> DefaultPrecision:
     """Run ``model``'s quantized linears at ``mode`` by default (replacing a default set before)."""
     remove_default_precision(model)
@@ -31,6 +33,7 @@ def apply_default_precision(model: nn.Module, mode: ActMode | str) -> DefaultPre
     return policy
 
 
+@changes_model("remove the default precision")
 def remove_default_precision(model: nn.Module) -> None:
     """Remove the default precision set by :func:`apply_default_precision` (no-op when none is)."""
     tracker = tracker_of(model)

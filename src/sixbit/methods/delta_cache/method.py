@@ -63,6 +63,7 @@ from ...nn.precision import ActMode, Level, gemm_flops
 from ...runtime import blocks, hooks
 from ...runtime.blocks import relative_l1
 from ...runtime.context import RunReports, StepTracker, track_steps
+from ...runtime.wrapped import changes_model
 from .state import DeltaCacheState, Entry, Stored, Streak
 
 logger = logging.getLogger(__name__)
@@ -289,6 +290,7 @@ def _purify(cache: DeltaCache, layer: nn.Module, x: torch.Tensor) -> ActMode | N
     return ActMode.FP
 
 
+@changes_model("enable_delta_cache")
 def apply_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None) -> DeltaCache:
     """Skip stable blocks of ``model`` (full precision or quantized); returns the method.
 
@@ -313,6 +315,7 @@ def apply_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None) 
     return cache
 
 
+@changes_model("disable_delta_cache")
 def remove_delta_cache(model: nn.Module) -> None:
     """Remove the delta cache from ``model`` (no-op when it has none)."""
     for cache in list(blocks.attached(model, DeltaCache)):

@@ -58,6 +58,7 @@ from ...runtime.blocks import relative_l1
 from ...runtime.context import track_steps
 from .prefix import Diverged, Prefix
 from .repeatable import Repeatable
+from ...runtime.wrapped import changes_model
 from .method import (
     DMPQPredictor,
     FixedAssignment,
@@ -115,6 +116,7 @@ class _Probe(blocks.BlockMethod):
         })
 
 
+@changes_model("fit_dmpq")
 def fit_dmpq(
     model: nn.Module, run: Callable[[], object], config: DMPQConfig | None = None, refine: bool = True
 ) -> DMPQPredictor:

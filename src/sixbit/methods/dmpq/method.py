@@ -39,6 +39,7 @@ from ...models import iter_blocks
 from ...nn.precision import ActMode, Level, average_bits, gemm_flops
 from ...runtime import blocks
 from ...runtime.context import RunReports, StepTracker, track_steps
+from ...runtime.wrapped import changes_model
 
 logger = logging.getLogger(__name__)
 
@@ -282,6 +283,7 @@ class DMPQ(blocks.BlockMethod):
             current.candidates.append((predicted, flops))
 
 
+@changes_model("apply_dmpq")
 def apply_dmpq(model: nn.Module, policy: DMPQPredictor | FixedAssignment | RandomAssignment) -> DMPQ:
     """Switch every block's activation precision per step with ``policy``; returns the method.
 
@@ -311,6 +313,7 @@ def apply_dmpq(model: nn.Module, policy: DMPQPredictor | FixedAssignment | Rando
     return method
 
 
+@changes_model("remove_dmpq")
 def remove_dmpq(model: nn.Module) -> None:
     """Remove DMPQ from ``model`` (no-op when it has none)."""
     for method in list(blocks.attached(model, DMPQ)):

@@ -47,6 +47,7 @@ from ...nn import execution, precision
 from ...nn.precision import ActMode
 from ...runtime import hooks
 from ...runtime.blocks import quant_linears
+from ...runtime.wrapped import changes_model
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class _StabilizeHook(ModelHook):
         return torch.cat(pieces, dim=1) if len(pieces) > 1 else y
 
 
+@changes_model("apply_stabilizer")
 def apply_stabilizer(model: nn.Module, config: StabilizeConfig | None = None) -> FrameStabilizer:
     """Stabilize every quantized linear of ``model`` across frames; returns the state.
 
@@ -186,6 +188,7 @@ def apply_stabilizer(model: nn.Module, config: StabilizeConfig | None = None) ->
     return state
 
 
+@changes_model("remove_stabilizer")
 def remove_stabilizer(model: nn.Module) -> None:
     """Remove the stabilizer's hooks (no-op when there are none)."""
     for module in [model, *quant_linears(model)]:

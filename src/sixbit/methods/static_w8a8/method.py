@@ -46,6 +46,7 @@ from ...formats import integer
 from ...builder import LayerSwap, Part, Recipe, build, parts_of, selected_layers
 from ...nn import QuantLinear
 from ...runtime.context import track_steps
+from ...runtime.wrapped import check_not_wrapped
 from .fit import fit_layer
 from .layers import StaticActQuantizer, StaticW8A8State, install
 
@@ -171,6 +172,7 @@ def apply_static_w8a8(
         )
     if not calibration.steps:
         raise ValueError("the calibration data holds no steps: calibrate with at least one generation")
+    check_not_wrapped(model, "apply static W8A8 to the model")  # a conversion: as convert_model (sixbit.preflight)
     recipe = _StaticLayers(model, config, calibration)
     build(model, parts_of(model, recipe.plan, outside_alone=False), recipe)
     logger.info("static W8A8: %d layers, %d time range(s), smoothing %s", len(recipe.plan), len(recipe.ranges),
