@@ -277,9 +277,13 @@ def test_offloading_a_model_split_by_a_tensor_parallel_wrapper_is_refused(tmp_pa
     from sixbit.runtime.wrapped import mark, unmark
 
     pipe = load_pipeline("wan")
-    mark(pipe.transformer, SimpleNamespace(driver=object(), shards=None))
+    mark(pipe.transformer, SimpleNamespace(driver=object(), shards=None, world=2))  # worker processes
+    with pytest.raises(ValueError, match=r"worker processes.*wrapper\.close\(\)"):
+        enable_memory_optimization(pipe, onload_device="cpu", offload_device=tmp_path)
+    unmark(pipe.transformer)
+    mark(pipe.transformer, SimpleNamespace(driver=None, shards=object()))  # torchrun's row shards
     with pytest.raises(ValueError, match=r"split by a TensorParallelWrapper.*close\(\) the wrapper"):
         enable_memory_optimization(pipe, onload_device="cpu", offload_device=tmp_path)
     assert not list(tmp_path.iterdir())
-    enable_memory_optimization(pipe, mode="none").disable()  # tiling alone reaches nothing the workers hold
+    enable_memory_optimization(pipe, mode="none").disable()  # tiling alone reaches nothing the shards hold
     unmark(pipe.transformer)
