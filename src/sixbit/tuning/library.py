@@ -219,13 +219,13 @@ def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str
             if fmt is None:
                 variants.append(Variant(None, linear, FULL_PRECISION_BITS))
             elif format_fits(fmt, features(linear)[0]):
-                q = quantized_linear(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None)
+                q = quantized_linear(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None, name=name)
                 variants.append(Variant(fmt, q, 8 * q.weight_nbytes() / numel))
         variants.sort(key=lambda v: v.bits)
         layers.append(Layer(name, role, block_index_of(name, blocks), numel, variants))
     kept = {**fixed_layers(model, config), **{name: plan[name] for name in unmeasured}}
     fixed = {name: quantized_linear(model.get_submodule(name), fmt, hb, weights, role,
-                                    stats.get(name) if use_stats else None)
+                                    stats.get(name) if use_stats else None, name=name)
              for name, (fmt, hb, role) in kept.items()}
     bar.close()
     numel = sum(layer.numel for layer in layers)
