@@ -15,8 +15,32 @@ import pytest
 import torch
 
 
+# The tests whose outcome depends on the CPU kind (which of AMX, AVX512-VNNI/BF16, AVX2 oneDNN and ATen
+# use): marked ``cpu_kind`` here, by path or node-id prefix, and run again by .ci/run under capped kinds
+# (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), as on CPUs without AMX or AVX512. Each entry: why.
+CPU_KIND_TESTS = (
+    "tests/test_layout.py",  # the layout decision (fast path or compact) follows the CPU kind
+    "tests/memory/",  # offloading and the layout it keeps or drops
+    "tests/test_checkpoint_compat.py",  # old checkpoints load to the values written, within each kind's tolerance
+    "tests/kernels/",  # the INT8/bf16 GEMMs, cpu_kind() and the caps themselves
+    "tests/formats/",  # the number formats' exact rounding
+    "tests/nn/test_execution.py",  # each layer's execution path per CPU kind
+    "tests/nn/test_quant_linear.py",  # QuantLinear's kernels against their reference
+    "tests/test_compile.py",  # inductor compiles for the vector width ATen allows
+    "tests/parallel/test_driver.py::test_the_seed_call_gives_the_unwrapped_video",  # bit for bit across processes
+)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "deadline(seconds): the test fails with TimeoutError past this many seconds")
+    config.addinivalue_line("markers", "cpu_kind: numerics-, layout- or driver-sensitive to the CPU kind; .ci/run "
+                                       "runs these again under capped CPU kinds (tests/conftest.py CPU_KIND_TESTS)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(CPU_KIND_TESTS):
+            item.add_marker(pytest.mark.cpu_kind)
 
 
 @pytest.fixture(autouse=True)

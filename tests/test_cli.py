@@ -7,10 +7,12 @@ from importlib.metadata import entry_points
 import pytest
 
 from sixbit import cli, formats
+from sixbit.cli import app
 from sixbit.cli import args as cli_args
 from sixbit.cli import commands
 from sixbit.bench import harness
 from sixbit.cli import build_parser
+from sixbit.cli.app import run
 
 
 def test_formats_json(capsys):
@@ -33,6 +35,29 @@ def test_bad_family_is_one_line_error(capsys):
     assert cli.main(["formats", "--family", "posit"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown format family 'posit'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--debug", "formats", "--family", "posit"], ["formats", "--family", "posit", "--debug"]])
+def test_debug_shows_the_traceback_and_keeps_exit_code_2(argv, capsys):
+    """Issue 61: with --debug a bad input's traceback propagated, and Python exited 1 instead of 2.
+    (app.run: what main runs once logging is configured, left as the other tests have it.)"""
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ValueError: unknown format family 'posit'" in err
+    assert err.rstrip().splitlines()[-1].startswith("sixbit: error: unknown format family 'posit'")
+
+
+def test_debug_shows_the_traceback_and_keeps_exit_code_1_for_the_unexpected(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app, "formats_table", broken)
+    assert run(["formats", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a bug" in err
+    assert err.rstrip().splitlines()[-1] == "sixbit: unexpected error (RuntimeError): a bug"
+    assert run(["formats"]) == 1
+    assert "rerun with --debug for the traceback" in capsys.readouterr().err
 
 
 def test_console_script_runs():

@@ -97,3 +97,23 @@ def test_keep_int8_weights_takes_a_pipeline():
     sixbit.convert_model(pipe, None, "w4a8-rtn")
     extra = sixbit.keep_int8_weights(pipe)
     assert extra > 0 and sixbit.summary(pipe.transformer).converted_bytes == extra
+
+
+def test_summary_of_a_pipeline_is_its_transformers():
+    """Issue 61: ``sixbit.summary(pipe)`` raised a raw AttributeError; it summarises the
+    transformer every other entry point takes from a pipeline."""
+    from fixtures.tiny_pipelines import tiny_wan_pipeline
+
+    pipe = tiny_wan_pipeline()
+    sixbit.convert_model(pipe, None, "w8a8")
+    s = sixbit.summary(pipe)
+    assert s.layers == sixbit.summary(pipe.transformer).layers
+    assert s.model == f"{type(pipe).__name__}.transformer ({type(pipe.transformer).__name__})"
+    assert str(s).startswith(f"sixbit summary of {s.model}")
+
+
+def test_summary_of_something_else_says_what_it_takes():
+    import pytest
+
+    with pytest.raises(ValueError, match="pass the pipeline or pipe.transformer"):
+        sixbit.summary("a string")

@@ -10,7 +10,7 @@ from torch import nn
 
 from .memory import fast_path
 from .methods.record import conversion_of
-from .models import spec_for
+from .models import spec_for, transformer_of
 from .nn import QuantLinear
 from .nn.pointwise_conv import features, is_quantizable
 
@@ -113,11 +113,14 @@ def _tensor_bytes(model: nn.Module) -> int:
 
 def summary(model: nn.Module) -> Summary:
     """Layers per format, linear-weight bytes before/after quantization, and every byte the model
-    holds (as data; ``str`` reads well).
+    holds (as data; ``str`` reads well). ``model``: the transformer, or its pipeline (then the
+    pipeline's ``.transformer``, the one every entry point converts).
 
     Example:
-        >>> sixbit.summary(pipe.transformer).total_bytes   # doctest: +SKIP
+        >>> sixbit.summary(pipe).total_bytes   # doctest: +SKIP
     """
+    pipe, model = model, transformer_of(model)
+    title = type(model).__name__ if pipe is model else f"{type(pipe).__name__}.transformer ({type(model).__name__})"
     spec = spec_for(model)
     rows = []
     for name, mod in model.named_modules():
@@ -138,5 +141,5 @@ def summary(model: nn.Module) -> Summary:
     if laid_out is not None:
         pending = "" if fast_path.layout_of(model) is laid_out else " (at its first call there)"
         notes.append(laid_out.describe() + pending)
-    return Summary(type(model).__name__, rows, _tensor_bytes(model), converted, notes)
+    return Summary(title, rows, _tensor_bytes(model), converted, notes)
 

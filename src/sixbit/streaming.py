@@ -227,7 +227,10 @@ class _StreamedParts(Recipe):
 
     def layer(self, name: str, original: nn.Module, stats) -> nn.Module:
         fmt, hb, role = self.plan[name]
-        return quantized_linear(original, fmt, hb, self.weights, role, stats)
+        shards = self.streamed.shards
+        file = shards.weight_map.get(f"{name}.weight")
+        return quantized_linear(original, fmt, hb, self.weights, role, stats, name=name,
+                                source=str(shards.folder / file) if file else None)
 
     def built(self, part: Part, layers: dict[str, nn.Module], swap: LayerSwap) -> None:
         net = self.streamed.net

@@ -155,3 +155,18 @@ def test_ffmpeg_that_exits_0_without_a_file_is_an_error(tmp_path, monkeypatch):
     with pytest.raises(ValueError) as err:
         media.write_video(_frames(), tmp_path / "out.mp4")
     assert "exited without writing it" in _one_line(err)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a fake ffmpeg as a script")
+def test_ffmpeg_that_hangs_is_stopped_and_named(tmp_path, monkeypatch):
+    """Issue 61: the encoder ran with no deadline; one that hangs is now stopped, the partial file
+    removed, and the error names ffmpeg, the file and the time it had."""
+    pytest.importorskip("imageio_ffmpeg")
+    _fake_ffmpeg(tmp_path, monkeypatch, "open(sys.argv[-1].removeprefix('file:'), 'wb').close()\n"
+                                        "import time\ntime.sleep(120)")
+    monkeypatch.setattr(media, "FFMPEG_SECONDS", 1.0)
+    with pytest.raises(ValueError) as err:
+        media.write_video(_frames(), tmp_path / "out.mp4")
+    msg = _one_line(err)
+    assert str(tmp_path / "out.mp4") in msg and "ffmpeg" in msg and "did not finish within 2 s" in msg  # 1 s + 1.6 Mpx
+    assert not (tmp_path / "out.mp4").exists()

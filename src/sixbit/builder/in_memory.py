@@ -56,7 +56,7 @@ class _Layers(Recipe):
     def layer(self, name: str, original: nn.Module, stats) -> nn.Module:
         fmt, hb, role = self.plan[name]
         self.bar.update()
-        layer = quantized_linear(original, fmt, hb, self.config, role, stats)
+        layer = quantized_linear(original, fmt, hb, self.config, role, stats, name=name)
         allocator.trim()  # the layer's temporaries: glibc keeps them otherwise, and they add up layer after layer
         return layer
 

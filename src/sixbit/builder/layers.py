@@ -134,12 +134,37 @@ def stored_bits(linear: nn.Module, fmt: str, config: QuantConfig, role: str) -> 
     return 8 * (one + (n - 1) * (two - one) + branch) / (k * n)
 
 
+def check_source_weight(linear: nn.Module, name: str | None = None, source: str | None = None) -> None:
+    """Refuse a layer whose full-precision weight holds NaN or Inf, naming the tensor (``name``:
+    the layer's path in the model) and ``source``, the file it was read from: no rounding can
+    make sense of it, and the fix is a good copy of the weights, not a look at the conversion."""
+    w = linear.weight.detach()
+    if not w.numel() or not w.is_floating_point():
+        return
+    low, high = torch.aminmax(w if w.element_size() > 1 else w.float())  # a NaN or Inf shows in one of them
+    if bool(torch.isfinite(low) & torch.isfinite(high)):
+        return
+    bad = int((~torch.isfinite(w.float())).sum())
+    what = f"{name}.weight" if name else "a linear layer's weight"
+    if source:
+        raise ValueError(f"{what} in {source} holds {bad} NaN/Inf value(s) out of {w.numel()}: the file is damaged "
+                         "(the source weights, before any conversion); download it again, or compare it with its "
+                         "published checksum")
+    raise ValueError(f"{what} holds {bad} NaN/Inf value(s) out of {w.numel()}: the model's own weights are damaged, "
+                     "before any conversion; reload the model from its checkpoint (and download that again if it "
+                     "holds them too)")
+
+
 def quantized_linear(linear: nn.Module, fmt: str, hadamard_block: int | None, config: QuantConfig, role: str,
-                     stats: hessians.InputStats | None = None) -> QuantLinear:
+                     stats: hessians.InputStats | None = None, *, name: str | None = None,
+                     source: str | None = None) -> QuantLinear:
     """The :class:`QuantLinear` for ``linear`` (an ``nn.Linear``; a pointwise conv: then a
     :class:`~sixbit.nn.QuantPointwiseConv`; an unfoldable conv: a
     :class:`~sixbit.nn.QuantUnfoldedConv`) as ``config`` says (``stats``: its inputs, features
-    last as :func:`~sixbit.nn.pointwise_conv.features_last` gives them, or ``None``)."""
+    last as :func:`~sixbit.nn.pointwise_conv.features_last` gives them, or ``None``). A weight
+    holding NaN or Inf is refused naming ``name`` (the layer's path) and ``source`` (the file the
+    weight was read from), :func:`check_source_weight`."""
+    check_source_weight(linear, name, source)
     weight_only = role in config.weight_only_roles
     rank = branch_rank(linear, fmt, config, role)
     divisor = None

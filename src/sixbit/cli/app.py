@@ -5,7 +5,8 @@ Imported by :func:`sixbit.cli.main` once logging is configured: importing this i
 and :mod:`.bench` their commands, and :mod:`.args` the argument types and checks they share.
 
 Commands print; the library logs. Errors are one line on stderr (``--debug`` shows the
-traceback) with exit code 2 for bad input, 1 for anything unexpected.
+traceback before it) with exit code 2 for bad input, 1 for anything unexpected, with or without
+``--debug``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 
 import torch
 
@@ -143,8 +145,8 @@ def run(argv: list[str]) -> int:
     try:
         return args.func(args)
     except ValueError as e:
-        if args.debug:
-            raise
+        if args.debug:  # the traceback, then the same line and exit code as without --debug
+            traceback.print_exc()
         print(f"sixbit: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`
@@ -152,9 +154,12 @@ def run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("sixbit: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # unexpected: still one line unless --debug
+    except Exception as e:  # unexpected: still one line, after the traceback with --debug
         if args.debug:
-            raise
-        print(f"sixbit: unexpected error ({type(e).__name__}): {e}  (rerun with --debug for the traceback)", file=sys.stderr)
+            traceback.print_exc()
+            print(f"sixbit: unexpected error ({type(e).__name__}): {e}", file=sys.stderr)
+        else:
+            print(f"sixbit: unexpected error ({type(e).__name__}): {e}  (rerun with --debug for the traceback)",
+                  file=sys.stderr)
         return 1
 

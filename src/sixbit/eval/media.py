@@ -121,8 +121,15 @@ def last_meaningful_line(stderr: str) -> str:
     return ""
 
 
+#: The encoder's deadline: this many seconds, plus one per :data:`FFMPEG_PIXELS_PER_SECOND` pixels
+#: of video (libx264 encodes tens of millions a second on one core): past it ffmpeg is stopped.
+FFMPEG_SECONDS = 60.0
+FFMPEG_PIXELS_PER_SECOND = 1e6
+
+
 def _write_mp4(arr: np.ndarray, out: Path, fps: int) -> None:
-    """H.264 through the ffmpeg of ``imageio-ffmpeg``; raises ``ValueError`` unless a non-empty file is written."""
+    """H.264 through the ffmpeg of ``imageio-ffmpeg``; raises ``ValueError`` unless a non-empty
+    file is written in time (:data:`FFMPEG_SECONDS`)."""
     import imageio_ffmpeg
 
     h, w = arr.shape[1:3]
@@ -132,8 +139,15 @@ def _write_mp4(arr: np.ndarray, out: Path, fps: int) -> None:
     if w % 16 or h % 16:  # H.264 players want multiples of 16
         cmd += ["-vf", f"scale={-(-w // 16) * 16}:{-(-h // 16) * 16}:flags=neighbor"]
     cmd.append("file:" + str(out))  # "file:": a name like "a:b.mp4" is never read as a protocol
-    proc = subprocess.run(cmd, input=np.ascontiguousarray(arr).tobytes(), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, check=False)
+    deadline = FFMPEG_SECONDS + arr.size / 3 / FFMPEG_PIXELS_PER_SECOND
+    try:
+        proc = subprocess.run(cmd, input=np.ascontiguousarray(arr).tobytes(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, check=False, timeout=deadline)
+    except subprocess.TimeoutExpired:  # run() has killed it
+        out.unlink(missing_ok=True)
+        raise ValueError(f"cannot write the video {str(out)!r}: ffmpeg ({cmd[0]}) did not finish within "
+                         f"{deadline:.0f} s and was stopped; check that it runs (`{cmd[0]} -version`) and that "
+                         "the machine is not overloaded, then try again") from None
     if proc.returncode != 0:
         if out.is_file() and out.stat().st_size == 0:
             out.unlink()

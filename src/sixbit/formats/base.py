@@ -100,8 +100,8 @@ def check_finite(x: torch.Tensor, what: str = "input", stat: torch.Tensor | None
     bad = ~torch.isfinite(x)
     raise ValueError(
         f"{what} contains {int(bad.sum())} NaN/Inf value(s) out of {x.numel()}; "
-        "quantization needs finite values: find where they appear upstream "
-        "(e.g. run the model in full precision with torch.autograd.detect_anomaly)"
+        "quantization needs finite values: find where they first appear (run the same input in full "
+        "precision, and check each layer's output for NaN/Inf)"
     )
 
 

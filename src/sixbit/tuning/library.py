@@ -18,7 +18,7 @@ bf16 model users run, whatever dtype the model is tuned in).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from torch import nn
 
@@ -189,15 +189,21 @@ def input_stats(model: nn.Module, run: Callable[[], object], names: list[str]) -
 
 
 def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str | None, ...],
-                  stats: dict[str, hessians.InputStats], progress: bool = True) -> Library:
+                  stats: dict[str, hessians.InputStats], progress: bool = True,
+                  unmeasured: Collection[str] = ()) -> Library:
     """Build every tuned layer of ``model`` in every format of ``candidates``, and the fixed
     layers (:func:`fixed_layers`) in theirs, with ``config``'s weight recipe (``stats`` feed GPTQ
     and smoothing when the recipe asks for them). A format a layer cannot take (its block does
-    not divide the layer's input) is left out for that layer."""
+    not divide the layer's input) is left out for that layer.
+
+    ``unmeasured``: tuned layers the calibration run never calls, so no run can measure them;
+    they join the fixed layers in the base config's format (what ``convert_model`` gives a layer
+    the tuned config names no format for), rather than be searched."""
     from tqdm.auto import tqdm
 
     weights = dataclasses.replace(config.weights, act_mode=config.activations)
-    tuned = tuned_layers(model, config)
+    plan = plan_layers(model, config.weights)
+    tuned = {name: entry for name, entry in tuned_layers(model, config).items() if name not in unmeasured}
     if not tuned:
         raise ValueError(f"{type(model).__name__}: the base config quantizes no attention or feed-forward linear to tune")
     use_stats = weights.needs_calibration
@@ -213,24 +219,27 @@ def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str
             if fmt is None:
                 variants.append(Variant(None, linear, FULL_PRECISION_BITS))
             elif format_fits(fmt, features(linear)[0]):
-                q = quantized_linear(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None)
+                q = quantized_linear(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None, name=name)
                 variants.append(Variant(fmt, q, 8 * q.weight_nbytes() / numel))
         variants.sort(key=lambda v: v.bits)
         layers.append(Layer(name, role, block_index_of(name, blocks), numel, variants))
-    fixed = {name: quantized_linear(model.get_submodule(name), fmt, hb, weights, role, stats.get(name) if use_stats else None)
-             for name, (fmt, hb, role) in fixed_layers(model, config).items()}
+    kept = {**fixed_layers(model, config), **{name: plan[name] for name in unmeasured}}
+    fixed = {name: quantized_linear(model.get_submodule(name), fmt, hb, weights, role,
+                                    stats.get(name) if use_stats else None, name=name)
+             for name, (fmt, hb, role) in kept.items()}
     bar.close()
     numel = sum(layer.numel for layer in layers)
-    other = _converted_bytes(model, config) - 2 * numel  # the tuned layers counted at 16 bits
+    other = _converted_bytes(model, config, set(tuned)) - 2 * numel  # the tuned layers counted at 16 bits
     return Library(model, layers, other, fixed)
 
 
-def _converted_bytes(model: nn.Module, config: ConvertConfig) -> int:
-    """Bytes of ``model`` converted by ``config`` with the tuned layers at 16 bits: the other
-    quantized linears at their formats' bits per element (scales per channel left out), every
-    other tensor at 2 bytes per floating-point element (the bf16 model)."""
+def _converted_bytes(model: nn.Module, config: ConvertConfig, tuned: set[str] | None = None) -> int:
+    """Bytes of ``model`` converted by ``config`` with the ``tuned`` layers (default: every one
+    :func:`tuned_layers` names) at 16 bits: the other quantized linears at their formats' bits per
+    element (scales per channel left out), every other tensor at 2 bytes per floating-point
+    element (the bf16 model)."""
     plan = plan_layers(model, config.weights)
-    tuned = set(tuned_layers(model, config))
+    tuned = set(tuned_layers(model, config)) if tuned is None else tuned
     total = 0
     for name, module in model.named_modules():
         own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]

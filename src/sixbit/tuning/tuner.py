@@ -11,6 +11,7 @@ from collections import Counter
 
 import torch
 
+from ..builder import plan_layers
 from ..convert import calibration_runner, convert_model
 from ..preflight import check_convertible
 from ..models import transformer_of
@@ -25,7 +26,7 @@ from .library import (
     plan_candidates,
     tuned_layers,
 )
-from .search import Constraint, SearchResult, check_size, genetic, greedy
+from .search import Constraint, SearchResult, check_size, genetic, greedy, lowest
 from .targets import candidates as check_candidates
 from .targets import check_plan, check_seed, fit_notes, target
 from .sensitivity import Evaluator, Sensitivity, measure, psnr_bound, psnr_of
@@ -52,6 +53,8 @@ class TuneReport:
         uniform: ``{format label: {"bits", "psnr", "psnr_bound", "bytes", "formats"}}`` of every uniform
             assignment, measured with the candidates.
         search: the genetic search's :class:`~.search.SearchResult`.
+        unmeasured: ``{layer: format}`` of the tuned layers the calibration run never called: not
+            searched (no run measures them), they keep the base config's format; ``notes`` says so.
         seconds: time per stage (``pick``: converting the pick and the greedy assignment with
             sequential GPTQ, :meth:`Tuner._calibrated`).
     """
@@ -69,6 +72,7 @@ class TuneReport:
     seconds: dict[str, float]
     calibration: dict
     notes: list[str] = dataclasses.field(default_factory=list)
+    unmeasured: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def reached(self) -> bool:
@@ -134,6 +138,28 @@ def _stand_in(model, stand_in):
             model.forward = own
 
 
+def _unmeasured(transformer, config: ConvertConfig, tuned: list[str], stats: dict) -> dict[str, str]:
+    """``{layer: the base config's format}`` of the tuned layers the calibration run never called
+    (no run can measure them: the search would find them free and give them its fewest bits);
+    every one never called is refused (every assignment would score the same)."""
+    never = [name for name in tuned if name not in stats]
+    if len(never) == len(tuned):
+        raise ValueError("the calibration run never called the tuned model's layers (does it generate with "
+                         "another pipeline or model?): pass a callable that runs this model, e.g. "
+                         "lambda: pipe(prompts, generator=torch.Generator().manual_seed(0))")
+    plan = plan_layers(transformer, config.weights)
+    return {name: plan[name][0] for name in never}
+
+
+def _unmeasured_note(unmeasured: dict[str, str], tuned: int) -> str:
+    names = list(unmeasured)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    kept = ", ".join(sorted(set(unmeasured.values())))
+    return (f"{len(names)} of the {tuned} tuned layers never ran on the calibration run ({shown}): they keep the "
+            f"base config's format ({kept}), unmeasured, and the PSNR reported does not cover them; to tune them, "
+            f"calibrate with prompts or inputs that run them")
+
+
 class Tuner:
     """Stage 1 once, then any number of searches: ``Tuner(...).search(max_bits=5)``.
 
@@ -172,9 +198,13 @@ class Tuner:
         self.library: Library | None = None
         try:
             with torch.no_grad():
-                names = [*tuned_layers(transformer, self.config), *fixed_layers(transformer, self.config)]
-                stats = input_stats(transformer, run, names)
-                self.library = build_library(transformer, self.config, candidates, stats, progress)
+                tuned = list(tuned_layers(transformer, self.config))
+                stats = input_stats(transformer, run, [*tuned, *fixed_layers(transformer, self.config)])
+                self.unmeasured = _unmeasured(transformer, self.config, tuned, stats)
+                if self.unmeasured:
+                    self.notes.append(_unmeasured_note(self.unmeasured, len(tuned)))
+                    logger.warning("%s", self.notes[-1])
+                self.library = build_library(transformer, self.config, candidates, stats, progress, self.unmeasured)
                 self.seconds = {"candidates": time.perf_counter() - start}
                 self.evaluator = Evaluator(self.library, run)
                 self.sensitivity = measure(self.evaluator, stats, progress)
@@ -237,6 +267,12 @@ class Tuner:
         check_seed(seed)
         check_plan(self.plan, constraint)
         library, config = self.library, self.config
+        fewest = lowest(library)
+        if self.unmeasured and not constraint.fits(library, fewest):
+            raise ValueError(f"{constraint.describe()} cannot be met once the {len(self.unmeasured)} layers the "
+                             f"calibration run never ran keep the base config's format: the fewest is "
+                             f"{library.bits(fewest):.2f} bits, {library.bytes(fewest) / 2**20:.2f} MiB; give a larger "
+                             "budget, or calibrate with prompts or inputs that run those layers")
         with torch.no_grad():
             result = genetic(self.evaluator, self.sensitivity, constraint, seed=seed, population=population,
                              generations=generations, time_budget_s=time_budget_s, progress=self.progress)
@@ -251,6 +287,9 @@ class Tuner:
                            constraint.min_psnr, best["psnr_bound"], best["psnr"])
         calibrated = (f"; calibrated on {best['calibration_inputs'].replace('_', '-')} inputs"
                       if config.weights.needs_calibration else "")
+        if self.unmeasured:
+            n = len(self.unmeasured)
+            calibrated += f"; {n} layer{'s' if n > 1 else ''} unmeasured (never ran), kept in the base format"
         tuned = _with_formats(
             config, best["formats"], best["calibration_inputs"],
             f"tuned to {constraint.describe()}{' (NOT reached)' if missed else ''}: {best['bits']:.2f} bits per tuned "
@@ -261,7 +300,7 @@ class Tuner:
                           [[v.bits for v in layer.variants] for layer in library.layers],
                           self.sensitivity, greedy_found, best, self.uniform, result,
                           {**self.seconds, "search": result.seconds, "pick": time.perf_counter() - start},
-                          self.calibration, list(self.notes))
+                          self.calibration, list(self.notes), dict(self.unmeasured))
 
 
 def tune_model(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,

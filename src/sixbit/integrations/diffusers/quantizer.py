@@ -20,6 +20,9 @@ Two ways in, both through the hooks diffusers gives every quantization backend:
 from __future__ import annotations
 
 import copy
+import json
+import os
+from pathlib import Path
 
 import torch
 from accelerate.utils import set_module_tensor_to_device
@@ -64,6 +67,7 @@ class SixbitQuantizer(DiffusersQuantizer):
         self.chosen: dict = {}
         self.hardware: str | None = None
         self.keep_in_fp32: list[str] = []
+        self.files: dict[str, str] | str | None = None  # where each tensor is read from (_files_of)
 
     # -- what diffusers asks before loading -------------------------------------------------
     def validate_environment(self, *args, **kwargs):
@@ -75,6 +79,10 @@ class SixbitQuantizer(DiffusersQuantizer):
             self.requested_dtype = torch_dtype
             return None
         return torch_dtype
+
+    def maybe_update_loaded_keys(self, loaded_keys, checkpoint_files):
+        self.files = _files_of(checkpoint_files)  # only to name the file in a refusal
+        return loaded_keys
 
     def check_quantized_param_shape(self, param_name, current_param, loaded_param):
         return self.placeholders is not None and self.placeholders.fits(param_name, loaded_param)
@@ -130,7 +138,10 @@ class SixbitQuantizer(DiffusersQuantizer):
         for leaf, value in parts.items():  # the bias is kept: a copy, not a view of the shard (as above)
             set_module_tensor_to_device(layer, leaf, _device(device), value=value.clone() if leaf == "bias" else value)
         fmt, hadamard_block, role = self.plan[name]
-        LayerSwap(model).put({name: quantized_linear(layer, fmt, hadamard_block, self.config.weights, role)})
+        key = f"{name}.weight"
+        source = self.files.get(key) if isinstance(self.files, dict) else self.files
+        LayerSwap(model).put({name: quantized_linear(layer, fmt, hadamard_block, self.config.weights, role,
+                                                     name=name, source=source)})
         for value in parts.values():
             allocator.page_out(value)
         del layer, parts
@@ -190,6 +201,21 @@ class SixbitQuantizer(DiffusersQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def _files_of(checkpoint_files) -> dict[str, str] | str | None:
+    """The file every tensor of a checkpoint is read from: the one file, or ``{tensor: shard}``
+    from the shards' index next to them (``None`` where neither is known)."""
+    files = [str(f) for f in checkpoint_files or () if isinstance(f, (str, os.PathLike))]
+    if len(files) == 1:
+        return files[0]
+    folder = Path(files[0]).parent if files else None
+    for index in sorted(folder.glob("*.safetensors.index.json")) if folder else ():
+        try:
+            return {key: str(folder / file) for key, file in json.loads(index.read_text())["weight_map"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+    return None
 
 
 def _device(target) -> str | torch.device:
