@@ -29,8 +29,10 @@ Example:
     >>> import sixbit
     >>> from sixbit.zoo.shapes import load_pipeline
     >>> pipe = load_pipeline("wan")
-    >>> sixbit.convert_model(pipe, None, "w8a8", layout="compact")  # doctest: +ELLIPSIS
-    <...>
+    >>> _ = sixbit.convert_model(pipe, None, "w8a8", layout="compact")
+    >>> sixbit.layout_of(pipe) is None  # taken at the first call
+    True
+    >>> _ = pipe("a red circle moving right", num_inference_steps=1)
     >>> sixbit.layout_of(pipe).choice
     'compact'
 """
