@@ -4,6 +4,7 @@ outputs bit for bit; no worker outlives the wrapper, however it ends."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -192,9 +193,10 @@ def test_chunks_reproduce_whole_feed_forwards_in_one_process():
     assert all(not sixbit.runtime.hooks.names(m) for m in feed_forward.feed_forwards(transformer).values())
 
 
-def _run_script(case: str, interrupt: bool = False, seconds: float = 300) -> list[dict]:
-    """The script's events, exit code and stderr; past ``seconds`` after the Ctrl-C (or the
-    module's deadline before it) TimeoutExpired / TimeoutError, and its process group is killed."""
+def _run_script(case: str, interrupt: float | None = None, seconds: float = 300) -> list[dict]:
+    """The script's events, exit code and stderr, Ctrl-C'd ``interrupt`` seconds into its
+    generation if given; past ``seconds`` after the Ctrl-C (or the module's deadline before it)
+    TimeoutExpired / TimeoutError, and its process group is killed."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, str(SCRIPT), case], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)
@@ -203,8 +205,8 @@ def _run_script(case: str, interrupt: bool = False, seconds: float = 300) -> lis
         for line in proc.stdout:
             if line.startswith("{"):
                 events.append(json.loads(line))
-                if interrupt and events[-1].get("generating"):
-                    time.sleep(2)  # mid-generation
+                if interrupt is not None and events[-1].get("generating"):
+                    time.sleep(interrupt)
                     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
                     break
         out, err = proc.communicate(timeout=seconds)
@@ -225,8 +227,26 @@ def test_an_error_in_a_worker_is_raised_here_and_exit_leaves_no_worker():
     assert gone(first["pids"]) and gone(second["pids"])  # the second was never closed: exit stopped it
 
 
-def test_ctrl_c_in_the_caller_leaves_no_worker():
-    events, code, err = _run_script("interrupt", interrupt=True)
+@contextlib.contextmanager
+def load(processes: int = 2, seconds: float = 600):
+    """Other processes spinning on every core meanwhile (each ends by itself after ``seconds``)."""
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait(timeout=30)
+
+
+@pytest.mark.parametrize("after", [0.0, 0.6, 2.5])
+def test_ctrl_c_in_the_caller_leaves_no_worker(after):
+    """Issue 61: a Ctrl-C that lands while the two ranks are in different collectives hung the
+    caller and both workers. Ctrl-C'd at several points of a generation, on loaded cores: the caller
+    exits with KeyboardInterrupt and no worker is left (the module's deadline catches a hang)."""
+    with load():
+        events, code, err = _run_script("interrupt", interrupt=after)
     assert "KeyboardInterrupt" in err and code != 0
     assert gone(events[0]["pids"])
 
