@@ -4,6 +4,8 @@ issue 59: the writers and the readers of one format; a split between them is the
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -43,7 +45,10 @@ class SafetensorsWriter:
     in memory); :meth:`finish` writes the header and the data into a second temporary file in
     the target folder, fsyncs it and renames it over ``path``. On any error (or :meth:`abort`,
     or leaving the ``with`` block by an exception, or SIGTERM: :mod:`sixbit.files.tempfiles`) both
-    temporary files are removed and a file already at ``path`` is left as it was.
+    temporary files are removed, whatever fails while they are (a full disk fails the flush on
+    close too), the folders the writer created are removed again, and a file already at ``path``
+    is left as it was. A write that fails (a full disk, a quota) raises an ``OSError`` naming
+    ``path``.
 
     Example:
         >>> import torch, tempfile, os
@@ -58,6 +63,7 @@ class SafetensorsWriter:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._target = _target_of(self.path)
+        self._made = missing_folders(self._target.parent)  # removed again if the write fails
         try:
             self._target.parent.mkdir(parents=True, exist_ok=True)
             _remove_orphans(self._target)
@@ -84,14 +90,16 @@ class SafetensorsWriter:
         if tensor.dtype not in _DTYPE_NAMES:
             raise ValueError(f"tensor {name!r}: dtype {tensor.dtype} cannot be stored in safetensors")
         data = tensor_bytes(tensor)
-        self._data.write(data)
+        with _naming(self.path):
+            self._data.write(data)
         self.entries[name] = (tensor.dtype, tuple(tensor.shape), self._size, self._size + data.nbytes)
         self._size += data.nbytes
 
     def chunks(self, name: str) -> Iterator[bytes]:
         """The bytes of an already written tensor, read back from the file in pieces."""
         _, _, start, end = self.entries[name]
-        self._data.flush()
+        with _naming(self.path):
+            self._data.flush()
         with open(self._data_path, "rb") as f:
             yield from file_chunks(f, start, end)
 
@@ -107,7 +115,6 @@ class SafetensorsWriter:
             header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [start, end]}
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-        self._data.flush()
 
         def write(out) -> None:
             out.write(struct.pack("<Q", len(raw)))
@@ -116,19 +123,54 @@ class SafetensorsWriter:
             shutil.copyfileobj(self._data, out, _CHUNK)
 
         try:
-            _write_atomically(self._target, write)
+            with _naming(self.path):
+                self._data.flush()
+            _write_atomically(self._target, write, self.path)
+            self._made = []  # they hold the file now
         finally:
             self.abort()
         return self.path
 
     def abort(self) -> None:
-        """Discard everything written so far (idempotent)."""
-        if self._data is not None:
-            self._data.close()
-            self._data = None
-        if os.path.exists(self._data_path):
+        """Discard everything written so far, and the folders this writer created (idempotent).
+        Nothing it does can fail: closing a file whose buffer cannot be flushed (a full disk)
+        raises, and the file must go all the same."""
+        data, self._data = self._data, None
+        if data is not None:
+            with contextlib.suppress(OSError):  # the flush on close: the bytes are discarded anyway
+                data.close()
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._data_path)
         tempfiles.untrack(self._data_path)
+        for folder in self._made:
+            with contextlib.suppress(OSError):  # not empty (another file went there meanwhile): left as it is
+                folder.rmdir()
+        self._made = []
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist yet, deepest first (what a write there creates)."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """An ``OSError`` while writing ``path`` (its temporary files included) raised again with
+    ``path`` and what to do in its message: a full disk's bare ``[Errno 28]`` named no file."""
+    try:
+        yield
+    except OSError as e:
+        if str(path) in str(e):  # already named (an inner write)
+            raise
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = (f"no space left on the device: free space in {str(path.parent)!r} or write elsewhere" if full
+               else f"{e.strerror or e}")
+        raise OSError(e.errno, f"cannot write {str(path)!r} ({fix})") from None
 
 
 def _target_of(path: Path) -> Path:
@@ -198,21 +240,28 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def _write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None:
+def _write_atomically(target: Path, write: Callable[[BinaryIO], object], name: Path | None = None) -> None:
     """``write(file)`` into a temporary file beside ``target`` (``target``'s permissions), fsync,
     rename over ``target``: a failure (an exception, SIGINT or SIGTERM) leaves any previous file
-    intact and no partial file."""
+    intact and no partial file; an ``OSError`` names ``name`` (default ``target``)."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp")
     tempfiles.track(tmp)
     try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), _mode_for(target))
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
+        with _naming(name or target):
+            out = os.fdopen(fd, "wb")
+            try:
+                os.fchmod(out.fileno(), _mode_for(target))
+                write(out)
+                out.flush()
+                os.fsync(out.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):  # its flush fails again (a full disk): the file goes anyway
+                    out.close()
+                raise
+            out.close()
+            os.replace(tmp, target)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     finally:

@@ -32,7 +32,7 @@ from torch import nn
 
 from ...checkpoint import CheckpointWriter
 from ...methods.record import NAME as CONVERSION
-from ...files.safetensors import SafetensorsWriter, copy_file_atomic, write_text_atomic
+from ...files.safetensors import SafetensorsWriter, copy_file_atomic, missing_folders, write_text_atomic
 from ...memory import resident_weights
 from ...runtime.wrapped import wrapper_of
 from .config import SixbitConfig
@@ -72,11 +72,8 @@ class FolderWriter:
         if self.folder.is_file():
             raise ValueError(f"{str(self.folder)!r} is a file: give the folder to write the model into")
         self.stem = WEIGHTS_NAME + (f".{variant}" if variant else "")
-        self.made = []  # the folders this write creates, deepest first
-        for path in (self.folder, *self.folder.parents):
-            if path.exists():
-                break
-            self.made.append(path)
+        self.made = missing_folders(self.folder)  # the folders this write creates, deepest first
+        self.written: list[Path] = []  # the files it has put in place so far
         self.shards: list[SafetensorsWriter] = []
         self.sizes: list[int] = []
         self.home: dict[str, int] = {}  # tensor name → its shard
@@ -122,13 +119,13 @@ class FolderWriter:
         names = ([f"{self.stem}.safetensors"] if count == 1 else
                  [f"{self.stem}-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
         for shard, file in zip(self.shards, names):
-            shard.finish({"format": "pt"}, self.folder / file)
+            self.written.append(shard.finish({"format": "pt"}, self.folder / file))
         index = self.folder / f"{self.stem}.safetensors.index.json"
         if count > 1:
             total = sum(end - start for _, _, start, end in entries.values())
             weight_map = {name: names[i] for name, i in sorted(self.home.items())}
-            write_text_atomic(index, json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                indent=2, sort_keys=True) + "\n")
+            self.written.append(write_text_atomic(index, json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n"))
         _remove_stale(self.folder, self.stem, set(names), index if count == 1 else None)
         quant = SixbitConfig(config=header.get("extensions", {}).get(CONVERSION, {}).get("config"), checkpoint=header,
                              tensors={n: [dtype_name(d), list(shape)] for n, (d, shape, _, _) in sorted(entries.items())})
@@ -138,9 +135,12 @@ class FolderWriter:
         return self.folder
 
     def abort(self) -> None:
-        """Discard the shards not yet written and the folders this write created (if empty)."""
+        """Discard the shards not yet written and the folders this write created, with the files
+        it put there (a folder that was there before keeps what it holds)."""
         for shard in self.shards:
             shard.abort()
+        for file in self.written if self.made else ():
+            file.unlink(missing_ok=True)
         for path in self.made:
             with contextlib.suppress(OSError):  # not empty (or gone): left as it is
                 path.rmdir()
