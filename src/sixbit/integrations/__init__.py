@@ -8,7 +8,8 @@ imported and adds two light entries to them. They import the real backend only w
 Importing :mod:`sixbit.integrations.diffusers` replaces them by the real classes. Likewise,
 once :mod:`sixbit.checkpoint` is imported, every converted diffusers transformer gets a
 ``save_pretrained`` that writes a converted folder and diffusers' LoRA methods
-(:func:`sixbit.checkpoint.register_save_method`).
+(:func:`sixbit.checkpoint.register_save_method`), and diffusers' entry points that a converted
+model meets get sixbit's checks (:mod:`.guards`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,12 @@ def _checkpoint(module) -> None:
     module.register_save_method(_attach_lora_methods)
 
 
+def _pipelines(module) -> None:
+    importlib.import_module(f"{__name__}.guards").guard_pipeline_save(module)
+
+
 _TABLES = {"diffusers.quantizers.auto": _diffusers_tables, "transformers.quantizers.auto": _transformers_tables,
-           "sixbit.checkpoint": _checkpoint}
+           "sixbit.checkpoint": _checkpoint, "diffusers.pipelines.pipeline_utils": _pipelines}
 
 
 class _ThenRegister(importlib.abc.Loader):
