@@ -1,25 +1,23 @@
-"""Safetensors files written atomically (whole or one tensor at a time) and read with clear
-errors (no pickle anywhere). Past 380 lines as ``sixbit.io`` was, moved here unchanged in
-issue 59: the writers and the readers of one format; a split between them is the next step."""
+"""Safetensors files written atomically (whole or one tensor at a time, through
+:mod:`sixbit.files.atomic`) and read with clear errors (no pickle anywhere)."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
 import shutil
-import stat
 import struct
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
 
 from . import tempfiles
+from .atomic import CHUNK, missing_folders, naming_errors, remove_orphans, temp_prefix, write_atomically
 
 # torch dtype → the safetensors header's name for it
 _DTYPE_NAMES = {
@@ -29,7 +27,6 @@ _DTYPE_NAMES = {
     torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
 }
 _DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
-_CHUNK = 64 << 20  # bytes per read/copy when streaming a file through user space
 _MAX_HEADER = 100 << 20  # bytes: a safetensors header past this is not one sixbit wrote
 
 
@@ -66,8 +63,8 @@ class SafetensorsWriter:
         self._made = missing_folders(self._target.parent)  # removed again if the write fails
         try:
             self._target.parent.mkdir(parents=True, exist_ok=True)
-            _remove_orphans(self._target)
-            fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target),
+            remove_orphans(self._target)
+            fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=temp_prefix(self._target),
                                                    suffix=".data")
         except OSError as e:
             raise _unwritable(self.path, self._target.parent, e) from None
@@ -90,7 +87,7 @@ class SafetensorsWriter:
         if tensor.dtype not in _DTYPE_NAMES:
             raise ValueError(f"tensor {name!r}: dtype {tensor.dtype} cannot be stored in safetensors")
         data = tensor_bytes(tensor)
-        with _naming(self.path):
+        with naming_errors(self.path):
             self._data.write(data)
         self.entries[name] = (tensor.dtype, tuple(tensor.shape), self._size, self._size + data.nbytes)
         self._size += data.nbytes
@@ -98,7 +95,7 @@ class SafetensorsWriter:
     def chunks(self, name: str) -> Iterator[bytes]:
         """The bytes of an already written tensor, read back from the file in pieces."""
         _, _, start, end = self.entries[name]
-        with _naming(self.path):
+        with naming_errors(self.path):
             self._data.flush()
         with open(self._data_path, "rb") as f:
             yield from file_chunks(f, start, end)
@@ -120,12 +117,12 @@ class SafetensorsWriter:
             out.write(struct.pack("<Q", len(raw)))
             out.write(raw)
             self._data.seek(0)
-            shutil.copyfileobj(self._data, out, _CHUNK)
+            shutil.copyfileobj(self._data, out, CHUNK)
 
         try:
-            with _naming(self.path):
+            with naming_errors(self.path):
                 self._data.flush()
-            _write_atomically(self._target, write, self.path)
+            write_atomically(self._target, write, self.path)
             self._made = []  # they hold the file now
         finally:
             self.abort()
@@ -146,31 +143,6 @@ class SafetensorsWriter:
             with contextlib.suppress(OSError):  # not empty (another file went there meanwhile): left as it is
                 folder.rmdir()
         self._made = []
-
-
-def missing_folders(folder: Path) -> list[Path]:
-    """``folder`` and its parents that do not exist yet, deepest first (what a write there creates)."""
-    missing = []
-    for path in (folder, *folder.parents):
-        if path.exists():
-            break
-        missing.append(path)
-    return missing
-
-
-@contextlib.contextmanager
-def _naming(path: Path):
-    """An ``OSError`` while writing ``path`` (its temporary files included) raised again with
-    ``path`` and what to do in its message: a full disk's bare ``[Errno 28]`` named no file."""
-    try:
-        yield
-    except OSError as e:
-        if str(path) in str(e):  # already named (an inner write)
-            raise
-        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
-        fix = (f"no space left on the device: free space in {str(path.parent)!r} or write elsewhere" if full
-               else f"{e.strerror or e}")
-        raise OSError(e.errno, f"cannot write {str(path)!r} ({fix})") from None
 
 
 def _target_of(path: Path) -> Path:
@@ -205,82 +177,6 @@ def check_can_write(path: str | os.PathLike) -> Path:
     except OSError as e:
         raise _unwritable(path, folder, e) from None
     return path
-
-
-def _temp_prefix(path: Path) -> str:
-    """Temporary files of a save to ``path`` are ``.<name>.<pid>.<random>.data|tmp`` beside it."""
-    return f".{path.name}.{os.getpid()}."
-
-
-def _remove_orphans(path: Path) -> None:
-    """Delete the temporary files of saves to ``path`` whose process is gone (killed mid-save)."""
-    head = f".{path.name}."
-    for tmp in path.parent.iterdir():
-        parts = tmp.name[len(head):].split(".") if tmp.name.startswith(head) else []
-        if len(parts) != 3 or parts[2] not in ("data", "tmp") or not parts[0].isdigit():
-            continue
-        pid = int(parts[0])
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except OSError:  # alive, another user's process
-            pass
-
-
-def _mode_for(path: Path) -> int:
-    """Permissions of a file written to ``path``: those of the file it replaces, else the umask's."""
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-def _write_atomically(target: Path, write: Callable[[BinaryIO], object], name: Path | None = None) -> None:
-    """``write(file)`` into a temporary file beside ``target`` (``target``'s permissions), fsync,
-    rename over ``target``: a failure (an exception, SIGINT or SIGTERM) leaves any previous file
-    intact and no partial file; an ``OSError`` names ``name`` (default ``target``)."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp")
-    tempfiles.track(tmp)
-    try:
-        with _naming(name or target):
-            out = os.fdopen(fd, "wb")
-            try:
-                os.fchmod(out.fileno(), _mode_for(target))
-                write(out)
-                out.flush()
-                os.fsync(out.fileno())
-            except BaseException:
-                with contextlib.suppress(OSError):  # its flush fails again (a full disk): the file goes anyway
-                    out.close()
-                raise
-            out.close()
-            os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    finally:
-        tempfiles.untrack(tmp)
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`_write_atomically`)."""
-    target = Path(path)
-    _write_atomically(target, lambda out: out.write(text.encode("utf-8")))
-    return target
-
-
-def copy_file_atomic(source: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Copy the file ``source`` to ``path`` atomically (see :func:`_write_atomically`)."""
-    target = Path(path)
-    with open(source, "rb") as f:
-        _write_atomically(target, lambda out: shutil.copyfileobj(f, out, _CHUNK))
-    return target
 
 
 def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> Path:
@@ -345,7 +241,7 @@ def file_chunks(f, start: int, end: int) -> Iterator[memoryview]:
     """Bytes ``start:end`` of the open binary file ``f``, in pieces of at most 64 MiB read into
     one buffer: each piece is valid until the next is asked for."""
     f.seek(start)
-    view = memoryview(bytearray(min(_CHUNK, end - start)))
+    view = memoryview(bytearray(min(CHUNK, end - start)))
     while start < end:
         n = f.readinto(view[: min(len(view), end - start)])
         if not n:

@@ -32,7 +32,8 @@ from torch import nn
 
 from ...checkpoint import CheckpointWriter
 from ...methods.record import NAME as CONVERSION
-from ...files.safetensors import SafetensorsWriter, copy_file_atomic, missing_folders, write_text_atomic
+from ...files.atomic import copy_file_atomic, missing_folders, write_text_atomic
+from ...files.safetensors import SafetensorsWriter
 from ...memory import resident_weights
 from ...runtime.wrapped import wrapper_of
 from .config import SixbitConfig
