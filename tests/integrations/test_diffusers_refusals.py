@@ -103,3 +103,40 @@ def test_a_pipeline_save_its_transformer_refuses_writes_nothing(made_by, argumen
     assert not (tmp_path / "pipe").exists()  # not text_encoder/, tokenizer/ or vae/ either
     converted_pipelines[made_by].save_pretrained(tmp_path / "pipe")  # the same pipeline saves as it is
     assert (tmp_path / "pipe" / "transformer" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("shards", ["10GB", "20KB"])
+def test_a_converted_folder_whose_config_json_lost_its_quantization_config_is_refused(shards, tmp_path, capsys):
+    """The packed layers would load as random weights with only diffusers' "newly initialized"."""
+    from sixbit.cli import main as cli
+
+    tm = build_tiny("wan")
+    cls = type(tm.model)
+    tm.model.save_pretrained(tmp_path / "fp")
+    sixbit.convert_model(tm.model, None, "w8a8")
+    tm.model.save_pretrained(tmp_path / "q", max_shard_size=shards)
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    del config["quantization_config"]
+    (tmp_path / "q" / "config.json").write_text(json.dumps(config))
+    fix = "put back the config.json that save_pretrained (or `sixbit convert`) wrote beside these weight files"
+    with pytest.raises(ValueError, match=r"holds a sixbit-converted WanTransformer3DModel \(packed weights such as "
+                                         r"'blocks\.0\..*\.weight_codes'\) but its config\.json has no quantization_config"):
+        cls.from_pretrained(tmp_path / "q")
+    assert cli(["info", str(tmp_path / "q")]) != 0
+    assert fix in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"is a folder: sixbit.load reads the .safetensors file sixbit.save writes"):
+        sixbit.load(tmp_path / "q", build_tiny("wan").model)
+    assert not isinstance(cls.from_pretrained(tmp_path / "fp").blocks[0].attn1.to_q, sixbit.QuantLinear)
+
+
+def test_the_plain_load_guard_is_installed_in_a_process_that_imports_sixbit_first(tmp_path):
+    """diffusers' loader is wrapped when diffusers imports it (a private method: a diffusers
+    version without it shows here)."""
+    import subprocess
+    import sys
+
+    script = ("import sixbit\nfrom diffusers.models.modeling_utils import ModelMixin\n"
+              "print(getattr(ModelMixin._load_pretrained_model, 'sixbit_check', False))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("True")

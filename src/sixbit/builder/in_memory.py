@@ -34,7 +34,7 @@ from ..memory import allocator
 from ..memory.devices import total_memory
 from ..models import iter_blocks
 from ..rounding import refine
-from .layers import plan_layers, quantized_linear
+from .layers import check_plan, plan_layers, quantized_linear
 from .swap import LayerSwap, Part, Recipe, build, parts_of
 
 logger = logging.getLogger(__name__)
@@ -207,6 +207,7 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
     config = config or QuantConfig()
     if not isinstance(config, QuantConfig):
         raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
+    check_plan(model, config)  # a call that would quantize nothing is refused, naming why
     plan = plan_layers(model, config)
     quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
     logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)
