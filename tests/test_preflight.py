@@ -168,3 +168,71 @@ def test_a_folder_saved_with_a_peft_lora_loaded_names_peft_when_streamed(tmp_pat
                                          r"layer.bias'\).*fuse_lora\(\).*unload_lora\(\)"):
         sixbit.convert_pretrained(tmp_path / "model", "w8a8", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+# A conversion that would quantize nothing (issue 61: a custom model whose linear names match no
+# role "converted" to w8a8 with 0 of its 7 layers quantized, and no warning).
+class _Block(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.lin1, self.lin2 = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.lin2(self.lin1(x))
+
+
+class UnnamedRolesNet(torch.nn.Module):
+    """Linears named like no role sixbit knows: all 'other'."""
+
+    def __init__(self, width=32, blocks=3):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(width) for _ in range(blocks)])
+        self.head = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _quantized(model):
+    return sum(isinstance(m, sixbit.QuantLinear) for m in model.modules())
+
+
+def test_a_model_whose_linears_have_no_role_the_config_quantizes_is_refused_with_the_fixes():
+    model = UnnamedRolesNet()
+    before = _state(model)
+    refusal = ("none of UnnamedRolesNet's 7 linear layers has a role this config quantizes (['attention', "
+               "'feedforward', 'modulation']): sixbit reads their roles as {'other': 7} ('other': a name it does "
+               "not recognize, e.g. 'blocks.0.lin1'); register the model's roles")
+    assert _refusal(lambda: sixbit.convert_model(model, None, "w8a8")).startswith(refusal)
+    assert _refusal(lambda: sixbit.quantize(model, QuantConfig(weight_format="int8"))).startswith("none of")
+    assert _unchanged(model, before) and sixbit.conversion_of(model) is None
+    # the fix the refusal names quantizes them
+    weights = QuantConfig(weight_format="int8", role_formats={"other": "int8"})
+    sixbit.convert_model(model, None, ConvertConfig(weights=weights, activations="int8"))
+    assert _quantized(model) == 7
+
+
+def test_include_patterns_that_leave_no_layer_and_formats_that_fit_none_are_refused():
+    model = build(0)
+    weights = QuantConfig(weight_format="int8", include=[r"blocks\..*"])  # CogVideoX's are transformer_blocks
+    assert _refusal(lambda: sixbit.convert_model(model, None, ConvertConfig(weights=weights, activations="int8"))).startswith(
+        r"QuantConfig include=['blocks\\..*'] and exclude=[] leave none of CogVideoXTransformer3DModel's linear layers")
+    narrow = UnnamedRolesNet(width=24)  # NVFP4's 16-element blocks do not divide 24
+    weights = QuantConfig(weight_format="nvfp4", role_formats={"other": "nvfp4"})
+    assert _refusal(lambda: sixbit.convert_model(narrow, None, ConvertConfig(weights=weights, activations="int8"))).startswith(
+        "no layer of UnnamedRolesNet fits the formats this config gives them: e.g. 'blocks.0.lin1' has in_features=24, "
+        "not a multiple of nvfp4's block 16")
+    assert sixbit.conversion_of(model) is None and sixbit.conversion_of(narrow) is None
+
+
+def test_boundary_blocks_that_keep_every_layer_warn_and_convert(caplog):
+    """high_quality keeps the first and last block in full precision: on a 2-block model that is
+    every layer it quantizes. What the config asks for, so a warning that names the setting."""
+    model = build(0)
+    with caplog.at_level("WARNING", logger="sixbit"):
+        sixbit.convert_model(model, None, "high_quality")
+    assert "CogVideoXTransformer3DModel has 2 blocks, and boundary_blocks=1 keeps the first and last 1" in caplog.text
+    assert "set boundary_blocks=0" in caplog.text
+    assert sixbit.conversion_of(model) is not None

@@ -106,15 +106,19 @@ def test_failure_leaves_model_unchanged():
 
 def test_incompatible_layers_are_kept_and_reported(caplog):
     class Odd(nn.Module):
-        def __init__(self):
+        def __init__(self, wide):
             super().__init__()
-            self.blocks = nn.ModuleList(nn.ModuleDict({"ff": nn.Linear(24, 24)}) for _ in range(2))
+            self.blocks = nn.ModuleList(nn.ModuleDict({"ff": nn.Linear(24, 24), **({"wide": nn.Linear(32, 32)} if wide else {})})
+                                        for _ in range(2))
 
-    model = Odd()
+    model = Odd(wide=True)
     with caplog.at_level("WARNING"):
         sixbit.quantize(model, QuantConfig(role_formats={"other": "nvfp4"}))
-    assert "kept in full precision" in caplog.text
-    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    assert "blocks.0.ff: in_features=24 is not a multiple of nvfp4's block 16; kept in full precision" in caplog.text
+    assert sorted(n for n, m in model.named_modules() if isinstance(m, QuantLinear)) == ["blocks.0.wide", "blocks.1.wide"]
+    # issue 61: where no layer fits, nothing would be quantized: refused, not a success
+    with pytest.raises(ValueError, match=r"no layer of Odd fits the formats this config gives them: e.g. 'blocks.0.ff'"):
+        sixbit.quantize(Odd(wide=False), QuantConfig(role_formats={"other": "nvfp4"}))
 
 
 def test_config_validation_reports_everything():

@@ -4,15 +4,18 @@
 (streamed from files), diffusers' ``from_pretrained(quantization_config=SixbitConfig(...))``
 (quantized while loading), :func:`sixbit.tune` and :func:`sixbit.load` (through the conversion
 record, which runs the same method checks) refuse a config that cannot run on a model with the
-same message, before anything changes: :func:`check_convertible`. What only one way cannot do
-(a streamed conversion runs no generation, ``from_pretrained`` no calibration) is refused by that
-way, after this check.
+same message, before anything changes: :func:`check_convertible`. It also refuses a diffusers
+model that is not a transformer (a VAE given to sixbit) and a config under which no layer would
+be quantized (:func:`sixbit.builder.check_plan`: a conversion that changes nothing must not report
+success). What only one way cannot do (a streamed conversion runs no generation,
+``from_pretrained`` no calibration) is refused by that way, after this check.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from .builder import check_plan
 from .config import ConvertConfig
 from .lora import check_no_loras
 from .memory.weights import check_not_offloaded
@@ -31,6 +34,7 @@ def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict
     ``empty``: the model is built on the meta device and its weights arrive later (streamed, or
     quantized while loading); otherwise its weights must be loaded.
     """
+    _check_transformer(transformer)
     spec_for(transformer)  # unsupported architectures fail here
     check_not_wrapped(transformer, "convert the model")
     check_no_loras(transformer, "convert_model")
@@ -44,7 +48,20 @@ def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict
             f"{type(transformer).__name__} has weights on the meta device (built empty): load its weights first "
             "(from_pretrained), or convert its folder with sixbit.convert_pretrained, which streams it block by block"
         )
+    if config.weights is not None:  # a conversion that would quantize no layer is refused, naming why
+        check_plan(transformer, config.weights)
     return chosen
+
+
+def _check_transformer(model: nn.Module) -> None:
+    """Refuse a diffusers model that is not a transformer (a VAE, a UNet, a ControlNet: diffusers
+    keeps its transformers in ``diffusers.models.transformers``); other models, a user's own
+    included, go on to the checks of their blocks and layers."""
+    module = type(model).__module__
+    if module.startswith("diffusers.models.") and not module.startswith("diffusers.models.transformers."):
+        raise ValueError(f"sixbit quantizes diffusers transformers only, and {type(model).__name__} is not one: "
+                         "convert the pipeline's transformer (convert_model(pipe, ...) or pipe.transformer), or "
+                         "give PipelineQuantizationConfig(..., components_to_quantize=['transformer'])")
 
 
 __all__ = ["check_convertible"]

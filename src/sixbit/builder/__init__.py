@@ -1,7 +1,8 @@
 """The one builder: which linears a conversion quantizes, how each is built, and the single
 "build a part's state, then swap it in" path with its one rollback.
 
-- :mod:`.layers`: :func:`plan_layers` (layers by role, pattern and block position) and
+- :mod:`.layers`: :func:`plan_layers` (layers by role, pattern and block position; :func:`check_plan`
+  refuses a config that would quantize none) and
   :func:`quantized_linear` (one ``nn.Linear`` → :class:`~sixbit.nn.QuantLinear`, rounded by
   :mod:`sixbit.rounding`);
 - :mod:`.swap`: :func:`build`, the loop over a model's parts that every conversion runs (in
@@ -19,10 +20,10 @@
 from .block_inputs import BlockInputs, keeping
 from .devices import conversion_device, moved_to
 from .in_memory import quantize, quantize_layers
-from .layers import branch_rank, format_fits, plan_layers, quantized_linear, selected_layers, stored_bits
+from .layers import branch_rank, check_plan, format_fits, plan_layers, quantized_linear, selected_layers, stored_bits
 from .spill import spilling
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
-__all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "conversion_device",
+__all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "check_plan", "conversion_device",
            "format_fits", "keeping", "moved_to", "parts_of", "plan_layers", "quantize", "quantize_layers",
            "quantized_linear", "selected_layers", "spilling", "stored_bits"]

@@ -37,7 +37,7 @@ from ..memory.weights import check_not_offloaded
 from ..models import iter_blocks
 from ..rounding import refine
 from ..runtime.wrapped import check_not_wrapped
-from .layers import plan_layers, quantized_linear
+from .layers import check_plan, plan_layers, quantized_linear
 from .swap import LayerSwap, Part, Recipe, build, parts_of
 
 logger = logging.getLogger(__name__)
@@ -214,6 +214,7 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
     check_no_loras(model, "sixbit.quantize")
     check_not_offloaded(model, "sixbit.quantize")  # it would quantize the offload's placeholders
     check_not_wrapped(model, "quantize the model")  # as convert_model (sixbit.preflight): its layers are cut and hooked
+    check_plan(model, config)  # a call that would quantize nothing is refused, naming why
     plan = plan_layers(model, config)
     quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
     logger.info("quantized %d linear layers of %s", len(plan), type(model).__name__)

@@ -11,6 +11,8 @@ wider kernel (one group, stride 1, zero padding), linear layers on their unfolde
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import difflib
 import logging
 import re
@@ -22,7 +24,7 @@ from .. import formats
 from ..config.validate import report, show
 from ..calibration import hessians
 from ..config import QuantConfig
-from ..models import block_index_of, iter_blocks, spec_for
+from ..models import Role, block_index_of, iter_blocks, spec_for
 from ..nn import QuantLinear
 from ..nn.pointwise_conv import conv_arguments, features, is_quantizable, kind_of, quantized_layer_class, weight_2d
 from ..rounding import BRANCH_DTYPE, quantize_weight, supports
@@ -91,7 +93,17 @@ def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, i
     """``{layer name: (format, hadamard block, role)}`` for every linear (``nn.Linear`` or pointwise
     conv) to quantize."""
     _check_layer_names(model, config)
-    plan = {}
+    plan, misfits = _plan(model, config)
+    for name, in_features, fmt in misfits:
+        logger.warning("%s: in_features=%d is not a multiple of %s's block %d; kept in full precision",
+                       name, in_features, fmt, formats.get(fmt).block_size)
+    return plan
+
+
+def _plan(model: nn.Module, config: QuantConfig):
+    """``(plan, misfits)``: :func:`plan_layers`' plan, and ``(name, in_features, format)`` of the
+    layers left out because the format's block does not divide their ``in_features``."""
+    plan, misfits = {}, []
     for name, mod, role, _, boundary in selected_layers(model, config.include, config.exclude, config.boundary_blocks):
         fmt = config.format_for(role)
         if name in config.layer_formats:
@@ -102,13 +114,51 @@ def plan_layers(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, i
             continue
         in_features = features(mod)[0]
         if not format_fits(fmt, in_features):
-            logger.warning(
-                "%s: in_features=%d is not a multiple of %s's block %d; kept in full precision",
-                name, in_features, fmt, formats.get(fmt).block_size,
-            )
+            misfits.append((name, in_features, fmt))
             continue
         plan[name] = (fmt, _hadamard_block(config.hadamard_block, in_features), role.value)
-    return plan
+    return plan, misfits
+
+
+def check_plan(model: nn.Module, config: QuantConfig) -> None:
+    """Refuse ``config`` where it would quantize no linear of ``model``, naming why (no layer
+    has a role it quantizes, ``include``/``exclude`` leave none, no format fits): a conversion
+    that changes nothing must not report success. Where only ``boundary_blocks`` keeps every
+    layer in full precision (a model with few blocks), which the config asks for, it warns."""
+    _check_layer_names(model, config)
+    if _plan(model, config)[0]:
+        return
+    name = type(model).__name__
+    kept = list(selected_layers(model, config.include, config.exclude))
+    if not kept:
+        raise ValueError(
+            f"{name} has no linear layer sixbit quantizes (nn.Linear, or a convolution it runs as one)"
+            if not (config.include or config.exclude) else
+            f"QuantConfig include={config.include!r} and exclude={config.exclude!r} leave none of {name}'s linear "
+            "layers to quantize: fix the patterns (re.fullmatch on the names sixbit.summary(model) lists), "
+            "or give weights=None to keep every weight in full precision")
+    unbounded, misfits = _plan(model, dataclasses.replace(config, boundary_blocks=0))
+    if unbounded:
+        blocks = len(list(iter_blocks(model)))
+        logger.warning(
+            "%s has %d blocks, and boundary_blocks=%d keeps the first and last %d in full precision "
+            "(boundary_format=None): they hold every layer this config quantizes, so no weight is quantized; "
+            "set boundary_blocks=0 (QuantConfig) to quantize them", name, blocks, config.boundary_blocks,
+            config.boundary_blocks)
+        return
+    if misfits:
+        layer, in_features, fmt = misfits[0]
+        raise ValueError(f"no layer of {name} fits the formats this config gives them: e.g. {layer!r} has "
+                         f"in_features={in_features}, not a multiple of {fmt}'s block {formats.get(fmt).block_size}; "
+                         "choose a format with a smaller block (`sixbit formats` lists them)")
+    roles = collections.Counter(role.value for _, _, role, _, _ in kept)
+    wanted = [role.value for role in Role if config.format_for(role) is not None]
+    example = next(layer for layer, _, role, _, _ in kept if role.value == roles.most_common(1)[0][0])
+    raise ValueError(
+        f"none of {name}'s {len(kept)} linear layers has a role this config quantizes ({wanted}): sixbit reads "
+        f"their roles as {dict(roles)} ('other': a name it does not recognize, e.g. {example!r}); register the "
+        "model's roles, sixbit.models.register_model(ModelSpec(..., roles=((Role.ATTENTION, r'...'), ...))), "
+        "or quantize them by role: QuantConfig(role_formats={'other': 'int8'})")
 
 
 # Formats of at most this many bits per element get the low-rank branch (8-bit ones need none).

@@ -197,6 +197,10 @@ _HEADER_FIELDS = {"format": str, "format_version": int, "sixbit_version": str, "
 def _read_header(path: Path) -> tuple[dict, dict, int]:
     """``(header, entries, data_start)``: the sixbit header, checked field by field, and the
     file's tensor table (:func:`sixbit.files.safetensors.read_safetensors_header`)."""
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a folder: sixbit.load reads the .safetensors file sixbit.save writes; a "
+                         "folder written by save_pretrained or `sixbit convert` loads with from_pretrained(folder) "
+                         "(its diffusers class's, or DiffusionPipeline's), and `sixbit info` reads either")
     metadata, entries, data_start = read_safetensors_header(path, "checkpoint")
     if _META_KEY not in metadata:
         raise ValueError(f"{str(path)!r} is a safetensors file but not a sixbit checkpoint (no 'sixbit' header)")

@@ -19,7 +19,7 @@ _EPILOG = (f"exit codes: 0 the target was met and the config written; {NOT_REACH
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from ..files.safetensors import write_text_atomic
+    from ..files.atomic import write_text_atomic
     from ..pipelines import load_pipeline
     from ..eval.plots import plot_tuned_formats
     from ..tuning import tune_model

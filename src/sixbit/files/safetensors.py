@@ -1,23 +1,23 @@
-"""Safetensors files written atomically (whole or one tensor at a time) and read with clear
-errors (no pickle anywhere). Past 380 lines as ``sixbit.io`` was, moved here unchanged in
-issue 59: the writers and the readers of one format; a split between them is the next step."""
+"""Safetensors files written atomically (whole or one tensor at a time, through
+:mod:`sixbit.files.atomic`) and read with clear errors (no pickle anywhere)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
-import stat
 import struct
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
 
 from . import tempfiles
+from .atomic import CHUNK, missing_folders, naming_errors, remove_orphans, temp_prefix, write_atomically
 
 # torch dtype → the safetensors header's name for it
 _DTYPE_NAMES = {
@@ -27,7 +27,6 @@ _DTYPE_NAMES = {
     torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
 }
 _DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
-_CHUNK = 64 << 20  # bytes per read/copy when streaming a file through user space
 _MAX_HEADER = 100 << 20  # bytes: a safetensors header past this is not one sixbit wrote
 
 
@@ -43,7 +42,10 @@ class SafetensorsWriter:
     in memory); :meth:`finish` writes the header and the data into a second temporary file in
     the target folder, fsyncs it and renames it over ``path``. On any error (or :meth:`abort`,
     or leaving the ``with`` block by an exception, or SIGTERM: :mod:`sixbit.files.tempfiles`) both
-    temporary files are removed and a file already at ``path`` is left as it was.
+    temporary files are removed, whatever fails while they are (a full disk fails the flush on
+    close too), the folders the writer created are removed again, and a file already at ``path``
+    is left as it was. A write that fails (a full disk, a quota) raises an ``OSError`` naming
+    ``path``.
 
     Example:
         >>> import torch, tempfile, os
@@ -58,10 +60,11 @@ class SafetensorsWriter:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._target = _target_of(self.path)
+        self._made = missing_folders(self._target.parent)  # removed again if the write fails
         try:
             self._target.parent.mkdir(parents=True, exist_ok=True)
-            _remove_orphans(self._target)
-            fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=_temp_prefix(self._target),
+            remove_orphans(self._target)
+            fd, self._data_path = tempfile.mkstemp(dir=self._target.parent, prefix=temp_prefix(self._target),
                                                    suffix=".data")
         except OSError as e:
             raise _unwritable(self.path, self._target.parent, e) from None
@@ -84,14 +87,16 @@ class SafetensorsWriter:
         if tensor.dtype not in _DTYPE_NAMES:
             raise ValueError(f"tensor {name!r}: dtype {tensor.dtype} cannot be stored in safetensors")
         data = tensor_bytes(tensor)
-        self._data.write(data)
+        with naming_errors(self.path):
+            self._data.write(data)
         self.entries[name] = (tensor.dtype, tuple(tensor.shape), self._size, self._size + data.nbytes)
         self._size += data.nbytes
 
     def chunks(self, name: str) -> Iterator[bytes]:
         """The bytes of an already written tensor, read back from the file in pieces."""
         _, _, start, end = self.entries[name]
-        self._data.flush()
+        with naming_errors(self.path):
+            self._data.flush()
         with open(self._data_path, "rb") as f:
             yield from file_chunks(f, start, end)
 
@@ -107,28 +112,37 @@ class SafetensorsWriter:
             header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [start, end]}
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-        self._data.flush()
 
         def write(out) -> None:
             out.write(struct.pack("<Q", len(raw)))
             out.write(raw)
             self._data.seek(0)
-            shutil.copyfileobj(self._data, out, _CHUNK)
+            shutil.copyfileobj(self._data, out, CHUNK)
 
         try:
-            _write_atomically(self._target, write)
+            with naming_errors(self.path):
+                self._data.flush()
+            write_atomically(self._target, write, self.path)
+            self._made = []  # they hold the file now
         finally:
             self.abort()
         return self.path
 
     def abort(self) -> None:
-        """Discard everything written so far (idempotent)."""
-        if self._data is not None:
-            self._data.close()
-            self._data = None
-        if os.path.exists(self._data_path):
+        """Discard everything written so far, and the folders this writer created (idempotent).
+        Nothing it does can fail: closing a file whose buffer cannot be flushed (a full disk)
+        raises, and the file must go all the same."""
+        data, self._data = self._data, None
+        if data is not None:
+            with contextlib.suppress(OSError):  # the flush on close: the bytes are discarded anyway
+                data.close()
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._data_path)
         tempfiles.untrack(self._data_path)
+        for folder in self._made:
+            with contextlib.suppress(OSError):  # not empty (another file went there meanwhile): left as it is
+                folder.rmdir()
+        self._made = []
 
 
 def _target_of(path: Path) -> Path:
@@ -163,75 +177,6 @@ def check_can_write(path: str | os.PathLike) -> Path:
     except OSError as e:
         raise _unwritable(path, folder, e) from None
     return path
-
-
-def _temp_prefix(path: Path) -> str:
-    """Temporary files of a save to ``path`` are ``.<name>.<pid>.<random>.data|tmp`` beside it."""
-    return f".{path.name}.{os.getpid()}."
-
-
-def _remove_orphans(path: Path) -> None:
-    """Delete the temporary files of saves to ``path`` whose process is gone (killed mid-save)."""
-    head = f".{path.name}."
-    for tmp in path.parent.iterdir():
-        parts = tmp.name[len(head):].split(".") if tmp.name.startswith(head) else []
-        if len(parts) != 3 or parts[2] not in ("data", "tmp") or not parts[0].isdigit():
-            continue
-        pid = int(parts[0])
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except OSError:  # alive, another user's process
-            pass
-
-
-def _mode_for(path: Path) -> int:
-    """Permissions of a file written to ``path``: those of the file it replaces, else the umask's."""
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-def _write_atomically(target: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(file)`` into a temporary file beside ``target`` (``target``'s permissions), fsync,
-    rename over ``target``: a failure (an exception, SIGINT or SIGTERM) leaves any previous file
-    intact and no partial file."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp")
-    tempfiles.track(tmp)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), _mode_for(target))
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    finally:
-        tempfiles.untrack(tmp)
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`_write_atomically`)."""
-    target = Path(path)
-    _write_atomically(target, lambda out: out.write(text.encode("utf-8")))
-    return target
-
-
-def copy_file_atomic(source: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Copy the file ``source`` to ``path`` atomically (see :func:`_write_atomically`)."""
-    target = Path(path)
-    with open(source, "rb") as f:
-        _write_atomically(target, lambda out: shutil.copyfileobj(f, out, _CHUNK))
-    return target
 
 
 def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> Path:
@@ -296,7 +241,7 @@ def file_chunks(f, start: int, end: int) -> Iterator[memoryview]:
     """Bytes ``start:end`` of the open binary file ``f``, in pieces of at most 64 MiB read into
     one buffer: each piece is valid until the next is asked for."""
     f.seek(start)
-    view = memoryview(bytearray(min(_CHUNK, end - start)))
+    view = memoryview(bytearray(min(CHUNK, end - start)))
     while start < end:
         n = f.readinto(view[: min(len(view), end - start)])
         if not n:

@@ -8,7 +8,8 @@ imported and adds two light entries to them. They import the real backend only w
 Importing :mod:`sixbit.integrations.diffusers` replaces them by the real classes. Likewise,
 once :mod:`sixbit.checkpoint` is imported, every converted diffusers transformer gets a
 ``save_pretrained`` that writes a converted folder and diffusers' LoRA methods
-(:func:`sixbit.checkpoint.register_save_method`).
+(:func:`sixbit.checkpoint.register_save_method`), and diffusers' entry points that a converted
+model meets get sixbit's checks (:mod:`.guards`).
 """
 
 from __future__ import annotations
@@ -47,10 +48,21 @@ def _diffusers_tables(module) -> None:
     module.AUTO_QUANTIZATION_CONFIG_MAPPING.setdefault(BACKEND, SixbitConfigEntry)
 
 
+class NotADiffusersTransformer:
+    """Stands in transformers' quantizer table: sixbit quantizes diffusers transformers only, so a
+    transformers model given the sixbit config (a pipeline's text encoder, when
+    ``PipelineQuantizationConfig`` names it or names no component) is refused with the fix, where
+    transformers said "Unknown quantization type"."""
+
+    def __new__(cls, *args, **kwargs):
+        raise ValueError("sixbit quantizes diffusers transformers only, and a transformers model (a pipeline's text "
+                         "encoder) is not one: give PipelineQuantizationConfig(..., components_to_quantize=['transformer'])")
+
+
 def _transformers_tables(module) -> None:
-    # diffusers' PipelineQuantizationConfig(quant_backend=...) also looks the backend up here; a
-    # transformers model (a text encoder) given this config is refused by transformers itself.
+    # diffusers' PipelineQuantizationConfig(quant_backend=...) also looks the backend up here
     module.AUTO_QUANTIZATION_CONFIG_MAPPING.setdefault(BACKEND, SixbitConfigEntry)
+    module.AUTO_QUANTIZER_MAPPING.setdefault(BACKEND, NotADiffusersTransformer)
 
 
 def _attach_save_pretrained(transformer) -> None:
@@ -69,8 +81,17 @@ def _checkpoint(module) -> None:
     module.register_save_method(_attach_lora_methods)
 
 
+def _pipelines(module) -> None:
+    importlib.import_module(f"{__name__}.guards").guard_pipeline_save(module)
+
+
+def _models(module) -> None:
+    importlib.import_module(f"{__name__}.guards").guard_plain_loads(module)
+
+
 _TABLES = {"diffusers.quantizers.auto": _diffusers_tables, "transformers.quantizers.auto": _transformers_tables,
-           "sixbit.checkpoint": _checkpoint}
+           "sixbit.checkpoint": _checkpoint, "diffusers.pipelines.pipeline_utils": _pipelines,
+           "diffusers.models.modeling_utils": _models}
 
 
 class _ThenRegister(importlib.abc.Loader):

@@ -22,9 +22,10 @@ import types
 from diffusers.quantizers import auto
 
 from .config import SixbitConfig
-from .folder import save_folder
+from .folder import check_pipeline_save, save_folder
 from .quantizer import SixbitQuantizer
 from .. import BACKEND
+from ..guards import CHECK
 
 
 def attach_save_pretrained(transformer) -> None:
@@ -38,6 +39,7 @@ def attach_save_pretrained(transformer) -> None:
                            safe_serialization=safe_serialization, variant=variant,
                            max_shard_size=max_shard_size, push_to_hub=push_to_hub, **kwargs)
 
+    setattr(save_pretrained, CHECK, check_pipeline_save)  # a pipeline's save checks this before it writes anything
     transformer.save_pretrained = types.MethodType(save_pretrained, transformer)
 
 

@@ -8,6 +8,7 @@ carries the checkpoint header that lets ``from_pretrained`` rebuild it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import json
 from typing import Any
@@ -18,6 +19,8 @@ from ...config import ConvertConfig, QuantConfig
 from ...presets import resolve
 from ...version import __version__
 
+# the keys of a quantization_config dict besides the settings (what to_dict writes, and the preset)
+_KEYS = ("quant_method", "preset_or_config", "config", "checkpoint", "tensors", "sixbit_version")
 _CONVERT_FIELDS = {f.name for f in dataclasses.fields(ConvertConfig)}
 _QUANT_FIELDS = {f.name for f in dataclasses.fields(QuantConfig)}
 
@@ -87,10 +90,21 @@ class SixbitConfig(QuantizationConfigMixin):
 
     @classmethod
     def from_dict(cls, config_dict: dict, return_unused_kwargs: bool = False, **kwargs):
-        if not isinstance(config_dict, dict) or not ("config" in config_dict or "checkpoint" in config_dict):
-            raise ValueError("a sixbit quantization_config holds 'config' (the conversion): this one is damaged; "
-                             "convert the model again and save it with save_pretrained")
-        config = cls(**{**config_dict, **kwargs})
+        """The config a ``quantization_config`` dict describes: what :meth:`to_dict` wrote (a
+        converted folder's ``config.json``), or one written by hand with the arguments
+        ``SixbitConfig(...)`` takes (``{"quant_method": "sixbit", "preset_or_config": "w8a8",
+        "gptq": False}``); a key that is neither is refused by name."""
+        if not isinstance(config_dict, dict):
+            raise ValueError(f"a sixbit quantization_config is a JSON object, got {type(config_dict).__name__}")
+        data = {**config_dict, **kwargs}
+        unknown = sorted(set(data) - set(_KEYS) - _CONVERT_FIELDS - _QUANT_FIELDS)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], [*_KEYS, *_CONVERT_FIELDS, *_QUANT_FIELDS], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if len(unknown) == 1 and close else ""
+            raise ValueError(f"the sixbit quantization_config has unknown key(s) {unknown}{hint}: it takes "
+                             f"{list(_KEYS)} and, as settings of the conversion, fields of ConvertConfig "
+                             f"({sorted(_CONVERT_FIELDS)}) or of QuantConfig ({sorted(_QUANT_FIELDS)})")
+        config = cls(**data)
         return (config, {}) if return_unused_kwargs else config
 
     def __eq__(self, other) -> bool:

@@ -32,7 +32,8 @@ from torch import nn
 
 from ...checkpoint import CheckpointWriter, warn_loras_not_stored
 from ...methods.record import NAME as CONVERSION
-from ...files.safetensors import SafetensorsWriter, copy_file_atomic, write_text_atomic
+from ...files.atomic import copy_file_atomic, missing_folders, write_text_atomic
+from ...files.safetensors import SafetensorsWriter
 from ...memory import resident_weights
 from ...runtime.wrapped import wrapper_of
 from .config import SixbitConfig
@@ -46,15 +47,33 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def _size(text: int | str) -> int:
-    """Bytes of diffusers' ``max_shard_size`` (``"10GB"``, ``"500MB"`` or an int)."""
-    if isinstance(text, int):
-        return text
+    """Bytes of diffusers' ``max_shard_size`` (``"10GB"``, ``"500MB"`` or an int), refused unless
+    positive (0 or less wrote one shard per tensor)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B)\s*", str(text), re.IGNORECASE)
-    if not match:
-        raise ValueError(f"max_shard_size={text!r} is not a size: give bytes or e.g. '10GB', '500MB'")
-    unit = match.group(2).upper()
-    scale = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}[unit]
-    return int(float(match.group(1)) * scale)
+    if isinstance(text, int) and not isinstance(text, bool):
+        size = text
+    elif isinstance(text, str) and match:
+        unit = match.group(2).upper()
+        scale = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}[unit]
+        size = int(float(match.group(1)) * scale)
+    else:
+        raise ValueError(f"max_shard_size={text!r} is not a size: give a positive size, bytes or e.g. '10GB', '500MB'")
+    if size <= 0:
+        raise ValueError(f"max_shard_size={text!r} is {size} bytes: give a positive size, e.g. '10GB' or '500MB'")
+    return size
+
+
+def check_save_arguments(safe_serialization: bool = True, max_shard_size: int | str = "10GB",
+                         push_to_hub: bool = False) -> None:
+    """Refuse, before anything is written, what a converted folder cannot be saved with (its
+    ``save_pretrained``, and a pipeline's ``save_pretrained`` before it writes any component:
+    :mod:`sixbit.integrations.guards`)."""
+    if push_to_hub:
+        raise ValueError("save the folder first, then upload it: huggingface_hub.upload_folder(folder_path=..., "
+                         "repo_id=...); sixbit does not push while saving")
+    if not safe_serialization:
+        raise ValueError("a sixbit folder is written as safetensors only (no pickle): drop safe_serialization=False")
+    _size(max_shard_size)
 
 
 class FolderWriter:
@@ -72,11 +91,8 @@ class FolderWriter:
         if self.folder.is_file():
             raise ValueError(f"{str(self.folder)!r} is a file: give the folder to write the model into")
         self.stem = WEIGHTS_NAME + (f".{variant}" if variant else "")
-        self.made = []  # the folders this write creates, deepest first
-        for path in (self.folder, *self.folder.parents):
-            if path.exists():
-                break
-            self.made.append(path)
+        self.made = missing_folders(self.folder)  # the folders this write creates, deepest first
+        self.written: list[Path] = []  # the files it has put in place so far
         self.shards: list[SafetensorsWriter] = []
         self.sizes: list[int] = []
         self.home: dict[str, int] = {}  # tensor name → its shard
@@ -122,13 +138,13 @@ class FolderWriter:
         names = ([f"{self.stem}.safetensors"] if count == 1 else
                  [f"{self.stem}-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
         for shard, file in zip(self.shards, names):
-            shard.finish({"format": "pt"}, self.folder / file)
+            self.written.append(shard.finish({"format": "pt"}, self.folder / file))
         index = self.folder / f"{self.stem}.safetensors.index.json"
         if count > 1:
             total = sum(end - start for _, _, start, end in entries.values())
             weight_map = {name: names[i] for name, i in sorted(self.home.items())}
-            write_text_atomic(index, json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                indent=2, sort_keys=True) + "\n")
+            self.written.append(write_text_atomic(index, json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n"))
         _remove_stale(self.folder, self.stem, set(names), index if count == 1 else None)
         quant = SixbitConfig(config=header.get("extensions", {}).get(CONVERSION, {}).get("config"), checkpoint=header,
                              tensors={n: [dtype_name(d), list(shape)] for n, (d, shape, _, _) in sorted(entries.items())})
@@ -138,9 +154,12 @@ class FolderWriter:
         return self.folder
 
     def abort(self) -> None:
-        """Discard the shards not yet written and the folders this write created (if empty)."""
+        """Discard the shards not yet written and the folders this write created, with the files
+        it put there (a folder that was there before keeps what it holds)."""
         for shard in self.shards:
             shard.abort()
+        for file in self.written if self.made else ():
+            file.unlink(missing_ok=True)
         for path in self.made:
             with contextlib.suppress(OSError):  # not empty (or gone): left as it is
                 path.rmdir()
@@ -215,21 +234,25 @@ def copy_components(pipeline: Path, target: Path, skip: str) -> None:
                 copy_file_atomic(Path(root) / name, here / name)
 
 
+def check_pipeline_save(arguments: dict) -> None:
+    """Refuse the arguments of a pipeline's ``save_pretrained`` (by name, as bound to diffusers'
+    signature) that it would pass on to a converted transformer refusing them: checked before the
+    pipeline writes any component (:mod:`sixbit.integrations.guards`). A pipeline pushes to the
+    Hub itself once the folder is written, so ``push_to_hub`` is its own."""
+    size = arguments.get("max_shard_size")
+    check_save_arguments(arguments.get("safe_serialization", True), "10GB" if size is None else size)
+
+
 def save_folder(model: nn.Module, save_directory: str | os.PathLike, *, is_main_process: bool = True,
                 safe_serialization: bool = True, variant: str | None = None, max_shard_size: int | str = "10GB",
                 push_to_hub: bool = False, **kwargs) -> Path:
     """Write the converted transformer ``model`` as a diffusers model folder (``save_pretrained``)."""
-    if push_to_hub:
-        raise ValueError("save the folder first, then upload it: huggingface_hub.upload_folder(folder_path=..., "
-                         "repo_id=...); sixbit does not push while saving")
-    if not safe_serialization:
-        raise ValueError("a sixbit folder is written as safetensors only (no pickle): drop safe_serialization=False")
+    check_save_arguments(safe_serialization, max_shard_size, push_to_hub)  # before the model is gathered
     if kwargs:
         raise TypeError(f"save_pretrained got unexpected arguments {sorted(kwargs)}")
     folder = Path(save_directory)
     if folder.is_file():
         raise ValueError(f"{str(folder)!r} is a file: give the folder to write the model into")
-    _size(max_shard_size)  # a bad size is refused before the model is gathered
     warn_loras_not_stored(model, folder, "from_pretrained")
     wrapper = wrapper_of(model)
     with resident_weights(model), (wrapper.writing() if wrapper else contextlib.nullcontext(True)) as writes:

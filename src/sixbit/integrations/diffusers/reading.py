@@ -16,6 +16,7 @@ from torch import nn
 
 from ...checkpoint import check_header
 from ...files.safetensors import SafetensorsFolder
+from ..guards import packed_names
 from .config import QuantMethod
 
 
@@ -33,10 +34,25 @@ def converted_folder(path: str | os.PathLike) -> tuple[Path, dict]:
         raise ValueError(f"{str(folder / 'config.json')!r} is not valid JSON: {e}") from None
     quant = config.get("quantization_config") if isinstance(config, dict) else None
     if not (isinstance(quant, dict) and quant.get("quant_method") == QuantMethod.SIXBIT.value and "checkpoint" in quant):
+        packed = _packed_tensors(folder)
+        if packed:
+            raise ValueError(f"{str(folder)!r} holds a sixbit-converted model (packed weights such as {packed[0]!r}) "
+                             "but its config.json has no sixbit quantization_config (removed or replaced): put back "
+                             "the config.json that save_pretrained (or `sixbit convert`) wrote beside these weight "
+                             "files, or convert the full-precision model again")
         raise ValueError(f"{str(folder)!r} holds no sixbit-converted model (its config.json has no quantization_config "
                          "with quant_method 'sixbit'): convert it with `sixbit convert`")
     check_header(quant["checkpoint"], str(folder / "config.json"))
     return folder, quant
+
+
+def _packed_tensors(folder: Path) -> list[str]:
+    """The names of ``folder``'s tensors that only a sixbit-converted model stores (none where
+    its weight files cannot be read)."""
+    try:
+        return packed_names(SafetensorsFolder(folder).layout)
+    except ValueError:
+        return []
 
 
 def read_folder_header(path: str | os.PathLike) -> tuple[dict, Path]:

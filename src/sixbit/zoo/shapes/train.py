@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ...files.safetensors import write_text_atomic
+from ...files.atomic import write_text_atomic
 from . import WEIGHTS_DIR, make_pipeline
 from .models import predict_velocity
 from .world import JITTER, SIZE_RANGE, render, sample_specs
