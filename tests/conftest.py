@@ -27,6 +27,7 @@ CPU_KIND_TESTS = (
     "tests/nn/test_execution.py",  # each layer's execution path per CPU kind
     "tests/nn/test_quant_linear.py",  # QuantLinear's kernels against their reference
     "tests/test_compile.py",  # inductor compiles for the vector width ATen allows
+    "tests/methods/test_static_w8a8.py",  # static W8A8's integer GEMM path per CPU kind
     "tests/parallel/test_driver.py::test_the_seed_call_gives_the_unwrapped_video",  # bit for bit across processes
 )
 

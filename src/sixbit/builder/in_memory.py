@@ -211,9 +211,9 @@ def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: C
     config = config or QuantConfig()
     if not isinstance(config, QuantConfig):
         raise ValueError(f"config must be a sixbit.QuantConfig, got {type(config).__name__}")
+    check_not_wrapped(model, "quantize the model")  # as convert_model (sixbit.preflight): its layers are cut and hooked
     check_no_loras(model, "sixbit.quantize")
     check_not_offloaded(model, "sixbit.quantize")  # it would quantize the offload's placeholders
-    check_not_wrapped(model, "quantize the model")  # as convert_model (sixbit.preflight): its layers are cut and hooked
     check_plan(model, config)  # a call that would quantize nothing is refused, naming why
     plan = plan_layers(model, config)
     quantize_layers(model, plan, config, calibration if config.needs_calibration else None, progress)
