@@ -1,0 +1,164 @@
+"""Sparse attention: block tables over the token grid, the flex kernel against its reference twin,
+and the method (fixed budget, adaptive fallback, warm-up) on the shipped models."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sixbit.methods.sparse_attention.method as sparse_method
+from sixbit.kernels.block_sparse import block_sparse_attention, block_sparse_reference, token_mask
+from sixbit.methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant
+from sixbit.methods.sparse_attention import (
+    SparseAttentionConfig,
+    TokenGrid,
+    apply_sparse_attention,
+    ladder,
+    remove_sparse_attention,
+    sparse_attention_of,
+    window_table,
+)
+from sixbit.zoo.shapes import load_pipeline
+
+BLOCK = 32  # the shipped models have 256 video tokens (4 latent frames of 8×8): blocks of 32 keep a few per frame
+
+
+def _places(grid: TokenGrid):
+    """(frame, row, column) of every token, or None for text."""
+    places = [None] * grid.text if grid.text_first else []
+    places += [(f, r, c) for f in range(grid.frames) for r in range(grid.rows) for c in range(grid.cols)]
+    return places + ([] if grid.text_first else [None] * grid.text)
+
+
+@pytest.mark.parametrize("grid", [TokenGrid(4, 8, 8, 10, True), TokenGrid(3, 5, 6, 7, False), TokenGrid(3, 4, 4)])
+def test_a_table_keeps_every_token_pair_within_its_window_and_text_everywhere(grid):
+    window = (1, 2, 1)
+    table = window_table(grid, 16, window, global_blocks=1)
+    keep = token_mask(table[None], grid.tokens, 16)[0]
+    places = _places(grid)
+    first_video = next(i for i, p in enumerate(places) if p is not None)
+    for i, p in enumerate(places):
+        for j, r in enumerate(places):
+            if p is None or r is None or all(abs(a - b) <= w for a, b, w in zip(p, r, window)):
+                assert keep[i, j], (i, j)  # within the window, or text: never dropped
+    assert keep[:, first_video // 16 * 16].all()  # the global block: seen by every query
+    assert 0 < table.float().mean() < 1
+
+
+def test_a_ladder_grows_to_dense():
+    rungs = ladder(TokenGrid(13, 30, 45, 226), 128, 1)
+    densities = [r.density for r in rungs]
+    assert densities == sorted(densities) and densities[-1] == 1.0 and densities[0] < 0.1
+    assert all(not torch.equal(a.table, b.table) for a, b in zip(rungs, rungs[1:]))  # each table once
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+def test_flex_kernel_matches_its_reference_twin(dtype, atol):
+    # 266 tokens: not a multiple of the block size (the last block is partial)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 266, 48, dtype=dtype) for _ in range(3))
+    table = window_table(TokenGrid(4, 8, 8, 10), BLOCK, (0, 1, 1), 1).expand(3, -1, -1).clone()
+    table[1] = True  # one head dense, one with an extra random pattern
+    table[2] |= torch.rand(table.shape[1:]) < 0.3
+    reference = block_sparse_reference(q.float(), k.float(), v.float(), table, BLOCK)
+    out = block_sparse_attention(q, k, v, table, BLOCK)
+    assert out.dtype == dtype
+    # float32: summation order only; bfloat16: the kernel's bf16 products against an fp32 reference
+    torch.testing.assert_close(out.float(), reference, rtol=0, atol=atol)
+    torch.testing.assert_close(reference[:, 1], F.scaled_dot_product_attention(q.float(), k.float(), v.float())[:, 1])
+
+
+def _generate(pipe, steps=3):
+    return pipe("a red circle moving right", num_inference_steps=steps, generator=torch.Generator().manual_seed(3)).frames
+
+
+@pytest.fixture(scope="module")
+def wan():
+    pipe = load_pipeline("wan")
+    return pipe, _generate(pipe)
+
+
+@pytest.fixture(scope="module")
+def cogvideox():
+    pipe = load_pipeline("cogvideox")
+    return pipe, _generate(pipe)
+
+
+@pytest.mark.parametrize("arch", ["wan", "cogvideox"])
+def test_a_dense_budget_is_bit_identical_to_no_method(arch, request):
+    pipe, reference = request.getfixturevalue(arch)
+    state = apply_sparse_attention(pipe.transformer, SparseAttentionConfig(density=1.0, block_size=BLOCK, warmup_steps=0))
+    assert np.array_equal(_generate(pipe), reference)
+    assert state.dense_calls > 0 and state.sparse_calls == 0 and state.achieved_density == 1.0
+    remove_sparse_attention(pipe.transformer)
+    assert sparse_attention_of(pipe.transformer) is None
+
+
+@pytest.mark.parametrize("arch", ["wan", "cogvideox"])
+def test_a_fixed_budget_runs_sparse_after_the_warm_up_and_matches_the_reference_twin(arch, request, monkeypatch):
+    pipe, reference = request.getfixturevalue(arch)
+    config = SparseAttentionConfig(density=0.5, block_size=BLOCK, warmup_steps=1)
+    state = apply_sparse_attention(pipe, config)  # a pipeline is accepted
+    video = _generate(pipe)
+    assert state.sparse_calls > 0 and state.warmup_calls > 0 and state.dense_calls == 0
+    # within the budget, or the smallest window where that is over it (CogVideoX: 9 blocks, the
+    # text block's row and column and the global block kept leave 0.56 at the smallest window)
+    assert 0 < state.achieved_density <= (0.5 if arch == "wan" else 0.56)
+    # Wan's cross-attention (text keys) stays dense; CogVideoX joins the text to its self-attention
+    assert (state.other_calls > 0) == (arch == "wan")
+    assert not np.array_equal(video, reference) and np.abs(video - reference).mean() < 0.1
+    # the method's flex path against the reference twin (dense SDPA with the explicit mask), one run each
+    monkeypatch.setattr(sparse_method, "block_sparse_attention", block_sparse_reference)
+    apply_sparse_attention(pipe, config)
+    np.testing.assert_allclose(_generate(pipe), video, rtol=0, atol=1e-4)
+    # every step inside the warm-up: no sparse call, bit-identical
+    state = apply_sparse_attention(pipe, SparseAttentionConfig(density=0.5, block_size=BLOCK, warmup_steps=3))
+    assert np.array_equal(_generate(pipe), reference) and state.sparse_calls == 0 and state.warmup_calls > 0
+    remove_sparse_attention(pipe)
+
+
+def test_the_adaptive_mode_widens_heads_past_a_tight_bound_and_keeps_them_under_a_loose_one(wan):
+    pipe, reference = wan
+    tight = apply_sparse_attention(pipe.transformer, SparseAttentionConfig(
+        density=0.3, block_size=BLOCK, warmup_steps=1, error_bound=1e-6))
+    assert np.array_equal(_generate(pipe), reference)  # every head went dense: the unhooked SDPA call
+    assert tight.dense_heads > 0 and tight.dense_heads == tight.widened_heads and tight.sparse_calls == 0
+    fixed = apply_sparse_attention(pipe.transformer, SparseAttentionConfig(density=0.3, block_size=BLOCK, warmup_steps=1))
+    budget = _generate(pipe)
+    loose = apply_sparse_attention(pipe.transformer, SparseAttentionConfig(
+        density=0.3, block_size=BLOCK, warmup_steps=1, error_bound=100.0))
+    assert np.array_equal(_generate(pipe), budget)  # nothing widened: the fixed budget's tables
+    assert loose.widened_heads == 0 and loose.sparse_calls == fixed.sparse_calls
+    middle = apply_sparse_attention(pipe.transformer, SparseAttentionConfig(
+        density=0.3, block_size=BLOCK, warmup_steps=1, error_bound=0.05))
+    video = _generate(pipe)
+    assert 0 < middle.widened_heads and middle.sparse_calls > 0  # some heads widened, some calls stayed sparse
+    error = lambda x: np.abs(x - reference).mean()  # noqa: E731
+    assert error(video) < error(budget)
+    remove_sparse_attention(pipe.transformer)
+
+
+def test_sparse_and_quantized_attention_are_refused_together_and_nothing_changes(wan):
+    pipe, _ = wan
+    apply_attention_quant(pipe.transformer, AttentionQuantConfig())
+    with pytest.raises(ValueError, match="both replace the attention kernel.*remove_attention_quant"):
+        apply_sparse_attention(pipe.transformer, SparseAttentionConfig())
+    assert sparse_attention_of(pipe.transformer) is None
+    remove_attention_quant(pipe.transformer)
+    state = apply_sparse_attention(pipe.transformer, SparseAttentionConfig())
+    with pytest.raises(ValueError, match="both replace the attention kernel.*remove_sparse_attention"):
+        apply_attention_quant(pipe.transformer, AttentionQuantConfig())
+    assert sparse_attention_of(pipe.transformer) is state
+    remove_sparse_attention(pipe.transformer)
+
+
+def test_the_config_is_checked():
+    with pytest.raises(ValueError, match="exactly one"):
+        SparseAttentionConfig(density=0.2, window=(1, 2, 2))
+    with pytest.raises(ValueError, match=r"density must be within \(0, 1\]"):
+        SparseAttentionConfig(density=1.5)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        SparseAttentionConfig(block_size=40)
+    with pytest.raises(ValueError, match="error_bound"):
+        SparseAttentionConfig(error_bound=0)
+    assert SparseAttentionConfig.from_dict(SparseAttentionConfig(window=(1, 2, 3), density=None).to_dict()).window == (1, 2, 3)
