@@ -162,3 +162,104 @@ def test_the_config_is_checked():
     with pytest.raises(ValueError, match="error_bound"):
         SparseAttentionConfig(error_bound=0)
     assert SparseAttentionConfig.from_dict(SparseAttentionConfig(window=(1, 2, 3), density=None).to_dict()).window == (1, 2, 3)
+
+
+def _w8a8_sparse(**sparse):
+    import sixbit
+
+    return sixbit.ConvertConfig(weights=sixbit.QuantConfig(weight_format="int8"), activations="int8",
+                                methods=(SparseAttentionConfig(block_size=BLOCK, warmup_steps=1, **sparse),))
+
+
+def test_a_w8a8_conversion_with_sparse_attention_is_summarized_saved_loaded_and_described(tmp_path, capsys):
+    import sixbit
+    from sixbit.cli import main
+
+    pipe = load_pipeline("wan")
+    sixbit.convert_model(pipe, None, _w8a8_sparse(density=0.5))
+    plain = load_pipeline("wan")
+    sixbit.convert_model(plain, None, sixbit.ConvertConfig(weights=sixbit.QuantConfig(weight_format="int8"),
+                                                           activations="int8"))
+    video = _generate(pipe)
+    state = sparse_attention_of(pipe)
+    assert state.sparse_calls > 0 and not np.array_equal(video, _generate(plain))  # both methods ran
+    note = next(n for n in sixbit.summary(pipe).notes if n.startswith("sparse attention"))
+    assert note.startswith("sparse attention (density 0.5, dense for step 0, blocks of 32; flex_attention compiled for "
+                           "cpu): 16 sparse, 0 dense past the warm-up, 8 warm-up, 24 other")
+    assert "achieved density 0.23" in note
+    path = tmp_path / "m.safetensors"
+    sixbit.save(pipe, path)
+    fresh = sixbit.load(path, load_pipeline("wan"))
+    loaded = sparse_attention_of(fresh)
+    assert loaded is not None and loaded.config == state.config
+    assert np.array_equal(_generate(fresh), video) and loaded.sparse_calls == state.sparse_calls
+    capsys.readouterr()
+    assert main(["info", str(path)]) == 0
+    assert "runtime method sparse_attention: density 0.5, dense for step 0, blocks of 32" in capsys.readouterr().out
+    # removed after the conversion: saved as it runs (without it)
+    remove_sparse_attention(pipe)
+    sixbit.save(pipe, path)
+    assert sparse_attention_of(sixbit.load(path, load_pipeline("wan"))) is None
+
+
+def test_a_conversion_selecting_sparse_and_quantized_attention_is_refused_before_anything_changes():
+    import sixbit
+
+    pipe = load_pipeline("wan")
+    config = sixbit.ConvertConfig(weights=sixbit.QuantConfig(weight_format="int8"), activations="int8",
+                                  attention=AttentionQuantConfig(), methods=(SparseAttentionConfig(),))
+    with pytest.raises(ValueError, match="both replace the attention kernel"):
+        sixbit.convert_model(pipe, None, config)
+    assert sixbit.conversion_of(pipe) is None and sparse_attention_of(pipe) is None
+    assert not any(isinstance(m, sixbit.QuantLinear) for m in pipe.transformer.modules())
+
+
+def test_sparse_attention_with_the_delta_cache(cogvideox):
+    import sixbit
+
+    pipe, reference = cogvideox
+    cache = sixbit.enable_delta_cache(pipe.transformer, sixbit.DeltaCacheConfig(threshold=10.0, error_budget=100.0,
+                                                                                warmup_fraction=0.0))
+    state = apply_sparse_attention(pipe.transformer, SparseAttentionConfig(density=0.5, block_size=BLOCK, warmup_steps=1))
+    video = _generate(pipe, steps=5)
+    assert cache.report().skip_share > 0 and state.sparse_calls > 0  # both acted
+    # skipped blocks run no attention: 5 steps × 4 blocks, less the skips, less the warm-up step's 4
+    computed = list(cache.report().decisions.values()).count("compute")
+    assert state.sparse_calls + state.warmup_calls == computed
+    assert np.abs(video - _generate_dense_cached(pipe)).mean() < 0.1
+    sixbit.disable_delta_cache(pipe.transformer)
+    remove_sparse_attention(pipe.transformer)
+    assert np.array_equal(_generate(pipe), reference)
+
+
+def _generate_dense_cached(pipe):
+    remove_sparse_attention(pipe.transformer)
+    return _generate(pipe, steps=5)
+
+
+def test_sparse_attention_with_a_sixbit_lora(tmp_path):
+    import sixbit
+    from tests.test_lora import _peft_lora
+
+    pipe = load_pipeline("cogvideox")
+    path = _peft_lora(pipe.transformer, tmp_path)
+    sixbit.convert_model(pipe, None, _w8a8_sparse(density=0.5))
+    before = _generate(pipe)
+    pipe.transformer.load_lora_adapter(tmp_path, weight_name=path.name, prefix=None, adapter_name="x")
+    state = sparse_attention_of(pipe)
+    state.reset()
+    with_lora = _generate(pipe)
+    assert sixbit.loras(pipe) == ["x"] and state.sparse_calls > 0 and not np.array_equal(with_lora, before)
+    sixbit.unload_lora(pipe)
+    assert np.array_equal(_generate(pipe), before)
+
+
+def test_sequence_parallel_is_refused_with_the_way_that_works(wan):
+    from sixbit.parallel import sequence
+
+    pipe, _ = wan
+    apply_sparse_attention(pipe.transformer, SparseAttentionConfig())
+    with pytest.raises(ValueError, match="does not follow a sequence split yet: convert without the runtime method "
+                                         "'sparse_attention', or use mode='tensor'"):
+        sequence.check(pipe.transformer, 1)
+    remove_sparse_attention(pipe.transformer)

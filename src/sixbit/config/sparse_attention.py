@@ -87,5 +87,6 @@ class SparseAttentionConfig(Serializable):
         size = f"density {self.density:g}" if self.window is None else "window {}×{}×{}".format(*self.window)
         if self.adaptive:
             size += f", adaptive to error {self.error_bound:g}"
-        warm = f"dense for steps 0–{self.warmup_steps - 1}" if self.warmup_steps else "no dense warm-up"
+        warm = ("no dense warm-up" if not self.warmup_steps else "dense for step 0" if self.warmup_steps == 1
+                else f"dense for steps 0–{self.warmup_steps - 1}")
         return f"{size}, {warm}, blocks of {self.block_size}"

@@ -41,6 +41,8 @@ Capabilities, which other packages ask instead of naming methods:
   at a time (``TensorParallelWrapper(chunk_size=...)``); ``False`` names why not.
 - ``sequence_parallel`` (default ``True``): it runs when a call's tokens are split across
   processes (``mode="sequence"``); ``False`` names why not.
+- ``describe(model) -> str | None``: one line :func:`sixbit.summary` shows while the method is
+  installed on ``model`` (what it runs with, what it did), ``None`` when it is not.
 - ``attention_kernel`` (default ``False``): it replaces the kernel of the model's attention
   calls (quantized attention, sparse attention). Two such methods cannot both run (each would
   take the calls the other expects): :func:`attention_kernel_clash` names the other one.
@@ -110,6 +112,7 @@ class MethodSpec:
     chunkable: bool | str = True
     sequence_parallel: bool | str = True
     attention_kernel: bool = False
+    describe: Callable[[nn.Module], str | None] | None = None
 
     def __post_init__(self):
         problems = []

@@ -11,6 +11,7 @@ from .method import (
     SparseAttentionState,
     apply_sparse_attention,
     check_sparse_attention,
+    describe_sparse_attention,
     remove_sparse_attention,
     sparse_attention_of,
 )
@@ -18,5 +19,5 @@ from .spec import SPEC  # registers the method
 
 __all__ = [
     "DENSE_ABOVE", "SPEC", "SparseAttentionConfig", "SparseAttentionState", "TokenGrid", "apply_sparse_attention",
-    "check_sparse_attention", "ladder", "remove_sparse_attention", "sparse_attention_of", "window_table",
+    "check_sparse_attention", "describe_sparse_attention", "ladder", "remove_sparse_attention", "sparse_attention_of", "window_table",
 ]

@@ -59,6 +59,7 @@ class SparseAttentionState:
     """What sparse attention did since the last :meth:`reset`."""
 
     config: SparseAttentionConfig
+    path: str = ""  # the kernel of the sparse calls, in words
     sparse_calls: int = 0  # self-attention calls run block-sparse
     dense_calls: int = 0  # past the warm-up, but the table kept ≥ DENSE_ABOVE (adaptive: heads went dense)
     warmup_calls: int = 0  # self-attention calls of the dense warm-up steps
@@ -70,7 +71,7 @@ class SparseAttentionState:
 
     def reset(self) -> None:
         for f in dataclasses.fields(self):
-            if f.name != "config":
+            if f.name not in ("config", "path"):
                 setattr(self, f.name, f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
 
     @property
@@ -85,7 +86,9 @@ class SparseAttention:
 
     def __init__(self, model: nn.Module, config: SparseAttentionConfig, tracker: StepTracker):
         spec = spec_for(model)
-        self.config, self.tracker, self.state = config, tracker, SparseAttentionState(config)
+        device = next(model.parameters()).device
+        self.config, self.tracker = config, tracker
+        self.state = SparseAttentionState(config, f"flex_attention compiled for {device.type}")
         self.shape_fn, self.text_tokens = spec.video_shape, spec.text_tokens
         self.shape: tuple[int, int, int] | None = None  # (frames, rows, columns) of the current call
         self._ladders: dict[TokenGrid, tuple[list[Rung], int]] = {}
@@ -264,3 +267,18 @@ def sparse_attention_of(model: nn.Module) -> SparseAttentionState | None:
     """The state of the sparse attention installed on ``model``, if any."""
     hook = hooks.get(transformer_of(model), GRID_HOOK_NAME)
     return None if hook is None else hook.method.state
+
+
+def describe_sparse_attention(model: nn.Module) -> str | None:
+    """One line for :func:`sixbit.summary`: the settings, the kernel and what ran since the last
+    reset; ``None`` where sparse attention is not installed."""
+    state = sparse_attention_of(model)
+    if state is None:
+        return None
+    ran = (f"{state.sparse_calls} sparse, {state.dense_calls} dense past the warm-up, {state.warmup_calls} warm-up, "
+           f"{state.other_calls} other (cross-attention, masked) calls")
+    if state.achieved_density is not None:
+        ran += f"; achieved density {state.achieved_density:.2f}"
+    if state.config.adaptive:
+        ran += f"; {state.widened_heads} head calls widened, {state.dense_heads} of them to dense"
+    return f"sparse attention ({state.config.describe()}; {state.path}): {ran}"

@@ -7,6 +7,7 @@ from .method import (
     NAME,
     apply_sparse_attention,
     check_sparse_attention,
+    describe_sparse_attention,
     remove_sparse_attention,
     sparse_attention_of,
 )
@@ -20,6 +21,7 @@ SPEC = register_method(MethodSpec(
     check=lambda model, config, convert_config: check_sparse_attention(model, convert_config),
     installed=lambda model: getattr(sparse_attention_of(model), "config", None),
     sequence_parallel="sparse attention places its windows on the whole token grid and does not follow a sequence "
-                      "split yet: remove it (sixbit.remove_sparse_attention) or use mode=\"tensor\"",
+                      "split yet",
     attention_kernel=True,
+    describe=describe_sparse_attention,
 ))
