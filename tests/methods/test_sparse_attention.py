@@ -263,3 +263,18 @@ def test_sequence_parallel_is_refused_with_the_way_that_works(wan):
                                          "'sparse_attention', or use mode='tensor'"):
         sequence.check(pipe.transformer, 1)
     remove_sparse_attention(pipe.transformer)
+
+
+def test_the_w8a8_sparse_preset_stacks_the_cache_and_adaptive_sparse_attention():
+    import sixbit
+
+    pipe = load_pipeline("cogvideox")
+    sixbit.convert_model(pipe, None, "w8a8-sparse")
+    conversion = sixbit.conversion_of(pipe)
+    state = sparse_attention_of(pipe)
+    assert conversion.cache is not None and state is conversion.methods["sparse_attention"]
+    assert state.config == SparseAttentionConfig(density=0.15, error_bound=0.05)
+    assert conversion.config.activations == "int8" and conversion.config.weights.weight_format == "int8"
+    _generate(pipe, steps=4)
+    # 266 tokens fit in 3 blocks of 128: the tables there keep ≥ 90 %, so every call past the warm-up runs dense SDPA
+    assert state.warmup_calls > 0 and state.dense_calls > 0 and state.sparse_calls == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .method_types import register_config_type
 from .serialize import Serializable
 from .validate import report, type_problems
 
@@ -90,3 +91,8 @@ class SparseAttentionConfig(Serializable):
         warm = ("no dense warm-up" if not self.warmup_steps else "dense for step 0" if self.warmup_steps == 1
                 else f"dense for steps 0–{self.warmup_steps - 1}")
         return f"{size}, {warm}, blocks of {self.block_size}"
+
+
+# A preset names this config (``w8a8-sparse``): its method name is known wherever configs are
+# read, before :mod:`sixbit.methods` registers the method itself under the same name.
+register_config_type("sparse_attention", SparseAttentionConfig)
