@@ -278,3 +278,30 @@ def test_the_w8a8_sparse_preset_stacks_the_cache_and_adaptive_sparse_attention()
     _generate(pipe, steps=4)
     # 266 tokens fit in 3 blocks of 128: the tables there keep ≥ 90 %, so every call past the warm-up runs dense SDPA
     assert state.warmup_calls > 0 and state.dense_calls > 0 and state.sparse_calls == 0
+
+
+def test_sparse_attention_under_torch_compile(wan):
+    """Dynamo traces the transformer around its attention modules: each runs outside the graph, one
+    designed break (``torch.compiler.disable``: the table is chosen per call), with the same output."""
+    import torch._dynamo as dynamo
+
+    pipe, _ = wan
+    model = pipe.transformer
+    state = apply_sparse_attention(model, SparseAttentionConfig(density=0.5, block_size=BLOCK, warmup_steps=1))
+    g = torch.Generator().manual_seed(0)
+    x, text = torch.randn(1, 3, 8, 32, 32, generator=g), torch.randn(1, 10, model.config.text_dim, generator=g)
+
+    def loop(m):
+        with torch.no_grad():
+            return torch.stack([m(hidden_states=x, timestep=torch.tensor([t]), encoder_hidden_states=text).sample
+                                for t in (900, 600, 300)])
+
+    eager = loop(model)
+    calls = state.sparse_calls
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    compiled = loop(torch.compile(model, backend="eager"))
+    assert torch.equal(compiled, eager) and calls > 0 and state.sparse_calls == 2 * calls
+    reasons = dict(dynamo.utils.counters["graph_break"])
+    assert reasons and all("torch.compiler.disable" in r for r in reasons), list(reasons)
+    remove_sparse_attention(model)

@@ -120,6 +120,7 @@ class SparseAttention:
         return self._ladders[grid]
 
     def attend(self, module_index: int, func, args, kwargs, call: dict):
+        """Runs one attention call (module docstring)."""
         state, cfg = self.state, self.config
         q, k, v = call["query"], call["key"], call["value"]
         grid = self.grid(q.shape[-2])
@@ -198,6 +199,11 @@ class _AttentionHook(ModelHook):
         super().__init__()
         self.method, self.module_index = method, module_index
 
+    # Outside compiled graphs, by design (one break per attention module): the table is chosen
+    # per call from the grid, the step and (adaptive) the data, and dynamo cannot trace every op
+    # under a TorchFunctionMode (Wan's processor breaks on Tensor.unflatten); the sparse kernel
+    # is compiled on its own.
+    @torch.compiler.disable
     def new_forward(self, module, *args, **kwargs):
         with _SparseSDPA(self.method, self.module_index):
             return self.fn_ref.original_forward(*args, **kwargs)
