@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import sixbit.methods.sparse_attention.method as sparse_method
 from sixbit.kernels.block_sparse import block_sparse_attention, block_sparse_reference, token_mask
 from sixbit.methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant
+from sixbit.methods.sparse_attention.mask import tile_order
 from sixbit.methods.sparse_attention import (
     SparseAttentionConfig,
     TokenGrid,
@@ -30,23 +31,38 @@ def _places(grid: TokenGrid):
     return places + ([] if grid.text_first else [None] * grid.text)
 
 
+@pytest.mark.parametrize("tiles", [False, True])
 @pytest.mark.parametrize("grid", [TokenGrid(4, 8, 8, 10, True), TokenGrid(3, 5, 6, 7, False), TokenGrid(3, 4, 4)])
-def test_a_table_keeps_every_token_pair_within_its_window_and_text_everywhere(grid):
+def test_a_table_keeps_every_token_pair_within_its_window_and_text_everywhere(grid, tiles):
     window = (1, 2, 1)
-    table = window_table(grid, 16, window, global_blocks=1)
-    keep = token_mask(table[None], grid.tokens, 16)[0]
+    order = tile_order(grid, 16) if tiles else torch.arange(grid.tokens)
+    table = window_table(grid, 16, window, 1, order if tiles else None)
+    keep = torch.zeros(grid.tokens, grid.tokens, dtype=torch.bool)
+    keep[order[:, None], order[None, :]] = token_mask(table[None], grid.tokens, 16)[0]  # back to the model's order
     places = _places(grid)
     first_video = next(i for i, p in enumerate(places) if p is not None)
     for i, p in enumerate(places):
         for j, r in enumerate(places):
             if p is None or r is None or all(abs(a - b) <= w for a, b, w in zip(p, r, window)):
                 assert keep[i, j], (i, j)  # within the window, or text: never dropped
-    assert keep[:, first_video // 16 * 16].all()  # the global block: seen by every query
+    assert keep[:, order[first_video // 16 * 16]].all()  # the global block: seen by every query
     assert 0 < table.float().mean() < 1
 
 
+def test_the_tile_order_makes_blocks_compact_patches():
+    grid = TokenGrid(2, 12, 20, 5, True)
+    order = tile_order(grid, 32)  # tiles of 4 rows × 8 columns
+    assert sorted(order.tolist()) == list(range(grid.tokens)) and order[-5:].tolist() == [0, 1, 2, 3, 4]  # text last
+    first = [(int(t) - 5) // 20 % 12 for t in order[:32]], [(int(t) - 5) % 20 for t in order[:32]]
+    assert set(first[0]) == {0, 1, 2, 3} and set(first[1]) == set(range(8))  # the first block: one 4×8 patch
+    # the second block starts at row 4 of the first band: still a 4×8 patch, wherever the band ends
+    second = {((int(t) - 5) // 20 % 12, (int(t) - 5) % 20) for t in order[32:64]}
+    assert second == {(r, c) for r in range(4, 8) for c in range(8)}
+
+
 def test_a_ladder_grows_to_dense():
-    rungs = ladder(TokenGrid(13, 30, 45, 226), 128, 1)
+    grid = TokenGrid(13, 30, 45, 226)
+    rungs = ladder(grid, 128, 1, tile_order(grid, 128))
     densities = [r.density for r in rungs]
     assert densities == sorted(densities) and densities[-1] == 1.0 and densities[0] < 0.1
     assert all(not torch.equal(a.table, b.table) for a, b in zip(rungs, rungs[1:]))  # each table once
@@ -186,7 +202,7 @@ def test_a_w8a8_conversion_with_sparse_attention_is_summarized_saved_loaded_and_
     note = next(n for n in sixbit.summary(pipe).notes if n.startswith("sparse attention"))
     assert note.startswith("sparse attention (density 0.5, dense for step 0, blocks of 32; flex_attention compiled for "
                            "cpu): 16 sparse, 0 dense past the warm-up, 8 warm-up, 24 other")
-    assert "achieved density 0.23" in note
+    assert "achieved density 0.34" in note
     path = tmp_path / "m.safetensors"
     sixbit.save(pipe, path)
     fresh = sixbit.load(path, load_pipeline("wan"))
@@ -226,7 +242,8 @@ def test_sparse_attention_with_the_delta_cache(cogvideox):
     # skipped blocks run no attention: 5 steps × 4 blocks, less the skips, less the warm-up step's 4
     computed = list(cache.report().decisions.values()).count("compute")
     assert state.sparse_calls + state.warmup_calls == computed
-    assert np.abs(video - _generate_dense_cached(pipe)).mean() < 0.1
+    # a sanity bound: density 0.5 in blocks of 4 rows of an 8×8 frame, on top of a cache that skips all it may
+    assert np.abs(video - _generate_dense_cached(pipe)).mean() < 0.25
     sixbit.disable_delta_cache(pipe.transformer)
     remove_sparse_attention(pipe.transformer)
     assert np.array_equal(_generate(pipe), reference)

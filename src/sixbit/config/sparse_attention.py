@@ -38,6 +38,12 @@ class SparseAttentionConfig(Serializable):
         global_blocks: the first video key blocks every query sees (default 1): an attention
             sink, as in Radial Attention.
         sample_rows: query rows per call the adaptive mode measures (default 32).
+        tiles: cut the blocks from the video tokens reordered into bands of a frame (default
+            True; STA's idea of a tile order, undone after the kernel): a block is then a compact
+            patch (128 tokens: ~8 rows × 16 columns), so a window keeps its neighbours in both
+            directions. ``False`` cuts them in the model's order, where a block is a strip of rows
+            spanning the frame. Which keeps more quality per kept block is not measured on
+            sixbit's models yet (their frames are 8 patches wide, where both orders coincide).
 
     A call whose mask keeps ≥ 90 % of the blocks runs as the unhooked dense SDPA call, bit for
     bit: flex attention's dense path is slower than SDPA's fused kernel.
@@ -54,6 +60,7 @@ class SparseAttentionConfig(Serializable):
     block_size: int = 128
     global_blocks: int = 1
     sample_rows: int = 32
+    tiles: bool = True
 
     def __post_init__(self):
         problems = type_problems(self)

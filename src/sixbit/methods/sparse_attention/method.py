@@ -45,7 +45,7 @@ from ...runtime import hooks
 from ...runtime.context import StepTracker, track_steps
 from ...runtime.wrapped import changes_model
 from ..registry import attention_kernel_clash
-from .mask import Rung, TokenGrid, budget_rung, ladder, window_table
+from .mask import Rung, TokenGrid, budget_rung, ladder, tile_order, window_table
 
 NAME = "sparse_attention"
 HOOK_NAME = "sixbit_sparse_attention"
@@ -91,7 +91,7 @@ class SparseAttention:
         self.state = SparseAttentionState(config, f"flex_attention compiled for {device.type}")
         self.shape_fn, self.text_tokens = spec.video_shape, spec.text_tokens
         self.shape: tuple[int, int, int] | None = None  # (frames, rows, columns) of the current call
-        self._ladders: dict[TokenGrid, tuple[list[Rung], int]] = {}
+        self._ladders: dict[TokenGrid, tuple[list[Rung], int, torch.Tensor | None]] = {}
 
     def grid(self, tokens: int) -> TokenGrid | None:
         """Where ``tokens`` tokens of a self-attention call lie, or ``None`` when the grid does not place them."""
@@ -105,17 +105,19 @@ class SparseAttention:
             return None
         return TokenGrid(frames, rows, cols, text, self.text_tokens == "first")
 
-    def rungs(self, grid: TokenGrid) -> tuple[list[Rung], int]:
-        """The tables this grid may run, smallest first, and the index of the budget's one."""
+    def rungs(self, grid: TokenGrid) -> tuple[list[Rung], int, torch.Tensor | None]:
+        """The tables this grid may run, smallest first, the index of the budget's one, and the
+        token order they are cut in (:func:`~.mask.tile_order`; ``None``: the model's)."""
         if grid not in self._ladders:
             cfg = self.config
-            rungs = ladder(grid, cfg.block_size, cfg.global_blocks)
+            order = tile_order(grid, cfg.block_size) if cfg.tiles else None
+            rungs = ladder(grid, cfg.block_size, cfg.global_blocks, order)
             if cfg.window is None:
-                found = (rungs, budget_rung(rungs, cfg.density))
+                found = (rungs, budget_rung(rungs, cfg.density), order)
             else:
-                table = window_table(grid, cfg.block_size, cfg.window, cfg.global_blocks)
+                table = window_table(grid, cfg.block_size, cfg.window, cfg.global_blocks, order)
                 own = Rung(cfg.window, table, float(table.float().mean()))
-                found = ([own] + [r for r in rungs if r.density > own.density], 0)
+                found = ([own] + [r for r in rungs if r.density > own.density], 0, order)
             self._ladders[grid] = found
         return self._ladders[grid]
 
@@ -132,10 +134,13 @@ class SparseAttention:
         if info is not None and info.step < cfg.warmup_steps:
             state.warmup_calls += 1
             return func(*args, **kwargs)
-        rungs, base = self.rungs(grid)
+        rungs, base, order = self.rungs(grid)
+        if order is not None:  # into tiles (text in place); back after the kernel
+            q, k, v = (t.index_select(-2, order.to(t.device)) for t in (q, k, v))
         heads = q.shape[1]
         if cfg.adaptive:
-            choice = _choose(q, k, v, call.get("scale"), rungs, base, grid, cfg)
+            first_video = 0 if order is not None or not grid.text_first else grid.text  # in the tile order, video comes first
+            choice = _choose(q, k, v, call.get("scale"), rungs, base, grid, first_video, cfg)
             state.widened_heads += int((choice > base).sum())
             state.dense_heads += int((choice == len(rungs) - 1).sum())  # the last rung is dense
         else:
@@ -149,15 +154,17 @@ class SparseAttention:
             return func(*args, **kwargs)
         state.sparse_calls += 1
         state.density_sum += float(density.mean())
-        return block_sparse_attention(q, k, v, table, cfg.block_size, call.get("scale"))
+        out = block_sparse_attention(q, k, v, table, cfg.block_size, call.get("scale"))
+        return out if order is None else out.index_select(-2, torch.argsort(order).to(out.device))
 
 
 @torch.no_grad()
-def _choose(q, k, v, scale, rungs: list[Rung], base: int, grid: TokenGrid, cfg: SparseAttentionConfig) -> torch.Tensor:
-    """Per head, the index of the first rung from ``base`` up whose output on sampled query rows
-    is within ``cfg.error_bound`` (relative L2 over batch, rows and channels) of the dense one."""
-    offset = grid.text if grid.text_first else 0
-    rows = offset + torch.linspace(0, grid.video - 1, min(cfg.sample_rows, grid.video)).round().long().unique()
+def _choose(q, k, v, scale, rungs: list[Rung], base: int, grid: TokenGrid, first_video: int,
+            cfg: SparseAttentionConfig) -> torch.Tensor:
+    """Per head, the index of the first rung from ``base`` up whose output on sampled video query
+    rows (the video at positions ``first_video`` onwards) is within ``cfg.error_bound`` (relative
+    L2 over batch, rows and channels) of the dense one."""
+    rows = first_video + torch.linspace(0, grid.video - 1, min(cfg.sample_rows, grid.video)).round().long().unique()
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = (q[:, :, rows].float() @ k.float().transpose(-1, -2)) * scale  # (batch, heads, rows, tokens)
     values = v.float()
