@@ -1,15 +1,24 @@
 """Sparse attention: block tables over the token grid, the flex kernel against its reference twin,
 and the method (fixed budget, adaptive fallback, warm-up) on the shipped models."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import sixbit.methods.sparse_attention.method as sparse_method
-from sixbit.kernels.block_sparse import block_sparse_attention, block_sparse_reference, token_mask
-from sixbit.methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant
-from sixbit.methods.sparse_attention.mask import tile_order
+from sixbit.kernels.block_sparse import (
+    block_sparse_attention,
+    block_sparse_reference,
+    token_mask,
+)
+from sixbit.methods.attention import (
+    AttentionQuantConfig,
+    apply_attention_quant,
+    remove_attention_quant,
+)
 from sixbit.methods.sparse_attention import (
     SparseAttentionConfig,
     TokenGrid,
@@ -19,6 +28,7 @@ from sixbit.methods.sparse_attention import (
     sparse_attention_of,
     window_table,
 )
+from sixbit.methods.sparse_attention.mask import tile_order
 from sixbit.zoo.shapes import load_pipeline
 
 BLOCK = 32  # the shipped models have 256 video tokens (4 latent frames of 8×8): blocks of 32 keep a few per frame
@@ -65,7 +75,7 @@ def test_a_ladder_grows_to_dense():
     rungs = ladder(grid, 128, 1, tile_order(grid, 128))
     densities = [r.density for r in rungs]
     assert densities == sorted(densities) and densities[-1] == 1.0 and densities[0] < 0.1
-    assert all(not torch.equal(a.table, b.table) for a, b in zip(rungs, rungs[1:]))  # each table once
+    assert all(not torch.equal(a.table, b.table) for a, b in itertools.pairwise(rungs))  # each table once
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
@@ -149,7 +159,7 @@ def test_the_adaptive_mode_widens_heads_past_a_tight_bound_and_keeps_them_under_
         density=0.3, block_size=BLOCK, warmup_steps=1, error_bound=0.05))
     video = _generate(pipe)
     assert 0 < middle.widened_heads and middle.sparse_calls > 0  # some heads widened, some calls stayed sparse
-    error = lambda x: np.abs(x - reference).mean()  # noqa: E731
+    error = lambda x: np.abs(x - reference).mean()
     assert error(video) < error(budget)
     remove_sparse_attention(pipe.transformer)
 

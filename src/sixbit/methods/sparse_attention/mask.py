@@ -148,4 +148,4 @@ def budget_rung(rungs: list[Rung], density: float) -> int:
     return within[-1] if within else 0
 
 
-__all__ = ["RADII", "Rung", "TokenGrid", "budget_rung", "ladder", "band_width", "tile_order", "window_table"]
+__all__ = ["RADII", "Rung", "TokenGrid", "band_width", "budget_rung", "ladder", "tile_order", "window_table"]
