@@ -352,3 +352,13 @@ def test_every_architecture_with_a_grid_runs_or_leaves_its_attention_to_sdpa(nam
     assert torch.isfinite(sample(tm, 2)).all()
     placed = state.sparse_calls + state.dense_calls
     assert (placed > 0) == (name in PLACED) and (state.other_calls > 0 or placed > 0)
+
+
+def test_the_preset_streamed_into_a_diffusers_folder_is_restored_on_load(tmp_path):
+    import sixbit
+    from sixbit.pipelines import load_pipeline as load_folder
+    from sixbit.zoo.shapes import WEIGHTS_DIR
+
+    sixbit.convert_pretrained(WEIGHTS_DIR / "wan", "w8a8-sparse", tmp_path / "out", progress=False)
+    state = sparse_attention_of(load_folder(tmp_path / "out"))
+    assert state is not None and state.config == SparseAttentionConfig(density=0.15, error_bound=0.05)
