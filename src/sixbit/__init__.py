@@ -36,6 +36,8 @@ _EXPORTS = {
     "methods.attention": ["AttentionQuantConfig", "apply_attention_quant", "remove_attention_quant"],
     "methods.delta_cache": ["DeltaCacheConfig", "disable_delta_cache", "enable_delta_cache"],
     "methods.dmpq": ["DMPQConfig", "apply_dmpq", "fit_dmpq"],
+    "methods.sparse_attention": ["SparseAttentionConfig", "apply_sparse_attention", "remove_sparse_attention",
+                                 "sparse_attention_of"],
     "methods.static_w8a8": ["StaticW8A8Config", "apply_static_w8a8", "range_parameters", "static_w8a8_info"],
     "nn": ["ActMode", "QuantLinear", "debug_checks"],
     "presets": ["PRESETS", "ConvertConfig"],
@@ -76,6 +78,12 @@ if TYPE_CHECKING:  # what type checkers and editors see; mirrors _EXPORTS (tests
     from .methods.attention import AttentionQuantConfig, apply_attention_quant, remove_attention_quant
     from .methods.delta_cache import DeltaCacheConfig, disable_delta_cache, enable_delta_cache
     from .methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq
+    from .methods.sparse_attention import (
+        SparseAttentionConfig,
+        apply_sparse_attention,
+        remove_sparse_attention,
+        sparse_attention_of,
+    )
     from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info
     from .nn import ActMode, QuantLinear, debug_checks
     from .presets import PRESETS, ConvertConfig

@@ -10,6 +10,7 @@ from torch import nn
 
 from .memory import fast_path
 from .methods.record import conversion_of
+from .methods.registry import methods
 from .models import spec_for, transformer_of
 from .nn import QuantLinear
 from .nn.pointwise_conv import features, is_quantizable
@@ -137,6 +138,7 @@ def summary(model: nn.Module) -> Summary:
     notes = [conversion.hardware] if conversion is not None and conversion.hardware else []
     if conversion is not None and conversion.attention is not None:
         notes.append(f"attention quantized where {conversion.config.attention.describe()}: {conversion.attention.path}")
+    notes += [line for spec in methods() if spec.describe is not None and (line := spec.describe(model))]
     laid_out = fast_path.planned(model)
     if laid_out is not None:
         pending = "" if fast_path.layout_of(model) is laid_out else " (at its first call there)"

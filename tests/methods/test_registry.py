@@ -214,5 +214,5 @@ def test_methods_on_a_model_convert_model_did_not_convert_are_named_at_save(tmp_
 
 def test_every_builtin_method_is_registered_in_order():
     names = [spec.name for spec in registry.methods()]
-    assert names == ["static_w8a8", "default_precision", "dmpq", "stabilize", "cache", "attention"]
+    assert names == ["static_w8a8", "default_precision", "dmpq", "stabilize", "cache", "attention", "sparse_attention"]
     assert list(registry.extensions()) == ["static_w8a8", "conversion"]

@@ -221,3 +221,14 @@ def test_stabilizer_reads_the_frame_grid(name):
     assert torch.isfinite(video).all()
     assert stabilizer.grid == GRIDS[name]
     assert (stabilizer.stabilized_calls > 0) == (GRIDS[name][0] > 1)  # one frame: nothing to stabilize
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_video_shape_splits_the_frame_grid_into_rows_and_columns(name):
+    """Sparse attention places its windows by ``video_shape`` (frames, rows, columns): the same
+    grid as ``video_grid``, each frame's tokens as rows × columns."""
+    tm = build_tiny(name)
+    spec = spec_for(tm.model)
+    inputs = tm.inputs(1, None)
+    frames, rows, cols = spec.video_shape(tm.model, (), inputs)
+    assert (frames, rows * cols) == spec.video_grid(tm.model, (), inputs) == GRIDS[name]

@@ -23,6 +23,8 @@ from ..convert import conversion_of, convert_model
 from ..pipelines import SHAPES_CLASSES, SHIPPED, is_transformer_folder, load_pipeline, shapes_arch
 from ..methods.delta_cache import enable_delta_cache
 from ..config import Activations, AttentionQuantConfig, DeltaCacheConfig
+from ..config.method_types import config_type_of
+from ..config.serialize import from_dict
 from ..integrations.diffusers.folder import check_apart
 from ..integrations.diffusers.reading import load_folder, read_folder_header
 from ..presets import PRESETS, calibration_free, for_device, resolve
@@ -261,6 +263,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _method_line(name: str, value) -> str:
+    """A stored runtime method's config in words (its ``describe()``), else as stored (a method
+    this sixbit does not know, or a config it refuses: loading the file would say why)."""
+    try:
+        config = from_dict(config_type_of(name), value)
+    except (ValueError, TypeError):
+        return json.dumps(value)
+    return config.describe() if callable(getattr(config, "describe", None)) else json.dumps(value)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.is_dir():
@@ -287,6 +299,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"conversion: activations {cfg['activations']}; cache {'on' if cfg['cache'] else 'off'}"
               + (f"; INT8 attention ({AttentionQuantConfig(**attention).describe()})" if attention else "")
               + (f"; frame stabilizer (dead zone {conv['stabilize_frames']})" if conv.get("stabilize_frames") is not None else ""))
+        for name, value in (cfg.get("methods") or {}).items():
+            print(f"  runtime method {name}: {_method_line(name, value)}")
         if cfg.get("description"):
             print(f"  {cfg['description']}")
         if conv.get("calibration"):

@@ -3,7 +3,8 @@
 - :class:`QuantConfig` — how :func:`sixbit.quantize` replaces linear layers;
 - :class:`ConvertConfig` — a whole conversion: weights, :class:`Activations`, and the runtime
   methods' configs (:class:`DMPQConfig`, :class:`StaticW8A8Config`, :class:`DeltaCacheConfig`,
-  :class:`AttentionQuantConfig`), which :meth:`ConvertConfig.method_configs` yields so a method
+  :class:`AttentionQuantConfig`; further methods' configs such as :class:`SparseAttentionConfig`
+  go in its ``methods``), which :meth:`ConvertConfig.method_configs` yields so a method
   is chosen by its config's type;
 - :mod:`~sixbit.config.presets` — the named conversions; :mod:`~sixbit.config.io` — reading
   preset names, JSON files and the seed's short JSON shape;
@@ -20,6 +21,7 @@ from .attention import AttentionQuantConfig
 from .convert import Activations, ConvertConfig
 from .delta_cache import CACHE_FORMATS, DeltaCacheConfig
 from .dmpq import DMPQConfig
+from .sparse_attention import SparseAttentionConfig
 from .quant import CALIBRATION_INPUTS, DEFAULT_QUANTIZED_ROLES, QuantConfig, pattern_problems
 from .static_w8a8 import Outliers, Smoothing, StaticW8A8Config
 
@@ -36,6 +38,7 @@ __all__ = [
     "QuantConfig",
     "Role",
     "Smoothing",
+    "SparseAttentionConfig",
     "StaticW8A8Config",
     "pattern_problems",
 ]

@@ -41,6 +41,11 @@ Capabilities, which other packages ask instead of naming methods:
   at a time (``TensorParallelWrapper(chunk_size=...)``); ``False`` names why not.
 - ``sequence_parallel`` (default ``True``): it runs when a call's tokens are split across
   processes (``mode="sequence"``); ``False`` names why not.
+- ``describe(model) -> str | None``: one line :func:`sixbit.summary` shows while the method is
+  installed on ``model`` (what it runs with, what it did), ``None`` when it is not.
+- ``attention_kernel`` (default ``False``): it replaces the kernel of the model's attention
+  calls (quantized attention, sparse attention). Two such methods cannot both run (each would
+  take the calls the other expects): :func:`attention_kernel_clash` names the other one.
 
 Checkpoint state, beside the method, in one of two places:
 
@@ -106,6 +111,8 @@ class MethodSpec:
     record: Callable[[Any, Any], Any] | None = None
     chunkable: bool | str = True
     sequence_parallel: bool | str = True
+    attention_kernel: bool = False
+    describe: Callable[[nn.Module], str | None] | None = None
 
     def __post_init__(self):
         problems = []
@@ -195,6 +202,18 @@ def unable(capability: str, model: nn.Module) -> list[tuple[str, str]]:
     return found
 
 
+def attention_kernel_clash(name: str, model: nn.Module, convert_config=None) -> str | None:
+    """The name of another ``attention_kernel`` method than ``name`` that is installed on ``model``
+    or that ``convert_config`` also selects, or ``None``."""
+    for spec in methods():
+        if not spec.attention_kernel or spec.name == name:
+            continue
+        if (spec.installed is not None and spec.installed(model) is not None) or (
+                convert_config is not None and spec.chosen(convert_config) is not None):
+            return spec.name
+    return None
+
+
 def register_extension(extension: CheckpointExtension, order: int) -> CheckpointExtension:
     """Store ``extension`` in checkpoints, restored in ``order`` (lower first)."""
     _EXTENSIONS[extension.name] = (order, extension)
@@ -210,6 +229,7 @@ def extensions() -> dict[str, CheckpointExtension]:
 __all__ = [
     "CheckpointExtension",
     "MethodSpec",
+    "attention_kernel_clash",
     "extensions",
     "method",
     "methods",

@@ -27,16 +27,28 @@ def _patch_sizes(config) -> tuple[int, int, int]:
     return int(getattr(config, "patch_size_t", None) or 1), int(p), int(p)
 
 
-def _grid_5d(layout: str):
-    """Token grid of a model whose ``hidden_states`` are a ``layout`` (BFCHW or BCFHW) latent."""
+def _shape_5d(layout: str):
+    """Token grid (frames, rows, columns) of a model whose ``hidden_states`` are a ``layout``
+    (BFCHW or BCFHW) latent."""
 
-    def grid(model, args, kwargs):
+    def shape(model, args, kwargs):
         x = kwargs.get("hidden_states", args[0] if args else None)
         if x is None or x.ndim != 5:
             return None
         f, h, w = (x.shape[1], x.shape[3], x.shape[4]) if layout == "BFCHW" else tuple(x.shape[2:])
         pt, ph, pw = _patch_sizes(model.config)
-        return f // pt, (h // ph) * (w // pw)
+        return f // pt, h // ph, w // pw
+
+    return shape
+
+
+def _grid_5d(layout: str):
+    """Token grid (frames, tokens per frame) of a ``layout`` latent."""
+    shape = _shape_5d(layout)
+
+    def grid(model, args, kwargs):
+        found = shape(model, args, kwargs)
+        return None if found is None else (found[0], found[1] * found[2])
 
     return grid
 
@@ -73,6 +85,7 @@ register_model(
         block_lists=("transformer_blocks",),
         block_io=(_JOINT,),
         video_grid=_grid_5d("BFCHW"),
+        video_shape=_shape_5d("BFCHW"),
         text_tokens="first",  # joint attention and FF run on cat([text, video])
         latent_layout="BFCHW",
         encode_video=_cogvideox_encode,
@@ -86,6 +99,7 @@ register_model(
         block_lists=("blocks",),
         block_io=(_VIDEO_ONLY,),
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
         latent_layout="BCFHW",
         encode_video=_wan_encode,
     )
@@ -99,6 +113,7 @@ register_model(
         # single-stream blocks fuse attention output and MLP in one projection
         roles=((Role.FEEDFORWARD, r"single_transformer_blocks\.\d+\.proj_out"),),
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
         text_tokens="last",  # single-stream blocks run on cat([video, text])
     )
 )
@@ -117,6 +132,7 @@ register_model(
         block_lists=("transformer_blocks",),
         block_io=(_JOINT,),
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
     )
 )
 register_model(
@@ -126,6 +142,7 @@ register_model(
         block_lists=("transformer_blocks",),
         block_io=(_VIDEO_ONLY,),
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
     )
 )
 register_model(
@@ -151,6 +168,7 @@ register_model(
         block_io=(_JOINT,),
         roles=((Role.EMBEDDING, r"context_embedder_2\..*"),),  # the ByT5 glyph-text projection
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
     )
 )
 register_model(
@@ -176,6 +194,7 @@ register_model(
         block_io=(_JOINT, _JOINT),
         roles=((Role.FEEDFORWARD, r"single_transformer_blocks\.\d+\.proj_out"),),
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
         text_tokens="last",  # single-stream blocks run on cat([video, text])
     )
 )
@@ -190,6 +209,7 @@ register_model(
             (Role.EMBEDDING, r"text_proj(_t5)?"),
         ),
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
         text_tokens="first",  # blocks past mmdit_layers share to_q/k/v over cat([text, video])
     )
 )
@@ -204,6 +224,7 @@ register_model(
             (Role.ATTENTION, r"perceiver_cross_attention\.\d+\.(to_q|to_kv|to_out)"),
         ),
         video_grid=_grid_5d("BFCHW"),
+        video_shape=_shape_5d("BFCHW"),
         text_tokens="first",
     )
 )
@@ -290,6 +311,7 @@ register_model(
             (Role.OUTPUT, r"final_layer\..*"),
         ),
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
     )
 )
 register_model(
@@ -315,6 +337,7 @@ register_model(
         block_io=(_JOINT,),
         roles=_JOYIMAGE_ROLES,
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
     )
 )
 register_model(
@@ -339,6 +362,7 @@ register_model(
         block_io=(_VIDEO_ONLY,),
         roles=((Role.EMBEDDING, r"vace_blocks\.\d+\.proj_(in|out)"),),  # zero-initialized hint projections
         video_grid=_grid_5d("BCFHW"),
+        video_shape=_shape_5d("BCFHW"),
     )
 )
 register_model(

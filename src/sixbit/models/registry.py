@@ -115,6 +115,9 @@ class ModelSpec:
             block has its own index: the delta cache and DMPQ keep per-block state by it.)
         video_grid: ``f(model, args, kwargs) -> (frames, tokens_per_frame)`` of a model call, the
             token grid after patching (video tokens are frame-major), or ``None`` if unknown.
+        video_shape: ``f(model, args, kwargs) -> (frames, rows, columns)`` of a model call, the
+            same grid with each frame's rows and columns apart (sparse attention's windows), or
+            ``None`` if unknown.
         text_tokens: where linears that see both streams find the text tokens: ``"first"``
             (CogVideoX concatenates ``[text, video]``), ``"last"`` (``[video, text]``) or ``None``
             (no such linears are known).
@@ -136,6 +139,7 @@ class ModelSpec:
     roles: tuple[tuple[Role, str], ...] = ()
     interleaved: bool = False
     video_grid: Callable[[nn.Module, tuple, dict], "tuple[int, int] | None"] | None = None
+    video_shape: Callable[[nn.Module, tuple, dict], "tuple[int, int, int] | None"] | None = None
     text_tokens: str | None = None
     latent_layout: str | None = None
     encode_video: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None

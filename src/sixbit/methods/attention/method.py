@@ -34,6 +34,7 @@ from ...models import iter_blocks, spec_for, transformer_of
 from ...runtime import hooks
 from ...runtime.context import track_steps
 from ...runtime.wrapped import changes_model
+from ..registry import attention_kernel_clash
 
 HOOK_NAME = "sixbit_attention_quant"
 
@@ -143,10 +144,16 @@ def attention_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
     return modules
 
 
-def check_attention(model: nn.Module, config: AttentionQuantConfig) -> list[tuple[int, nn.Module]]:
+def check_attention(model: nn.Module, config: AttentionQuantConfig, convert_config=None) -> list[tuple[int, nn.Module]]:
     """``model``'s attention modules (:func:`attention_modules`), after refusing a block range that
-    selects none of its blocks; changes nothing."""
+    selects none of its blocks, or another method replacing the attention kernel (installed, or
+    selected by ``convert_config``); changes nothing."""
     modules = attention_modules(model)
+    other = attention_kernel_clash("attention", model, convert_config)
+    if other is not None:
+        raise ValueError(f"quantized attention and the method {other!r} both replace the attention kernel and do not "
+                         f"run together yet: keep one (for sparse attention: sixbit.remove_sparse_attention(model), or "
+                         f"leave its config out of ConvertConfig.methods)")
     count = len(list(iter_blocks(model)))
     if not any(config.selects_block(index) for index in range(count)):
         raise ValueError(f"blocks={config.blocks} selects none of {type(model).__name__}'s {count} blocks "

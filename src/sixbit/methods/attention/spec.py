@@ -18,7 +18,8 @@ SPEC = register_method(MethodSpec(
     attribute="attention",
     apply=apply_attention_quant,
     remove=remove_attention_quant,
-    check=lambda model, config, convert_config: check_attention(model, config),  # no processors, or blocks past the model
+    check=lambda model, config, convert_config: check_attention(model, config, convert_config),  # no processors, or blocks past the model
     installed=lambda model: getattr(attention_quant_of(model), "config", None),
     sequence_parallel="quantized attention (ConvertConfig.attention) does not run sequence-parallel yet",
+    attention_kernel=True,
 ))
