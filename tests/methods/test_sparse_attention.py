@@ -362,3 +362,20 @@ def test_the_preset_streamed_into_a_diffusers_folder_is_restored_on_load(tmp_pat
     sixbit.convert_pretrained(WEIGHTS_DIR / "wan", "w8a8-sparse", tmp_path / "out", progress=False)
     state = sparse_attention_of(load_folder(tmp_path / "out"))
     assert state is not None and state.config == SparseAttentionConfig(density=0.15, error_bound=0.05)
+
+
+def test_a_model_without_a_token_grid_is_refused_naming_the_fix_and_nothing_changes():
+    """LTX-Video's spec gives no (frames, rows, columns) grid: the windows cannot be placed, so the
+    method, and the w8a8-sparse preset in a conversion, are refused before anything changes."""
+    import sixbit
+    from fixtures.tiny_models import build_tiny
+
+    model = build_tiny("ltx").model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"does not give its token grid.*leave sparse attention off"):
+        apply_sparse_attention(model, SparseAttentionConfig(density=0.2))
+    with pytest.raises(ValueError, match=r"does not give its token grid"):
+        sixbit.convert_model(model, None, "w8a8-sparse")
+    assert sparse_attention_of(model) is None and sixbit.conversion_of(model) is None
+    assert not sixbit.runtime.hooks.names(model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
