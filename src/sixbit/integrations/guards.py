@@ -25,28 +25,39 @@ import inspect
 CHECK = "sixbit_check"  # the attribute of a converted model's save_pretrained that checks a pipeline save's arguments
 
 
+def _checked_first(function, check):
+    """``function`` wrapped so that ``check(arguments)`` (its call's arguments by name) runs
+    before it, marked as wrapped (:data:`CHECK`); a call that does not bind is left to
+    ``function``, whose own error says what is wrong."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        try:
+            arguments = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return function(*args, **kwargs)
+        check(arguments)
+        return function(*args, **kwargs)
+
+    setattr(checked, CHECK, True)
+    return checked
+
+
 def guard_pipeline_save(module) -> None:
     """Wrap ``module.DiffusionPipeline.save_pretrained`` (once) as the module doc says."""
     pipeline = getattr(module, "DiffusionPipeline", None)
     save = getattr(pipeline, "save_pretrained", None)
     if save is None or getattr(save, CHECK, False):
         return
-    signature = inspect.signature(save)
 
-    @functools.wraps(save)
-    def save_pretrained(self, *args, **kwargs):
-        try:
-            arguments = signature.bind(self, *args, **kwargs).arguments
-        except TypeError:  # diffusers' own call says what is wrong
-            return save(self, *args, **kwargs)
-        for component in dict(getattr(self, "components", None) or {}).values():
+    def check_components(arguments):
+        for component in dict(getattr(arguments["self"], "components", None) or {}).values():
             check = getattr(getattr(component, "save_pretrained", None), CHECK, None)
             if callable(check):
                 check(arguments)
-        return save(self, *args, **kwargs)
 
-    setattr(save_pretrained, CHECK, True)
-    pipeline.save_pretrained = save_pretrained
+    pipeline.save_pretrained = _checked_first(save, check_components)
 
 
 def packed_names(names, expected=()) -> list[str]:
@@ -65,15 +76,8 @@ def guard_plain_loads(module) -> None:
     load = inspect.getattr_static(mixin, "_load_pretrained_model", None) if mixin is not None else None
     if not isinstance(load, classmethod) or getattr(load.__func__, CHECK, False):
         return
-    function = load.__func__
-    signature = inspect.signature(function)
 
-    @functools.wraps(function)
-    def checked(cls, *args, **kwargs):
-        try:
-            arguments = signature.bind(cls, *args, **kwargs).arguments
-        except TypeError:  # diffusers' own call says what is wrong
-            return function(cls, *args, **kwargs)
+    def check_packed(arguments):
         model = arguments.get("model")
         if arguments.get("hf_quantizer") is None and model is not None:
             packed = packed_names(arguments.get("loaded_keys") or (), model.state_dict())
@@ -84,7 +88,5 @@ def guard_plain_loads(module) -> None:
                     "quantization_config, so its quantized layers would load as random weights: put back the "
                     "config.json that save_pretrained (or `sixbit convert`) wrote beside these weight files, "
                     "or convert the full-precision model again")
-        return function(cls, *args, **kwargs)
 
-    setattr(checked, CHECK, True)
-    mixin._load_pretrained_model = classmethod(checked)
+    mixin._load_pretrained_model = classmethod(_checked_first(load.__func__, check_packed))
