@@ -150,6 +150,7 @@ class _Profile:
         import torch.nn.functional as F
 
         import sixbit.kernels
+        import sixbit.nn.execution as execution
         import sixbit.nn.quant_linear as ql
         from sixbit.transforms import hadamard
 
@@ -159,6 +160,7 @@ class _Profile:
             lowrank = ql
 
         targets = [(F, "linear", "16-bit GEMM"), (ql, "int8_matmul", "integer GEMM"),
+                   (execution, "int8_matmul", "integer GEMM"),  # torch._int_mm, where no AMX kernel is packed
                    (sixbit.kernels, "packed_int8_matmul", "integer GEMM"),
                    (sixbit.kernels, "int8_linear_reference", "integer GEMM"),  # --before: quantize + GEMM + epilogue
                    (sixbit.kernels, "quantize_rows", "activation quantization"),
