@@ -136,3 +136,19 @@ def test_a_call_on_another_device_decides_again():
     layout._LAYOUTS[tm.model] = elsewhere  # as if the last calls ran on a GPU
     sample(tm, 1)
     assert sixbit.layout_of(tm.model) is not elsewhere and sixbit.layout_of(tm.model).device.type == "cpu"
+
+
+def test_int8_weight_only_layers_keep_nothing_and_the_plan_says_so():
+    """w8a8's modulation layers hold INT8 weights, weight-only: nothing is kept for them, so the
+    planned bytes are the kept ones and, off AMX, the reason is that there is nothing to keep
+    (it named NVFP4 values, which a w8a8 model has none of, and counted N·K bytes per layer)."""
+    tm = build_tiny("cogvideox")
+    sixbit.convert_model(tm.model, None, "w8a8", layout="fast")
+    assert any(m.weight_only for m in tm.model.modules() if isinstance(m, QuantLinear))
+    planned = layout.planned(tm.model)
+    sample(tm, 1)
+    decided = sixbit.layout_of(tm.model)
+    assert decided.kept_bytes == planned.kept_bytes == _kept(tm.model)
+    assert "NVFP4" not in decided.reason
+    if not kernels.amx_int8():
+        assert decided.kept_bytes == 0 and decided.reason.startswith("nothing to keep on cpu (")

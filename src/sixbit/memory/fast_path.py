@@ -50,6 +50,7 @@ from diffusers.hooks import ModelHook
 from torch import nn
 
 from .. import kernels
+from ..formats import nvfp4
 from .weights import offloaded_by, resident_weights
 from ..models import transformer_of
 from ..nn import QuantLinear, execution, weight_views
@@ -125,11 +126,11 @@ def kept_bytes(shapes, device: torch.device | str) -> int:
     """Bytes the kept operands of layers ``(out_features, in_features, kind)`` take on ``device``,
     ``kind`` one of ``"gemm"`` (INT8 calls of weights the INT8 GEMM cannot read: an INT8 copy,
     codes and a scale per row), ``"int8"`` (per-channel INT8 weights: packed for AMX on AMX CPUs,
-    read as stored elsewhere), ``"weight_only"`` (CPUs: NVFP4 values unpacked, one int8 each)
-    and ``"static"`` (static W8A8: nothing kept). What :func:`apply` keeps there, byte for byte."""
+    read as stored elsewhere), ``"weight_only"`` (CPUs: NVFP4 values unpacked, one int8 each),
+    ``"static"`` (static W8A8) and ``"none"`` (weight-only layers of other formats): nothing kept. What :func:`apply` keeps there, byte for byte."""
     device = torch.device(device)
     cpu, amx = device.type == "cpu", device.type == "cpu" and kernels.amx_int8()
-    per_layer = {"gemm": lambda n, k: n * (k + 4), "static": lambda n, k: 0,
+    per_layer = {"gemm": lambda n, k: n * (k + 4), "static": lambda n, k: 0, "none": lambda n, k: 0,
                  "int8": lambda n, k: n * (k + 4) if amx else 0,
                  "weight_only": lambda n, k: n * k if cpu else 0}
     return sum(per_layer[kind](n, k) for n, k, kind in shapes)
@@ -332,7 +333,8 @@ class _LayoutHook(ModelHook):
 
 
 def _shapes(model: nn.Module) -> list[tuple[int, int, str]]:
-    kind = lambda m: ("weight_only" if m.weight_only else "static" if execution.is_static(m)  # noqa: E731
+    kind = lambda m: (("weight_only" if isinstance(m.quantized_weight(), nvfp4.NVFP4Quantized) else "none")  # noqa: E731
+                      if m.weight_only else "static" if execution.is_static(m)
                       else "int8" if weight_views.fits_int8_gemm(m.quantized_weight()) else "gemm")
     return [(m.out_features, m.in_features, kind(m)) for m in model.modules() if isinstance(m, QuantLinear)]
 
