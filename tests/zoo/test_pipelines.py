@@ -57,6 +57,18 @@ def test_bad_inputs_raise(pipe):
         pipe(PROMPTS, num_inference_steps=0)
 
 
+def test_a_longer_or_larger_video_is_made_and_a_size_the_model_cannot_take_is_refused(pipe):
+    frames = _run(pipe, num_inference_steps=1, num_frames=4 * NUM_FRAMES).shape[1]
+    assert frames == 4 * NUM_FRAMES
+    if pipe.arch == "wan":  # its rotary embedding reaches 2x the trained size; CogVideoX's stops at it
+        assert _run(pipe, num_inference_steps=1, height=2 * HEIGHT, width=2 * WIDTH).shape[2:4] == (2 * HEIGHT, 2 * WIDTH)
+    for bad in (dict(num_frames=NUM_FRAMES + 1), dict(height=6), dict(width=1024), dict(num_frames=0)):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))}=.*multiples of"):
+            pipe(PROMPTS, num_inference_steps=1, **bad)
+    with pytest.raises(ValueError, match="latents have shape"):  # given noise must have the asked size
+        pipe(PROMPTS, num_inference_steps=1, num_frames=2 * NUM_FRAMES, latents=_run(pipe, output_type="pt"))
+
+
 def test_callback_on_step_end_sees_and_replaces_latents(pipe):
     seen = []
 

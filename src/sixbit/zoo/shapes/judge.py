@@ -261,8 +261,10 @@ def adherence(videos, prompts: list[str]) -> AdherenceReport:
     return AdherenceReport(list(prompts), verdicts, accuracy, flicker)
 
 
-def generate_heldout(pipe, pairs=None, num_inference_steps: int = 20, guidance_scale: float = 4.0, batch_size: int = 16):
+def generate_heldout(pipe, pairs=None, num_inference_steps: int = 20, guidance_scale: float = 4.0, batch_size: int = 16,
+                     **size):
     """Generate one video per (prompt, seed) pair; returns (videos (N, F, H, W, 3), prompts).
+    ``size``: ``num_frames``, ``height``, ``width`` for the pipeline (default: its trained size).
 
     Each video's noise comes from its own ``torch.Generator().manual_seed(seed)``, so a pair's
     video does not depend on which other pairs share its batch (up to float reassociation).
@@ -278,7 +280,7 @@ def generate_heldout(pipe, pairs=None, num_inference_steps: int = 20, guidance_s
         part = pairs[i : i + batch_size]
         gens = [torch.Generator().manual_seed(seed) for _, seed in part]
         out = pipe([p for p, _ in part], num_inference_steps=num_inference_steps,
-                   guidance_scale=guidance_scale, generator=gens)
+                   guidance_scale=guidance_scale, generator=gens, **size)
         chunks.append(out.frames)
     return np.concatenate(chunks), [p for p, _ in pairs]
 

@@ -10,10 +10,12 @@ from diffusers import CogVideoXTransformer3DModel, FlowMatchEulerDiscreteSchedul
 from .models import cogvideox_rotary_emb
 from .pipeline_common import ShapesPipelineBase, ShapesPipelineOutput
 from .text_encoder import ShapesTextEncoder
+from .world import HEIGHT, WIDTH
 
 
 class ShapesCogVideoXPipeline(ShapesPipelineBase):
-    """Generate 8 x 32 x 32 RGB videos from prompts such as ``"a red circle moving right"``.
+    """Generate 8 x 32 x 32 RGB videos from prompts such as ``"a red circle moving right"``
+    (longer ones with ``num_frames``: up to 128 frames; its rotary embedding stops at 32 x 32).
 
     Classifier-free guidance runs both branches in **one** transformer call (batch of
     ``[uncond, cond]``) inside ``transformer.cache_context("cond_uncond")``, as diffusers'
@@ -26,6 +28,8 @@ class ShapesCogVideoXPipeline(ShapesPipelineBase):
         >>> video.shape
         (8, 32, 32, 3)
     """
+
+    max_video_size = (128, HEIGHT, WIDTH)
 
     def __init__(
         self,
@@ -45,6 +49,9 @@ class ShapesCogVideoXPipeline(ShapesPipelineBase):
         num_videos_per_prompt: int = 1,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
+        num_frames: int | None = None,
+        height: int | None = None,
+        width: int | None = None,
         output_type: str = "np",
         return_dict: bool = True,
         callback_on_step_end: Callable | None = None,
@@ -55,6 +62,9 @@ class ShapesCogVideoXPipeline(ShapesPipelineBase):
         num_inference_steps (int, default 20): Euler steps; fewer is faster and blurrier.
         guidance_scale (float, default 4.0): CFG scale; <= 1 disables guidance (one branch, half the cost).
         num_videos_per_prompt (int, default 1), generator, latents: noise control.
+        num_frames, height, width (int, default: the trained 8, 32, 32): the video's size, in
+            multiples of the transformer's (2, 4, 4) patch, up to ``max_video_size``; a size it
+            was not trained on stresses the model (sixbit's length benchmarks use 4x the frames).
         output_type ("np" | "pil" | "pt", default "np"), return_dict (bool, default True).
         callback_on_step_end: ``f(pipe, step, timestep, {"latents": ...}) -> dict`` after each step.
         """
@@ -62,6 +72,7 @@ class ShapesCogVideoXPipeline(ShapesPipelineBase):
             callback_on_step_end, list(callback_on_step_end_tensor_inputs)
         )
         prompts = self._check_inputs(prompt, num_inference_steps, guidance_scale, output_type, tensor_inputs)
+        size = self.check_video_size(num_frames, height, width)
         self._guidance_scale = guidance_scale
         self._interrupt = False
         device = self._execution_device
@@ -70,7 +81,7 @@ class ShapesCogVideoXPipeline(ShapesPipelineBase):
         cond, uncond = self.encode_prompt(prompts, num_videos_per_prompt)
         text = torch.cat([uncond, cond]) if self.do_classifier_free_guidance else cond
         batch = cond.shape[0]
-        latents = self.prepare_latents(batch, generator, device, dtype, "BFCHW", latents)
+        latents = self.prepare_latents(batch, generator, device, dtype, "BFCHW", latents, size)
         rope = cogvideox_rotary_emb(self.transformer, latents.shape[1], latents.shape[3], latents.shape[4], device)
 
         self.scheduler.set_timesteps(num_inference_steps, device=device)

@@ -37,8 +37,12 @@ class ShapesPipelineBase(DiffusionPipeline):
 
     model_cpu_offload_seq = "text_encoder->transformer"
     _callback_tensor_inputs = ["latents"]
-    #: (frames, height, width) of every video it makes: calibration videos are resized to it
+    #: (frames, height, width) it was trained on and makes by default: calibration videos are resized to it
     video_size = (NUM_FRAMES, HEIGHT, WIDTH)
+    #: the largest (frames, height, width) its position embedding reaches
+    max_video_size: tuple[int, int, int] = (NUM_FRAMES, HEIGHT, WIDTH)
+    #: the transformer's (time, height, width) patch: a video's sizes are multiples of it
+    patch = (2, 4, 4)
 
     @property
     def guidance_scale(self) -> float:
@@ -81,11 +85,24 @@ class ShapesPipelineBase(DiffusionPipeline):
         dtype = self.transformer.dtype
         return cond.to(dtype), uncond.to(dtype)
 
-    def prepare_latents(self, batch_size, generator, device, dtype, layout: str, latents=None):
-        """Gaussian noise in the transformer's layout (``"BFCHW"`` or ``"BCFHW"``)."""
-        shape = (batch_size, NUM_FRAMES, 3, HEIGHT, WIDTH)
+    def check_video_size(self, num_frames: int | None, height: int | None, width: int | None) -> tuple[int, int, int]:
+        """``(num_frames, height, width)`` of a call, the trained size where ``None``; sizes the
+        transformer cannot take are refused, naming the ones it can."""
+        size = tuple(d if x is None else x for x, d in zip((num_frames, height, width), self.video_size))
+        names = ("num_frames", "height", "width")
+        for name, x, p, most in zip(names, size, self.patch, self.max_video_size):
+            if not isinstance(x, int) or isinstance(x, bool) or x < p or x % p or x > most:
+                raise ValueError(f"{name}={x!r}: this pipeline takes multiples of {p} from {p} to {most} "
+                                 f"(trained on {dict(zip(names, self.video_size))})")
+        return size
+
+    def prepare_latents(self, batch_size, generator, device, dtype, layout: str, latents=None,
+                        size: tuple[int, int, int] = (NUM_FRAMES, HEIGHT, WIDTH)):
+        """Gaussian noise of ``size`` (frames, height, width) in the transformer's layout (``"BFCHW"`` or ``"BCFHW"``)."""
+        frames, height, width = size
+        shape = (batch_size, frames, 3, height, width)
         if layout == "BCFHW":
-            shape = (batch_size, 3, NUM_FRAMES, HEIGHT, WIDTH)
+            shape = (batch_size, 3, frames, height, width)
         if latents is not None:
             if tuple(latents.shape) != shape:
                 raise ValueError(f"latents have shape {tuple(latents.shape)}; expected {shape}")

@@ -12,7 +12,8 @@ from .text_encoder import ShapesTextEncoder
 
 
 class ShapesWanPipeline(ShapesPipelineBase):
-    """Generate 8 x 32 x 32 RGB videos from prompts such as ``"a red circle moving right"``.
+    """Generate 8 x 32 x 32 RGB videos from prompts such as ``"a red circle moving right"``
+    (longer and larger ones with ``num_frames``, ``height``, ``width``: up to 128 x 256 x 256).
 
     Classifier-free guidance calls the transformer once per branch, inside
     ``transformer.cache_context("cond")`` and ``cache_context("uncond")``, as diffusers' Wan
@@ -25,6 +26,8 @@ class ShapesWanPipeline(ShapesPipelineBase):
         >>> video.shape
         (8, 32, 32, 3)
     """
+
+    max_video_size = (128, 256, 256)  # its rotary embedding's 64 positions per axis, in (2, 4, 4) patches
 
     def __init__(
         self,
@@ -44,6 +47,9 @@ class ShapesWanPipeline(ShapesPipelineBase):
         num_videos_per_prompt: int = 1,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
+        num_frames: int | None = None,
+        height: int | None = None,
+        width: int | None = None,
         output_type: str = "np",
         return_dict: bool = True,
         callback_on_step_end: Callable | None = None,
@@ -54,6 +60,7 @@ class ShapesWanPipeline(ShapesPipelineBase):
             callback_on_step_end, list(callback_on_step_end_tensor_inputs)
         )
         prompts = self._check_inputs(prompt, num_inference_steps, guidance_scale, output_type, tensor_inputs)
+        size = self.check_video_size(num_frames, height, width)
         self._guidance_scale = guidance_scale
         self._interrupt = False
         device = self._execution_device
@@ -61,7 +68,7 @@ class ShapesWanPipeline(ShapesPipelineBase):
 
         cond, uncond = self.encode_prompt(prompts, num_videos_per_prompt)
         batch = cond.shape[0]
-        latents = self.prepare_latents(batch, generator, device, dtype, "BCFHW", latents)
+        latents = self.prepare_latents(batch, generator, device, dtype, "BCFHW", latents, size)
 
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         step_kwargs = self._step_kwargs(generator)
