@@ -24,7 +24,9 @@ work, and need calibration generations). *sparse 0.15*: the bf16 model with
 adaptive mode rightly keeps every head dense). *w8a8-sparse 0.15*: the stacked preset
 (``w8a8``, the delta cache, sparse attention) with its sparse attention at that fixed budget and
 no dense warm-up; one lone call, so the cache runs every block (on random weights it skips
-nothing anyway).
+nothing anyway). *(compact)*, *(fast)* (``--settings "w4a8 (compact),w4a8 (fast)"``): that
+``layout=``, whatever sixbit would pick (compact: the stored weights alone, re-rounded per call):
+whether the kept INT8 copies pay at a length.
 
 Each round runs every setting once, each in a fresh process (load, convert, one warm-up call that
 also compiles the kernels, then the median of ``--repeats`` calls); a row is the median over
@@ -70,6 +72,10 @@ def _model(folder: str, setting: str, blocks: int):
     import sixbit
     from sixbit.presets import resolve
 
+    layout = {}  # as picked: sixbit's own choice
+    for choice in ("compact", "fast"):
+        if setting.endswith(f" ({choice})"):
+            layout, setting = {"layout": choice}, setting.removesuffix(f" ({choice})")
     model = diffusers.CogVideoXTransformer3DModel.from_pretrained(folder, torch_dtype=torch.bfloat16)
     model.transformer_blocks = model.transformer_blocks[:blocks]
     sparse = sixbit.SparseAttentionConfig(density=DENSITY, warmup_steps=0)
@@ -78,11 +84,11 @@ def _model(folder: str, setting: str, blocks: int):
     elif setting == STACKED:
         config = resolve("w8a8-sparse")
         config.methods = tuple(sparse if isinstance(m, sixbit.SparseAttentionConfig) else m for m in config.methods)
-        sixbit.convert_model(model, None, config)
+        sixbit.convert_model(model, None, config, **layout)
     elif setting == "w4a8":  # its formats and branch ranks, round-to-nearest values: the same work
-        sixbit.convert_model(model, None, _config("w4a8 (layout)"))
+        sixbit.convert_model(model, None, _config("w4a8 (layout)"), **layout)
     elif setting != "bf16":
-        sixbit.convert_model(model, None, setting)
+        sixbit.convert_model(model, None, setting, **layout)
     return model.eval().requires_grad_(False)
 
 
@@ -164,13 +170,14 @@ def child_attention(frames: int, side: str, repeats: int) -> dict:
 # ----------------------------------------------------------------------------- parent
 
 def _median(runs: list[dict], key: str) -> float | None:
-    values = [r[key] for r in runs if key in r]
+    values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(values) if values else None
 
 
 def section(r: dict) -> str:
+    title = "The length curve: one call at 1k, 5.6k and 17.8k tokens (CPU, issue 60)"
     lines = [
-        "## The length curve: one call at 1k, 5.6k and 17.8k tokens (CPU, issue 60)",
+        f"## {title}" if not r.get("command") else f"## {title}: {r['command'].split()[-1]}",
         "",
         f"Written by `python benchmarks/bench_length.py{r.get('command', '')}`. Machine: {r['machine']}"
         f"{r.get('caps', '')}. One transformer call of a {MODEL}-sized model (random bf16 weights; CFG batch 2), "
@@ -198,9 +205,12 @@ def section(r: dict) -> str:
                              f"{next(x['error'] for x in rs if 'error' in x)} | | | | |")
                 continue
             density = _median(rs, "density")
-            lines.append(f"| {length['name']} | {length['blocks']} | {setting} | {s:.2f} | "
+            lines.append(f"| {length['name']}{'†' * bool(length.get('rerun'))} | {length['blocks']} | {setting} | {s:.2f} | "
                          f"{s * FULL_BLOCKS / length['blocks']:.0f} | **{base / s:.2f}×** | "
                          f"{'–' if density is None else f'{density:.2f}'} | {max(x.get('peak_gib', 0) for x in rs):.2f} |")
+    if any(length.get("rerun") for length in r["lengths"]):
+        lines += ["", "† Rerun later (`--update --lengths ...`), its bf16 processes with it: the first run of this "
+                  "length shared the machine with other work."]
     lines += ["", "The attention op alone at each length's shape (batch 2, 30 heads, d64, bf16; one process, calls "
               "alternating, medians):", "", "| tokens | SDPA s | block-sparse s (density) | vs SDPA |", "|---:|---:|---:|---:|"]
     for length in r["lengths"]:
@@ -222,7 +232,8 @@ def section(r: dict) -> str:
     layouts = sorted({x["layout"] for length in r["lengths"] for rs in length["runs"].values() for x in rs if x.get("layout")})
     if layouts:
         lines += ["", "What sixbit chose as picked: " + "; ".join(f"`{x}`" for x in layouts) + "."]
-    lines += ["", "Checks (issue 60, this CPU kind): " + "; ".join(_checks(r)) + "."]
+    checks = _checks(r)
+    lines += ["", "Checks (issue 60, this CPU kind): " + "; ".join(checks) + "."] if checks else []
     return "\n".join(lines) + "\n"
 
 
@@ -255,6 +266,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default="/tmp/sixbit-real-size")
     parser.add_argument("--rss-limit-gib", type=float, default=16.0)
     parser.add_argument("--section", action="store_true", help="only write the section from --json")
+    parser.add_argument("--update", action="store_true", help="rerun --lengths into the existing --json: the other "
+                        "lengths stay (each length's ratios are against the bf16 processes of its own run)")
     parser.add_argument("--quick", action="store_true", help="1 block, 1 round, small grids: checks the script")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "length.json"))
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
@@ -292,10 +305,19 @@ def main(argv=None) -> int:
                                 str(int(round_ == 0))], args.rss_limit_gib, log, script=__file__)
                 length["runs"][setting].append(c)
                 log(json.dumps({k: v for k, v in c.items() if k != "profile"}))
+                if not args.quick:  # what is measured survives a failure later in the run
+                    Path(args.json).with_suffix(".partial.json").write_text(json.dumps(r, indent=1))
         log(f"{name} tokens: attention alone")
         length["attention"] = _run_child(["attention", str(frames), side, str(max(args.repeats, 2))],
                                          args.rss_limit_gib, log, script=__file__)
         log(json.dumps(length["attention"]))
+    if args.update:
+        previous = json.loads(Path(args.json).read_text())
+        rerun = {length["name"]: length for length in r["lengths"]}
+        for length in rerun.values():
+            length["rerun"] = True
+        previous["lengths"] = [rerun.pop(x["name"], x) for x in previous["lengths"]] + list(rerun.values())
+        r = previous
     text = section(r)
     if args.quick:
         print(text)

@@ -11,7 +11,9 @@ import torch
 import sixbit
 from sixbit import kernels
 from sixbit.memory import fast_path as layout
+from sixbit.models.roles import Role
 from sixbit.nn import QuantLinear
+from sixbit.presets import resolve
 from fixtures.tiny_models import build_tiny, sample
 
 SHAPES = [(64, 32, "gemm"), (64, 64, "gemm"), (32, 16, "weight_only"), (32, 32, "static")]
@@ -37,11 +39,14 @@ def test_kept_bytes_counts_codes_and_scales_per_kind_of_layer():
 
 def test_decide_keeps_operands_where_they_fit_and_says_why_not(monkeypatch):
     monkeypatch.setattr(layout, "free_memory", lambda device: 10**9)
-    fast = layout.decide(SHAPES, "cpu", "auto")
+    # INT8 copies of 4-bit weights ("gemm") pay on AMX CPUs only: elsewhere the layers that keep
+    # something on a CPU are weight-only ones (NVFP4 values unpacked)
+    shapes = SHAPES if kernels.amx_int8() else [s for s in SHAPES if s[2] != "gemm"]
+    fast = layout.decide(shapes, "cpu", "auto")
     assert fast.kept and fast.name == "fast" and fast.fold == kernels.amx_int8()
-    assert fast.kept_bytes == layout.kept_bytes(SHAPES, "cpu") and "layout fast" in fast.describe()
-    monkeypatch.setattr(layout, "free_memory", lambda device: 2 * layout.kept_bytes(SHAPES, "cpu") - 2)
-    tight = layout.decide(SHAPES, "cpu", "auto")
+    assert fast.kept_bytes == layout.kept_bytes(shapes, "cpu") > 0 and "layout fast" in fast.describe()
+    monkeypatch.setattr(layout, "free_memory", lambda device: 2 * layout.kept_bytes(shapes, "cpu") - 2)
+    tight = layout.decide(shapes, "cpu", "auto")
     assert not tight.kept and "half of the" in tight.reason and "layout compact (asked: auto)" in tight.describe()
     assert layout.decide(SHAPES, "cpu", "fast").kept  # asked: kept whatever the free memory
     offloaded = layout.decide(SHAPES, "cpu", "auto", offloaded="block offloading on the model")
@@ -59,8 +64,30 @@ def test_a_bad_choice_is_refused_before_the_model_changes(monkeypatch):
         sixbit.convert_model(tm.model, None, "w8a8")
 
 
+def test_without_amx_auto_keeps_no_int8_copies_of_4bit_weights_and_says_why():
+    if kernels.amx_int8():
+        pytest.skip("an AMX CPU keeps them (test_auto_lays_out_at_the_first_call_what_keep_int8_weights_keeps)")
+    decided = layout.decide([(64, 32, "gemm")], "cpu", "auto")
+    assert not decided.kept and "do not pay on a CPU without AMX-INT8" in decided.reason
+    tm = _converted("auto")  # w4a8-rtn: 4-bit weights multiplied in INT8
+    video = sample(tm, 2)
+    decided = sixbit.layout_of(tm.model)
+    assert not decided.kept and _kept(tm.model) == 0 and decided.kept_bytes > 0  # what "fast" would hold
+    assert decided.describe() in sixbit.summary(tm.model).notes and "layout='fast' keeps them" in decided.reason
+    assert torch.equal(video, sample(_converted("compact"), 2))  # what it runs: the compact layout
+
+
+def _weight_only_4bit():
+    """4-bit weights multiplied in full precision: what auto keeps on every CPU kind (NVFP4 values unpacked)."""
+    config = resolve("w4a8-rtn")
+    return dataclasses.replace(config, activations="fp", weights=dataclasses.replace(
+        config.weights, weight_only_roles=[r.value for r in Role]))
+
+
 def test_auto_lays_out_at_the_first_call_what_keep_int8_weights_keeps():
-    tm = _converted("auto")
+    # AMX CPUs keep the INT8 operands of w4a8; every CPU keeps the unpacked values of weight-only 4-bit layers
+    preset = "w4a8-rtn" if kernels.amx_int8() else _weight_only_4bit()
+    tm = _converted("auto", preset)
     assert sixbit.layout_of(tm.model) is None and _kept(tm.model) == 0  # nothing built before a call
     planned = layout.planned(tm.model)
     assert planned.kept and planned.device == torch.device("cpu")
@@ -71,7 +98,7 @@ def test_auto_lays_out_at_the_first_call_what_keep_int8_weights_keeps():
     summary = sixbit.summary(tm.model)
     assert summary.converted_bytes == decided.kept_bytes and decided.describe() in summary.notes
 
-    by_hand = _converted("compact")  # the same weights, laid out by the explicit call
+    by_hand = _converted("compact", preset)  # the same weights, laid out by the explicit call
     sixbit.keep_int8_weights(by_hand.model)
     assert torch.equal(sample(by_hand, 2), video)
     assert sixbit.layout_of(by_hand.model).kept and "keep_int8_weights" in sixbit.layout_of(by_hand.model).reason

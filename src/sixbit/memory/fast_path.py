@@ -17,6 +17,9 @@ Three choices (``layout=`` of those calls, ``--layout`` of the CLI, or the envir
 - ``"auto"`` (default): ``"fast"`` where its kept operands fit in half the device's free memory
   and the model's weights are not offloaded, else ``"compact"`` (the reason is reported);
   switching offloading on or off decides it again at the next call (:func:`decide_auto_again`).
+  On a CPU without AMX-INT8, a model whose 4-bit weights are multiplied in INT8 (``w4a8``) stays
+  ``"compact"``: there re-rounding them per call measured under 5 % of their GEMMs from 2,500
+  tokens up, so INT8 copies would cost 8 bits per weight for no speed (BENCHMARKS.md ``length``).
 - ``"fast"``: keep the operands (:func:`keep_int8_weights`): ``w8a8`` 1.35× and ``w4a8`` 1.33×
   bf16 at CogVideoX-2B size on an AMX CPU, against 0.90× and 0.68× without
   (BENCHMARKS.md ``cpu-speed``); 8 more bits per weight resident (``w4a8``: 4.9 → 13).
@@ -62,6 +65,11 @@ CHOICES = ("auto", "fast", "compact")
 ENVIRONMENT = "SIXBIT_LAYOUT"  # the default choice, where the calls are not given one
 HOOK = "sixbit_layout"
 _FREE_SHARE = 0.5  # "auto" keeps operands that fit in this share of the device's free memory
+# Why "auto" keeps no INT8 copies of 4-bit weights on CPUs without AMX-INT8 (measured on
+# CogVideoX-2B's layers, 2 cores, AVX512-VNNI: benchmarks/bench_length.py's w4a8 rows; under
+# AVX2 caps, with no VNNI, the INT8 GEMM is the exact float64 fallback and slower still).
+_NO_AMX_COPIES = ("re-rounding a 1920×7680 weight takes 14 ms, and with the copies the layers ran "
+                  "0.95–1.00× as fast from 2,500 to 35,552 tokens, while w4a8 held 8 more bits per weight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +172,9 @@ def decide(shapes, device: torch.device | str, choice: str | None = None, offloa
     if offloaded:
         return Layout(choice, device, False, False, size, f"the weights are offloaded ({offloaded}): kept operands "
                       "would undo it; layout='fast' keeps them anyway")
+    if device.type == "cpu" and not fold and any(kind == "gemm" for *_, kind in shapes):
+        return Layout(choice, device, False, False, size, f"INT8 copies of 4-bit weights do not pay on a CPU "
+                      f"without AMX-INT8: {_NO_AMX_COPIES}; layout='fast' keeps them anyway")
     free = free_memory(device)
     if free is not None and size > _FREE_SHARE * free:
         return Layout(choice, device, False, False, size, f"kept operands would take more than half of the "
@@ -184,7 +195,7 @@ def _gain(shapes, device: torch.device, fold: bool, size: int) -> str:
         return copies
     if not any(kind == "gemm" for *_, kind in shapes):
         return "NVFP4 weight-only values unpacked: a multiply instead of a table lookup on every call"
-    return f"{copies} (measured faster on AMX CPUs; this CPU kind has no AMX-INT8)"
+    return f"{copies} (asked: on this CPU kind, without AMX-INT8, {_NO_AMX_COPIES})"
 
 
 @changes_model("keep_int8_weights")
