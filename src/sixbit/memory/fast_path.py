@@ -18,8 +18,8 @@ Three choices (``layout=`` of those calls, ``--layout`` of the CLI, or the envir
   and the model's weights are not offloaded, else ``"compact"`` (the reason is reported);
   switching offloading on or off decides it again at the next call (:func:`decide_auto_again`).
   On a CPU without AMX-INT8, a model whose 4-bit weights are multiplied in INT8 (``w4a8``) stays
-  ``"compact"``: there re-rounding them per call measured under 5 % of their GEMMs from 2,500
-  tokens up, so INT8 copies would cost 8 bits per weight for no speed (BENCHMARKS.md ``length``).
+  ``"compact"``: there CogVideoX-2B's layers ran no faster with INT8 copies (0.95–1.00× from
+  2,500 to 35,552 tokens), which would cost 8 bits per weight (BENCHMARKS.md ``length``).
 - ``"fast"``: keep the operands (:func:`keep_int8_weights`): ``w8a8`` 1.35× and ``w4a8`` 1.33×
   bf16 at CogVideoX-2B size on an AMX CPU, against 0.90× and 0.68× without
   (BENCHMARKS.md ``cpu-speed``); 8 more bits per weight resident (``w4a8``: 4.9 → 13).
