@@ -266,6 +266,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default="/tmp/sixbit-real-size")
     parser.add_argument("--rss-limit-gib", type=float, default=16.0)
     parser.add_argument("--section", action="store_true", help="only write the section from --json")
+    parser.add_argument("--profile-only", action="store_true", help="profile one call of every setting of --lengths "
+                        "in the existing --json, one fresh process each, into rows that have no profile")
     parser.add_argument("--update", action="store_true", help="rerun --lengths into the existing --json: the other "
                         "lengths stay (each length's ratios are against the bf16 processes of its own run)")
     parser.add_argument("--quick", action="store_true", help="1 block, 1 round, small grids: checks the script")
@@ -289,6 +291,21 @@ def main(argv=None) -> int:
     if args.quick:
         lengths = [("256 + 226", 4, "16", 1)]
         args.rounds, args.repeats = 1, 1
+    if args.profile_only:
+        r = json.loads(Path(args.json).read_text())
+        for length in r["lengths"]:
+            if length["name"] not in {x[0] for x in lengths}:
+                continue
+            for setting, rs in length["runs"].items():
+                if any(x.get("profile") for x in rs):
+                    continue
+                log(f"{length['name']} tokens, profile: {setting}")
+                c = _run_child(["call", str(folder), setting, str(length["blocks"]), str(length["frames"]),
+                                length["side"], "1", "1"], args.rss_limit_gib, log, script=__file__)
+                rs[0]["profile"] = c.get("profile")
+                Path(args.json).write_text(json.dumps(r, indent=1))
+        update_section(args.output, args.name, section(r))
+        return 0
     caps = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if os.environ.get(k)}
     r = {"machine": machine_description(), "rounds": args.rounds, "repeats": args.repeats, "lengths": [],
          "caps": "".join(f"; `{k}={v}`" for k, v in caps.items()),

@@ -143,6 +143,20 @@ def test_a_fixed_budget_runs_sparse_after_the_warm_up_and_matches_the_reference_
     remove_sparse_attention(pipe)
 
 
+def test_sdpa_wrapped_by_another_library_still_runs_sparse(wan, monkeypatch):
+    """A wrapper put in F.scaled_dot_product_attention's place (a profiler's, a library's patch)
+    that calls torch's kernel: the calls still run sparse. They ran dense, silently."""
+    pipe, _ = wan
+    config = SparseAttentionConfig(density=0.5, block_size=BLOCK, warmup_steps=1)
+    state = apply_sparse_attention(pipe, config)
+    video = _generate(pipe)
+    sdpa, wrapped = F.scaled_dot_product_attention, []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: wrapped.append(1) or sdpa(*a, **k))
+    state.reset()
+    assert np.array_equal(_generate(pipe), video) and wrapped and state.sparse_calls > 0
+    remove_sparse_attention(pipe)
+
+
 def test_the_adaptive_mode_widens_heads_past_a_tight_bound_and_keeps_them_under_a_loose_one(wan):
     pipe, reference = wan
     tight = apply_sparse_attention(pipe.transformer, SparseAttentionConfig(

@@ -185,6 +185,9 @@ def _choose(q, k, v, scale, rungs: list[Rung], base: int, grid: TokenGrid, first
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+# torch's own kernel, as imported: a wrapper later put in its place (a profiler's, a library's
+# patch) still reaches it, and the mode then sees this function, not the wrapper
+_SDPA = F.scaled_dot_product_attention
 
 
 class _SparseSDPA(TorchFunctionMode):
@@ -196,7 +199,7 @@ class _SparseSDPA(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
+        if func is _SDPA:
             return self.method.attend(self.module_index, func, args, kwargs, {**dict(zip(_SDPA_ARGS, args)), **kwargs})
         return func(*args, **kwargs)
 
