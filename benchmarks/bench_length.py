@@ -190,7 +190,9 @@ def section(r: dict) -> str:
         "`w8a8-sparse` preset (w8a8, delta cache, sparse attention) with that fixed budget: random weights keep "
         "every head dense in the adaptive mode and give the cache nothing to skip, so the speed rows use the budget "
         "and quality comes from the trained shipped models (`length-quality`). Sparse attention here is compiled "
-        "flex attention; the activations' INT8 arithmetic runs for real (`torch._int_mm` or oneDNN).",
+        "flex attention; the activations' INT8 arithmetic runs for real (`torch._int_mm` or oneDNN). *kept density*: "
+        "the share of (query, key) block pairs the sparse calls ran: the largest window within the budget, which "
+        "grows in whole steps (text and a global block included), so a budget of 0.15 keeps what its grid allows.",
         "",
         "| video + text tokens | blocks | setting | s / call (cut) | s / full call | vs bf16 | kept density | peak RSS GiB |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
@@ -211,6 +213,7 @@ def section(r: dict) -> str:
     if any(length.get("rerun") for length in r["lengths"]):
         lines += ["", "† Rerun later (`--update --lengths ...`), its bf16 processes with it: the first run of this "
                   "length shared the machine with other work."]
+    lines += [x for note in r.get("notes", []) for x in ("", note)]  # what happened in this run, in words
     lines += ["", "The attention op alone at each length's shape (batch 2, 30 heads, d64, bf16; one process, calls "
               "alternating, medians):", "", "| tokens | SDPA s | block-sparse s (density) | vs SDPA |", "|---:|---:|---:|---:|"]
     for length in r["lengths"]:
