@@ -68,7 +68,7 @@ def section(r: dict) -> str:
              f"Written by `python benchmarks/bench_length_quality.py` on {machine_description()}. The shipped shapes "
              f"models (trained on 8 frames of 32×32) at 4× the frames and, for Wan, at 2× the resolution (CogVideoX's "
              f"rotary embedding stops at its trained 32×32), full precision, {r['steps']} steps, CFG 4, {r['pairs']} held-out "
-             "(prompt, seed) pairs; PSNR of each setting's videos against dense attention on the same pairs, mean and "
+             "(prompt, seed) pairs (spread evenly over the 48 held out); PSNR of each setting's videos against dense attention on the same pairs, mean and "
              "(min) dB. Sparse attention as installed by `apply_sparse_attention` with blocks of 32 tokens (at the "
              "default 128 a 1,024-token video is 8 blocks a side and even the smallest window keeps 23–40 % of them), "
              "the first 2 steps dense; *density run*: the share of blocks the calls past the warm-up ran (text and a "
@@ -87,9 +87,22 @@ def section(r: dict) -> str:
             density = "–" if row["density"] is None else f"{row['density']:.2f}"
             lines.append(f"| shapes-{arch} | {f} × {h} × {w} ({size}) | {name} | {mean:.2f} ({min(p):.2f}) | "
                          f"{density} | {widened} |")
-    worst = min(min(run_["rows"][k]["psnr"]) for run_ in r["runs"].values() for k in run_["rows"] if k.startswith("adaptive"))
-    lines += ["", f"Check (issue 60): the adaptive mode ≥ 30 dB against dense attention on every pair: "
-              f"**{'yes' if worst >= 30 else 'no'}** (worst pair {worst:.2f} dB)."]
+    def worst(size):
+        return min(min(run_["rows"][k]["psnr"]) for key, run_ in r["runs"].items() if key.endswith(size)
+                   for k in run_["rows"] if k.startswith("adaptive"))
+
+    frames = worst("4× frames")
+    lines += ["", f"Check (issue 60): at 4× the frames, the adaptive mode ≥ 30 dB against dense attention on every "
+              f"pair of both models: **{'yes' if frames >= 30 else 'no'}** (worst pair {frames:.2f} dB)."]
+    if any(key.endswith("2× resolution") for key in r["runs"]):
+        res = worst("2× resolution")
+        lines[-1] += (f" At 2× the resolution (Wan): **{'yes' if res >= 30 else 'no'}** (worst pair {res:.2f} dB"
+                      f"{'; there a 5 % error bound per call is not enough for a 30 dB video' if res < 30 else ''}).")
+    lines += ["", "The fixed budgets lose the video on these models (12–25 dB): their attention is far from local "
+              "(a shape crosses the whole frame during the video), so a window of neighbouring blocks "
+              "misses what they attend; the adaptive mode finds that and keeps 80–86 % of the blocks. Real video "
+              "models' attention is reported more local (Sparse VideoGen, Radial Attention); how they fare here "
+              "is not measured."]
     return "\n".join(lines) + "\n"
 
 
@@ -97,10 +110,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--section", action="store_true", help="only write the section from --json")
     parser.add_argument("--quick", action="store_true", help="2 pairs, 2 steps, 4× frames only: checks the script")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "length_quality.json"))
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    if args.section:
+        from report import update_section
+
+        update_section(args.output, "length-quality", section(json.loads(Path(args.json).read_text())))
+        return 0
     if args.quick:
         args.pairs, args.steps = 2, 3
     r = {"pairs": args.pairs, "steps": args.steps, "runs": {}}
