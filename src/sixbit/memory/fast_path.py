@@ -18,8 +18,8 @@ Three choices (``layout=`` of those calls, ``--layout`` of the CLI, or the envir
   and the model's weights are not offloaded, else ``"compact"`` (the reason is reported);
   switching offloading on or off decides it again at the next call (:func:`decide_auto_again`).
   On a CPU without AMX-INT8, a model whose 4-bit weights are multiplied in INT8 (``w4a8``) stays
-  ``"compact"``: there CogVideoX-2B's layers ran no faster with INT8 copies (0.95–1.00× from
-  2,500 to 35,552 tokens), which would cost 8 bits per weight (BENCHMARKS.md ``length``).
+  ``"compact"``: there a CogVideoX-2B call's INT8 GEMMs ran no faster with INT8 copies (2.54
+  against 2.61 s at 5,626 tokens), which would cost 8 bits per weight (BENCHMARKS.md ``length``).
 - ``"fast"``: keep the operands (:func:`keep_int8_weights`): ``w8a8`` 1.35× and ``w4a8`` 1.33×
   bf16 at CogVideoX-2B size on an AMX CPU, against 0.90× and 0.68× without
   (BENCHMARKS.md ``cpu-speed``); 8 more bits per weight resident (``w4a8``: 4.9 → 13).
@@ -65,11 +65,11 @@ CHOICES = ("auto", "fast", "compact")
 ENVIRONMENT = "SIXBIT_LAYOUT"  # the default choice, where the calls are not given one
 HOOK = "sixbit_layout"
 _FREE_SHARE = 0.5  # "auto" keeps operands that fit in this share of the device's free memory
-# Why "auto" keeps no INT8 copies of 4-bit weights on CPUs without AMX-INT8 (measured on
-# CogVideoX-2B's layers, 2 cores, AVX512-VNNI: benchmarks/bench_length.py's w4a8 rows; under
-# AVX2 caps, with no VNNI, the INT8 GEMM is the exact float64 fallback and slower still).
-_NO_AMX_COPIES = ("re-rounding a 1920×7680 weight takes 14 ms, and with the copies the layers ran "
-                  "0.95–1.00× as fast from 2,500 to 35,552 tokens, while w4a8 held 8 more bits per weight")
+# Why "auto" keeps no INT8 copies of 4-bit weights on CPUs without AMX-INT8 (BENCHMARKS.md
+# ``length``, w4a8 against w4a8 (fast) at CogVideoX-2B size, 2 cores, AVX512-VNNI; under AVX2
+# caps, with no VNNI, the INT8 GEMM is the exact float64 fallback, slower still against re-rounding).
+_NO_AMX_COPIES = ("there the INT8 GEMMs of a CogVideoX-2B call at 5,626 tokens took as long without them "
+                  "(2.61 against 2.54 s of a 12 s call), and they hold 8 more bits per weight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +135,8 @@ def kept_bytes(shapes, device: torch.device | str) -> int:
     ``kind`` one of ``"gemm"`` (INT8 calls of weights the INT8 GEMM cannot read: an INT8 copy,
     codes and a scale per row), ``"int8"`` (per-channel INT8 weights: packed for AMX on AMX CPUs,
     read as stored elsewhere), ``"weight_only"`` (CPUs: NVFP4 values unpacked, one int8 each),
-    ``"static"`` (static W8A8) and ``"none"`` (weight-only layers of other formats): nothing kept. What :func:`apply` keeps there, byte for byte."""
+    ``"static"`` (static W8A8) and ``"none"`` (weight-only layers of other formats): nothing kept.
+    What :func:`apply` keeps there, byte for byte."""
     device = torch.device(device)
     cpu, amx = device.type == "cpu", device.type == "cpu" and kernels.amx_int8()
     per_layer = {"gemm": lambda n, k: n * (k + 4), "static": lambda n, k: 0, "none": lambda n, k: 0,
