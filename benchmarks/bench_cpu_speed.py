@@ -150,6 +150,7 @@ class _Profile:
         import torch.nn.functional as F
 
         import sixbit.kernels
+        import sixbit.methods.sparse_attention.method as sparse_attention
         import sixbit.nn.execution as execution
         import sixbit.nn.quant_linear as ql
         from sixbit.transforms import hadamard
@@ -172,6 +173,7 @@ class _Profile:
                    (lowrank, "low_rank", "low-rank branch"), (lowrank, "branch", "low-rank branch"),
                    (lowrank, "full", "low-rank branch"), (lowrank, "add_branch", "low-rank branch"),
                    (F, "scaled_dot_product_attention", "attention"),
+                   (sparse_attention, "block_sparse_attention", "attention"),  # inside SDPA's wrapper when hooked
                    (F, "layer_norm", "norms"), (F, "group_norm", "norms")]
         targets = [t for t in targets if hasattr(t[0], t[1])]  # an older sixbit (--before) lacks some
         saved = [(obj, name, getattr(obj, name)) for obj, name, _ in targets]

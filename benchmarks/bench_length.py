@@ -92,13 +92,6 @@ def _model(folder: str, setting: str, blocks: int):
     return model.eval().requires_grad_(False)
 
 
-def _sparse_kernel():
-    """Where sparse attention calls its kernel: the profile counts it as attention."""
-    import sixbit.methods.sparse_attention.method as method
-
-    return [(method, "block_sparse_attention", "attention")]
-
-
 def child_call(folder: str, setting: str, blocks: int, frames: int, side: str, repeats: int, profile: int) -> dict:
     """Time one call of ``setting`` (median of ``repeats`` after a warm-up); profile one more if asked."""
     import torch
@@ -117,20 +110,10 @@ def child_call(folder: str, setting: str, blocks: int, frames: int, side: str, r
             times.append(time.perf_counter() - t0)
         prof_out = None
         if profile:
-            prof = _Profile()
-            extra = _sparse_kernel()
-            saved = [(obj, name, getattr(obj, name)) for obj, name, _ in extra]
-            with prof.installed():
-                for obj, name, kind in extra:
-                    setattr(obj, name, prof.wrap(kind, getattr(obj, name)))
-                try:
-                    t0 = time.perf_counter()
-                    model(**inputs, return_dict=False)
-                    total = time.perf_counter() - t0
-                finally:
-                    for obj, name, fn in saved:
-                        setattr(obj, name, fn)
-            prof_out = {"seconds": prof.seconds, "total_s": total}
+            with _Profile().installed() as prof:
+                t0 = time.perf_counter()
+                model(**inputs, return_dict=False)
+                prof_out = {"seconds": prof.seconds, "total_s": time.perf_counter() - t0}
     laid = sixbit.layout_of(model) if setting != "bf16" else None
     state = sixbit.sparse_attention_of(model)
     return {"call_s": statistics.median(times[1:]), "first_s": times[0], "load_s": load_s, "profile": prof_out,
