@@ -1,9 +1,9 @@
-"""Every cache on the shipped models, speedup against PSNR, with cache-dit's DBCache (issue 23).
+"""Every cache on the shipped models, speedup against PSNR, with cache-dit's DBCache (issues 23 and 62).
 
-The delta cache (``tdc``) at several thresholds, diffusers' caches, cache-dit's DBCache
-configurations and the quantized preset with the cache (``balanced``) → BENCHMARKS.md (section
-``cache-pareto``) and ``benchmarks/plots/cache_pareto.png`` (issue 23's deliverable 3 and its
-done-when check).
+The delta cache (``tdc``) swept over its error budget, calibrated to PSNR targets, its earlier
+rule and ablations, diffusers' caches, cache-dit's DBCache configurations and the quantized preset
+with the cache (``balanced``) → BENCHMARKS.md (section ``cache-pareto``) and
+``benchmarks/plots/cache_pareto.png``.
 
     python benchmarks/bench_caches.py                          # both models side by side, then the section
     python benchmarks/bench_caches.py --model shapes-wan       # one model (one harness process), no section
@@ -18,13 +18,10 @@ maps and ``index.html`` with the videos are not).
 
 The methods (:data:`METHODS`), chosen from skip shares measured at 20 steps:
 
-* ``tdc`` from threshold 0.1 (skips ≈ 0–10 % of block calls) to 0.4. From ≈ 0.15 up it skips
-  every step it may: ``max_skips=2`` (at most two skipped steps in a row) caps it at ≈ 50 % of
-  block calls, ≈ 2×, so larger thresholds add the same point again (0.4 shows it);
-  ``tdc-skips3`` / ``tdc-skips4`` (``max_skips`` 3 / 4, ablations of that cap) reach ≈ 55 / 60 %;
-  ``tdc-w10-skips3`` / ``tdc-w10-skips4`` / ``tdc-w10-skips6`` (also a 10 % warm-up instead of
-  20 %) ≈ 65 / 65 / 70 %; ``tdc-nodrift`` / ``tdc-drift1`` replay none / all of the measured drift
-  (first-order Taylor extrapolation; the default replays half);
+* ``tdc-B`` at error budgets :data:`KNOB`, from no skips (0.1) to the warm-up's and final steps'
+  limit (70 % of block calls); ``tdc-min-X`` calibrated to X dB (:data:`MIN_PSNR`) on the
+  calibration prompts; ``tdc-v1-T``, the rule before issue 62 at threshold T; ablations of the
+  drift term, ``final_fraction`` and a 10 % warm-up;
 * diffusers' caches at ``run_all.py``'s settings plus FirstBlockCache 0.1 and 0.5 and
   TaylorSeer intervals 2 and 5;
 * cache-dit's DBCache (:mod:`sixbit.bench.peer_cache_dit`): with one compute block in front
@@ -36,13 +33,15 @@ The methods (:data:`METHODS`), chosen from skip shares measured at 20 steps:
 Speedups are against the uncached fp32 model, the one every cache here runs on (``--baseline fp``:
 a cache changes no dtype). The ``bf16`` row — the same model in bfloat16 without a cache, what a
 user who wants speed would otherwise run on this CPU — is drawn and listed for that context, and
-left out of the front and the check, which compare caches.
+left out of the front and the checks, which compare caches.
 
-The check (the issue's done-when, like ``run_all.py``'s ``cache-check``): for every cache-dit point
-with 1.5× ≤ speedup ≤ 2.5×, is there a ``tdc`` point at equal or greater speedup with higher PSNR;
-and is the default ``tdc`` on the Pareto front of every cache point (all rows but the references). Speedups
-are wall-clock on a shared CPU and drift by tenths; skip shares are exact, so the section also
-gives the same check by skip share.
+The checks: for every cache-dit point with 1.5× ≤ speedup ≤ 2.5×, is there a ``tdc`` point at
+equal or greater speedup with higher PSNR (issue 23); is the default ``tdc`` on the Pareto front
+of every cache point (all rows but the references); is the budget sweep monotonic (skip share
+never falls, PSNR never rises), and the default at least as good as the rule before; does each
+``min_psnr`` point reach its target on the held-out pairs, and is any diffusers or cache-dit point
+at the same or higher PSNR as fast (issue 62). Speedups are wall-clock on a shared CPU and drift by
+tenths; skip shares are exact, so the section also gives the cache-dit check by skip share.
 """
 
 from __future__ import annotations
@@ -52,10 +51,13 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from sixbit.config.delta_cache import DeltaCacheConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -63,9 +65,13 @@ PLOTS = ROOT / "benchmarks" / "plots"
 MODELS = ("shapes-cogvideox", "shapes-wan")
 SECTION = "cache-pareto"
 
-TDC = ("tdc-0.1,tdc-0.12,tdc-0.14,tdc-0.17,tdc,tdc-0.25,tdc-0.3,tdc-0.4,"
-       "tdc-skips3-0.3,tdc-skips3-0.4,tdc-skips4-0.4,tdc-skips4-0.6,tdc-w10-skips3-0.4,tdc-w10-skips4-0.4,"
-       "tdc-w10-skips6-0.6,tdc-nodrift,tdc-drift1")
+# the knob: the error budget (default 1.3), from no skips to the warm-up's limit
+KNOB = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 1.0, 1.6, 2.0, 3.0, 5.0, 10.0)
+TDC = ",".join([f"tdc-{b:g}" for b in KNOB] + ["tdc"]
+               + ["tdc-w10-3,tdc-w10-5,tdc-nodrift,tdc-drift05,tdc-drift1,tdc-nofinal"]  # ablations at the default
+               + [f"tdc-v1-{t:g}" for t in (0.12, 0.14, 0.17, 0.25, 0.3)] + ["tdc-v1"])  # the rule before issue 62
+MIN_PSNR = (30, 33, 35, 38)
+CALIBRATED = ",".join([f"tdc-min-{t}" for t in MIN_PSNR] + ["balanced-min-35"])
 DIFFUSERS = ("fbcache-0.1,fbcache-0.2,fbcache-0.3,fbcache-0.4,fbcache-0.5,magcache,magcache-0.12,magcache-0.24,"
              "magcache-0.3,taylorseer-2,taylorseer-3,taylorseer-5,pab-2,fastercache-2")
 CACHE_DIT = ("dbcache-0.12,dbcache-0.15,dbcache-0.2,dbcache-0.3,dbcache-0.5,"
@@ -73,9 +79,10 @@ CACHE_DIT = ("dbcache-0.12,dbcache-0.15,dbcache-0.2,dbcache-0.3,dbcache-0.5,"
              "dbcache-ts2-0.12,dbcache-ts2-0.2,dbcache-ts2-0.3,dbcache-ts2-0.5,"
              "dbcache-f1b1-0.2,dbcache-f1b1-1,dbcache-f1b1-ts1-0.2,dbcache-f1b1-ts1-1,"
              "dbcache-nocap-0.2,dbcache-nocap-0.3,dbcache-nocap-0.5,dbcache-nocap-1,dbcache-nocap-2")
-METHODS = f"fp,bf16,{TDC},{DIFFUSERS},{CACHE_DIT},balanced"
-QUICK = "fp,bf16,tdc,tdc-0.3,fbcache-0.2,dbcache-0.2,dbcache-ts1-0.2,dbcache-nocap-0.5"
+METHODS = f"fp,bf16,{TDC},{CALIBRATED},{DIFFUSERS},{CACHE_DIT},balanced"
+QUICK = "fp,bf16,tdc,tdc-3,tdc-v1,tdc-min-35,fbcache-0.2,dbcache-0.2,dbcache-ts1-0.2,dbcache-nocap-0.5"
 CHECK_RANGE = (1.5, 2.5)
+DEFAULT_BUDGET = DeltaCacheConfig().error_budget  # what plain `tdc` runs with
 
 
 def _bench_cmd(model: str, out: Path, quick: bool) -> list[str]:
@@ -117,16 +124,23 @@ def _psnr(row) -> float:
 
 
 def _kind(row) -> str:
-    """``tdc``, a diffusers cache's or a cache-dit configuration's base name, ``balanced`` or ``fp``."""
-    name, family = row["method"], row["family"]
-    if family == "cache-dit":
-        head, _, tail = name.rpartition("-")
-        return head if head and tail.replace(".", "", 1).isdigit() else name
-    return name.split("-")[0]
+    """A configuration's base name, its knob's value left out: ``tdc`` (the error budget sweep),
+    ``tdc-v1``, ``tdc-min``, ``fbcache``, ``dbcache-ts1``, …; ``balanced``, ``fp``."""
+    name = row["method"]
+    head, _, tail = name.rpartition("-")
+    return head if head and tail.replace(".", "", 1).isdigit() else name
+
+
+def _value(row) -> float | None:
+    """The knob's value of a row (its ``-VALUE``, else the library's default), ``None`` if it has none."""
+    name, kind = row["method"], _kind(row)
+    if name != kind:
+        return float(name.rpartition("-")[2])
+    return {"tdc": DEFAULT_BUDGET, "tdc-v1": 0.2}.get(kind)
 
 
 def _is_tdc(row) -> bool:
-    return row["family"] == "sixbit" and _kind(row) == "tdc"
+    return row["family"] == "sixbit" and _kind(row).startswith("tdc")
 
 
 def load(model: str, quick: bool = False) -> dict | None:
@@ -207,13 +221,44 @@ def check(result: dict) -> dict:
             "beaten_by": beaten_by, "losses": sorted(losses, key=lambda x: x[0]["speedup"]), "tdc": tdc}
 
 
+def monotonic(rows: list[dict], kind: str) -> dict:
+    """The sweep of ``kind`` (``tdc``: the error budget; ``tdc-v1``: the earlier threshold) in
+    knob order, and every step where the skip share fell or PSNR rose as the knob grew."""
+    sweep = sorted((r for r in rows if _kind(r) == kind and r["family"] == "sixbit"), key=_value)
+    breaks = []
+    for a, b in zip(sweep, sweep[1:]):
+        if b["skip_share"] < a["skip_share"] - 1e-9:
+            breaks.append((a, b, "skipped less"))
+        if _psnr(b) > _psnr(a) + 1e-9:
+            breaks.append((a, b, f"PSNR rose {_gap(b, a)}"))
+    return {"sweep": sweep, "breaks": breaks}
+
+
+def calibrated(rows: list[dict]) -> list[dict]:
+    """Each ``*-min-X`` row: its target, whether its held-out PSNR reaches it, the budget it chose
+    (from its note) and every diffusers or cache-dit point at the same or higher PSNR that is at
+    least as fast (the done-when asks for none)."""
+    peers = [r for r in rows if r["family"] in ("diffusers", "cache-dit")]
+    found = []
+    for r in rows:
+        if not _kind(r).endswith("-min"):
+            continue
+        target = _value(r)
+        chosen = re.search(r"chose error_budget ([0-9.]+) \(([-0-9.]+|None) dB", r.get("note", ""))
+        faster = [q for q in peers if _psnr(q) >= _psnr(r) and q["speedup"] >= r["speedup"]]
+        found.append({"row": r, "target": target, "meets": _psnr(r) >= target, "budget": chosen and chosen.group(1),
+                      "calibration_psnr": chosen and chosen.group(2), "faster_peers": faster})
+    return found
+
+
 # ------------------------------------------------------------------------ plot and section
 
 
 def _style(kind: str):
     """(color, marker, draw a line through the sweep) per configuration."""
     styles = {
-        "tdc": ("#d7191c", "o", True), "balanced": ("black", "*", False),
+        "tdc": ("#d7191c", "o", True), "tdc-v1": ("#fc8d59", "x", True), "tdc-min": ("#d7191c", "*", False),
+        "balanced": ("black", "*", False), "balanced-min": ("black", "P", False),
         "fbcache": ("#2b83ba", "s", True), "magcache": ("#5e3c99", "D", True), "taylorseer": ("#008837", "^", True),
         "pab": ("#7f7f7f", "v", False), "fastercache": ("#b15928", "P", False),
         "dbcache": ("#fdae61", "o", True), "dbcache-ts1": ("#f46d43", "^", True), "dbcache-ts2": ("#a6611a", "v", True),
@@ -243,10 +288,12 @@ def plot(results: dict[str, dict], path: Path) -> Path:
             # a sweep in threshold order: more skipped, then lower PSNR (speed alone zigzags with the drift)
             pts = sorted((r for r in rows if _kind(r) == kind), key=lambda r: (r["skip_share"], -_psnr(r)))
             color, marker, line = _style(kind)
-            label = {"tdc": "tdc (ours)", "balanced": "balanced (ours: NVFP4 + DMPQ + tdc)"}.get(kind, kind)
+            label = {"tdc": "tdc (ours: the error budget swept)", "tdc-v1": "tdc, the rule before issue 62 (threshold swept)",
+                     "tdc-min": f"tdc, min_psnr {'/'.join(map(str, MIN_PSNR))} dB (calibrated)",
+                     "balanced": "balanced (ours: NVFP4 + DMPQ + tdc)", "balanced-min": "balanced, min_psnr 35 dB"}.get(kind, kind)
+            ours = kind in ("tdc", "tdc-min", "balanced", "balanced-min")
             ax.plot([r["speedup"] for r in pts], [y(r) for r in pts], ("-" if line else "") + marker, color=color,
-                    ms=9 if kind in ("tdc", "balanced") else 6, lw=1.6 if kind == "tdc" else 0.8, label=label,
-                    zorder=3 if kind == "tdc" else 2)
+                    ms=9 if ours else 6, lw=1.6 if kind == "tdc" else 0.8, label=label, zorder=3 if ours else 2)
         for r in res["rows"]:
             if r["method"] == "bf16":
                 ax.plot([r["speedup"]], [y(r)], "k+", ms=11, mew=2, label="bf16, no cache (fastest full-precision dtype here)")
@@ -257,6 +304,10 @@ def plot(results: dict[str, dict], path: Path) -> Path:
         if default is not None:
             ax.annotate("tdc (default)", (default["speedup"], y(default)), fontsize=8, xytext=(6, 6),
                         textcoords="offset points", color="#d7191c")
+        for r in rows:
+            if _kind(r).endswith("-min"):
+                ax.annotate(f"≥ {_value(r):g}", (r["speedup"], y(r)), fontsize=7, xytext=(4, -10),
+                            textcoords="offset points", color="black" if r["method"].startswith("balanced") else "#d7191c")
         ax.axvspan(*CHECK_RANGE, color="#eeeeee", zorder=0, label=f"the check's range ({CHECK_RANGE[0]}×–{CHECK_RANGE[1]}×)")
         ax.set_xlabel("wall-clock speedup over the uncached fp32 model (shared 2-core CPU; drifts by tenths; twins pooled)")
         ax.set_ylabel(f"PSNR vs FP video (dB; identical to FP drawn at {top:.0f})")
@@ -297,32 +348,39 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
     minutes = ", ".join(f"{m} {res['total_seconds'] / 60:.1f} min" for m, res in results.items())
     lo, hi = CHECK_RANGE
     lines = [
-        "## Every cache: speedup vs PSNR, with cache-dit (issue 23)",
+        "## Every cache: speedup vs PSNR, with cache-dit (issues 23 and 62)",
         "",
         f"Written by `{command}`: the harness (`sixbit bench --prompts {s['prompts']} --steps {s['steps']} "
-        f"--calibration-prompts {s['calibration_prompts']} --threads 1`) with only cache methods — `tdc` (our delta "
-        "cache on the full-precision model) at several thresholds, diffusers' caches, cache-dit's DBCache "
-        "configurations (`sixbit.bench.peer_cache_dit`: Fn=1 front compute block, warm-up = the delta cache's, "
-        "≤ 3 cached steps in a row except `-nocap`; `-ts1`/`-ts2`: TaylorSeer calibrator order 1/2; `-f1b1`: the last "
-        "block always computed; the suffix is `residual_diff_threshold`) and `balanced` (NVFP4 weights + DMPQ + the "
-        f"delta cache) — one model per process, the two side by side ({minutes}). Machine: {first['machine']}.",
+        f"--calibration-prompts {s['calibration_prompts']} --threads 1`) with only cache methods, one model per "
+        f"process, the two side by side ({minutes}). Machine: {first['machine']}. The methods:",
+        "",
+        f"- `tdc-B`: our delta cache on the full-precision model at error budget B, its one knob (`tdc`: the default "
+        f"{DEFAULT_BUDGET:g}); `tdc-min-X`: its budget calibrated to X dB (`DeltaCacheConfig(min_psnr=X)`: the largest "
+        f"budget whose {s['calibration_prompts']} calibration videos, not these held-out ones, reach X dB, mean − 1 SE, "
+        "against the uncached model); `balanced` / `balanced-min-35`: NVFP4 weights + DMPQ + the cache, the cache at "
+        "the default budget / calibrated to 35 dB against the full-precision model (the combined model's PSNR);",
+        "- `tdc-v1-T`: the rule before issue 62, at stability threshold T (budget 3×T, at most 2 skips in a row, drift "
+        "0.5; `tdc-v1`: its default 0.2); ablations at the default budget: `tdc-nodrift` / `tdc-drift05` / "
+        "`tdc-drift1` (drift 0 / 0.5 / 1, default 0.75), `tdc-nofinal` (no `final_fraction`: only the last step "
+        "always computed), `tdc-w10-B` (10 % warm-up instead of 20 %: the only way past 65 % skipped at 20 steps);",
+        "- diffusers' caches, and cache-dit's DBCache configurations (`sixbit.bench.peer_cache_dit`: Fn=1 front "
+        "compute block, warm-up = the delta cache's, ≤ 3 cached steps in a row except `-nocap`; `-ts1`/`-ts2`: "
+        "TaylorSeer calibrator order 1/2; `-f1b1`: the last block always computed; the suffix is "
+        "`residual_diff_threshold`).",
         "",
         "**Speedups are against the uncached fp32 model**, the one every cache here runs on (a cache changes no "
         "dtype); the `bf16` row is that model in bfloat16 without a cache — the fastest full-precision dtype on "
         "this CPU, what a user who wants speed would otherwise run — listed and drawn for context, and left out of "
-        "the front and the check, which compare caches. "
+        "the front and the checks, which compare caches. `balanced` runs DMPQ's NVFP4 emulated on this CPU, so its "
+        "speed is not its speed on a GPU with FP4 GEMMs; it is off the speed front here for that reason. "
         "**Speedups are wall-clock on a shared 2-core CPU and drift by tenths** (each is the method's median of "
         f"{s['runs']} timed runs against the median of the four fp32 generations timed nearest them; *measured*); "
-        "**skipped shares are "
-        "exact** (block calls not run, counted). Rows that did exactly the same work (same skipped share and "
-        "bit-identical PSNR: *same outcome as*) are one point timed more than once, and *speedup* is the mean of "
-        "their measured ones: the table, the front and the check use it. PSNR: against the FP videos of the same seeds. `tdc` and cache-dit skip "
-        "nothing in their first 4 of 20 steps (warm-up); after it, with the shipped models' 4 blocks, cache-dit's "
-        "Fn=1 (first block always run) and cap of 3 cached steps in a row allow at most 45 % of block calls "
-        "skipped (Bn=1: 30 %, no cap: 60 %), and `tdc` (at most 2 skipped steps in a row, the last step always "
-        "run) 50 % (`tdc-skips4` 60 %; `tdc-w10-*`, 2 warm-up steps, 65–70 %). `tdc-nodrift` / `tdc-drift1` replay "
-        "none / all of a residual's measured per-step change (all: a first-order Taylor extrapolation; the default "
-        "half): ablations of the drift term.",
+        "**skipped shares are exact** (block calls not run, counted). Rows that did exactly the same work (same "
+        "skipped share and bit-identical PSNR: *same outcome as*) are one point timed more than once, and *speedup* "
+        "is the mean of their measured ones: the tables, the front and the checks use it. PSNR: against the FP videos "
+        "of the same seeds. `tdc` and cache-dit skip nothing in their first 4 of 20 steps (warm-up); `tdc` also "
+        "computes the last 2 (`final_fraction` 0.1), so it skips at most 70 % of block calls (`tdc-w10`: 75 %); "
+        "cache-dit's Fn=1 and cap of 3 cached steps in a row allow at most 45 % (Bn=1: 30 %, no cap: 60 %).",
         "",
         f"![cache Pareto]({plot_path})",
     ]
@@ -373,7 +431,53 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
                                      for r, t in c["losses"]) + ".")
         else:
             lines.append("- Every other cache point has a `tdc` point at equal or greater speedup with higher PSNR.")
+        lines += _knob_lines(res) + _calibrated_lines(res)
     return "\n".join(lines) + "\n"
+
+
+def _knob_lines(res: dict) -> list[str]:
+    """Issue 62's knob checks: the budget sweep in order, the earlier rule's breaks, the default against it."""
+    rows = _caches(res)
+    knob, before = monotonic(rows, "tdc"), monotonic(rows, "tdc-v1")
+    lines = ["", "**The knob** (issue 62): the error budget in increasing order; a larger budget must never skip less "
+                 "nor give a higher PSNR.", "",
+             "| error budget | skipped | PSNR dB | speedup vs fp32 |", "|---:|---:|---:|---:|"]
+    lines += [f"| {_value(r):g}{' (default)' if r['method'] == 'tdc' else ''} | {100 * r['skip_share']:.0f}% | "
+              f"{_fmt_psnr(r)} | {r['speedup']:.2f}× |" for r in knob["sweep"]]
+
+    def said(m):
+        if not m["sweep"]:
+            return "not measured"
+        if not m["breaks"]:
+            return f"**monotonic** over its {len(m['sweep'])} settings"
+        return "**not monotonic**: " + "; ".join(f"{_value(a):g} → {_value(b):g}: {why}" for a, b, why in m["breaks"])
+
+    default = next((r for r in rows if r["method"] == "tdc"), None)
+    old = next((r for r in rows if r["method"] == "tdc-v1"), None)
+    lines += ["", f"- The error budget: {said(knob)}. The rule before (its threshold, `tdc-v1-T`): {said(before)}."]
+    if default is not None and old is not None:
+        ok = default["skip_share"] >= old["skip_share"] and _psnr(default) >= _psnr(old)
+        lines.append(f"- The default {_pt(default)} against the default before {_pt(old)}: "
+                     f"{'**as many skips or more at equal or better PSNR**' if ok else '**not** at least as good'} "
+                     f"({_gap(default, old)}).")
+    return lines
+
+
+def _calibrated_lines(res: dict) -> list[str]:
+    found = calibrated(_caches(res))
+    if not found:
+        return []
+    lines = ["", "**`min_psnr`** (issue 62): the budget each target chose on the calibration prompts, and what it gives "
+                 "on the held-out pairs.", "",
+             "| method | target dB | chose budget | calibration dB (mean − 1 SE) | held-out PSNR dB | reaches it? | "
+             "speedup vs fp32 | skipped | diffusers / cache-dit points at ≥ its PSNR and ≥ its speed |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---|"]
+    for c in found:
+        r = c["row"]
+        lines.append(f"| {r['method']} | {c['target']:g} | {c['budget'] or '—'} | {c['calibration_psnr'] or '—'} | "
+                     f"{_fmt_psnr(r)} | {'yes' if c['meets'] else '**no**'} | {r['speedup']:.2f}× | "
+                     f"{100 * r['skip_share']:.0f}% | {', '.join(_pt(q) for q in c['faster_peers']) or 'none'} |")
+    return lines
 
 
 def merge(models, quick: bool, out: Path, command: str) -> int:

@@ -97,7 +97,7 @@ GEN = ["generate", "--model", "shapes-wan", "--prompt", "a red circle moving rig
     (GEN + ["--guidance", "-1"], "--guidance"),
     (GEN + ["--guidance", "nan"], "--guidance"),
     (GEN + ["--guidance", "inf"], "--guidance"),
-    (GEN + ["--cache-threshold", "-0.1"], "--cache-threshold"),
+    (GEN + ["--cache-budget", "-0.1"], "--cache-budget"),
     (GEN + ["--tile-size", "0"], "--tile-size"),
     (GEN + ["--tile-size", "100"], "--tile-size"),
     (["convert", "--model", "shapes-wan", "--steps", "0", "-o", "m.safetensors"], "--steps"),

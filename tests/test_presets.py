@@ -22,9 +22,9 @@ def test_every_preset_resolves_and_round_trips_through_json(name, tmp_path):
 def test_presets_are_independent_copies():
     a = preset("balanced")
     a.weights.role_formats["attention"] = "int8"
-    a.cache.threshold = 0.9
+    a.cache.error_budget = 0.9
     b = preset("balanced")
-    assert b.weights.role_formats == {"modulation": "nvfp4"} and b.cache.threshold == 0.2
+    assert b.weights.role_formats == {"modulation": "nvfp4"} and b.cache.error_budget == 1.3
 
 
 def test_preset_contents():
@@ -156,8 +156,8 @@ def test_dmpq_low_is_checked():
     ({"weights": None, "activations": "fp", "cache": {"pdr": "no"}}, ["pdr must be true or false, got 'no'"]),
     ({"weights": {"include": "attn"}, "activations": "int8"}, ["include must be a list", "got 'attn'"]),
     ({"weights": None, "activations": "fp", "cache": {"threshold": "0.1", "max_skips": -1}},
-     ["threshold must be a finite number, got '0.1' (a string: write the value without quotes",
-      "max_skips must be an integer ≥ 0, got -1"]),
+     ["threshold must be a finite number or None, got '0.1' (a string: write the value without quotes",
+      "max_skips must be an integer ≥ 0 or None, got -1"]),
     ({"weights": {"gptq_damp": float("nan"), "boundary_blocks": 1.5}, "activations": "int8"},
      ["gptq_damp must be a finite number", "boundary_blocks must be an integer"]),
     ({"weights": {"act_mode": "nvfp4"}, "activations": "int8"}, ["contradicts activations='int8'"]),

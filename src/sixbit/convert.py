@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .checkpoint import finish
+from .eval.metrics import as_videos
 from .builder import LayerSwap, conversion_device, moved_to, quantize, spilling
 from .calibration import seeded
 from .calibration.videos import read_videos, video_runner
@@ -74,7 +75,7 @@ def calibration_runner(data, pipe, calibration_kwargs: dict) -> tuple[Callable[[
 def _calibration(config: ConvertConfig, chosen: dict, data, pipe, calibration_kwargs: dict | None):
     """``(run, description)`` of the calibration the weights or a ``chosen`` method needs, or ``(None, None)``."""
     weights = config.weights is not None and config.weights.needs_calibration
-    if not weights and not any(spec.needs_calibration for spec in methods() if spec.name in chosen):
+    if not weights and not any(spec.calibrates(chosen[spec.name]) for spec in methods() if spec.name in chosen):
         if data is not None:
             logger.info("calibration_data is not used by activations=%r", config.activations)
         return None, None
@@ -101,18 +102,33 @@ def _undo(model: nn.Module, swap: LayerSwap, tracked: bool) -> None:
 
 def _quantize_and_fit(transformer: nn.Module, config: ConvertConfig, chosen: dict, run, calibration: dict | None) -> dict:
     """Quantize ``transformer``'s weights as ``config`` says, then fit each chosen method that
-    needs calibration; what each method is applied with."""
+    needs calibration; what each method is applied with. A fit that compares with the
+    full-precision model (``MethodSpec.reference``) gets its calibration videos, run first."""
+    reference = None
     if config.weights is not None:
+        if any(spec.reference and spec.calibrates(chosen[spec.name]) for spec in methods() if spec.name in chosen):
+            logger.info("calibration generations of the full-precision model (the reference of a PSNR target)")
+            reference = as_videos(run())
         logger.info("quantizing weights%s", " (GPTQ: one calibration run, then each block replays its inputs)" if config.weights.gptq else "")
         quantize(transformer, config.weights, calibration=run)
-    return fit_methods(transformer, chosen, run, calibration)
+    return fit_methods(transformer, chosen, run, calibration, reference)
 
 
-def fit_methods(transformer: nn.Module, chosen: dict, run, calibration: dict | None) -> dict:
+def fit_methods(transformer: nn.Module, chosen: dict, run, calibration: dict | None, reference=None) -> dict:
     """What each ``chosen`` method is applied with: its config, or what its fit returns
-    (``run``: the calibration, ``None`` when no chosen method needs one)."""
-    return {spec.name: chosen[spec.name] if spec.fit is None else spec.fit(transformer, chosen[spec.name], run, calibration)
-            for spec in methods() if spec.name in chosen}
+    (``run``: the calibration, ``None`` when no chosen method needs one; ``reference``: the
+    full-precision model's calibration videos, ``None`` when the model is still in full precision)."""
+    applied = {}
+    for spec in methods():
+        if spec.name not in chosen:
+            continue
+        if spec.fit is None:
+            applied[spec.name] = chosen[spec.name]
+        elif spec.reference:
+            applied[spec.name] = spec.fit(transformer, chosen[spec.name], run, calibration, reference=reference)
+        else:
+            applied[spec.name] = spec.fit(transformer, chosen[spec.name], run, calibration)
+    return applied
 
 
 def convert_model(

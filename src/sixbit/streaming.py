@@ -265,6 +265,12 @@ def _check_calibration(config, quant_config, calibration) -> None:
             "conversion does not run: choose a preset with fixed activations (e.g. 'w4a8', 'w8a8') or load the model "
             "and use sixbit.convert_model"
         )
+    if config.cache is not None and config.cache.needs_calibration:
+        raise ValueError(
+            f"the delta cache's min_psnr={config.cache.min_psnr:g} is calibrated on generations of the converted model, "
+            "which a streamed conversion does not run: give DeltaCacheConfig(error_budget=...) instead (1.3, the default, skips half "
+            "the block calls of the shapes models), or load the model and use sixbit.convert_model"
+        )
     if config.needs_calibration and not callable(calibration):
         raise ValueError(
             f"{config.calibration_reason()} needs calibration=<callable that runs generations with the transformer it "
@@ -319,10 +325,10 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
     config = resolve(quant_config)
+    _check_calibration(config, quant_config, calibration)  # the config's own problems before any file is read
     folder = model_folder(model)
     net = empty_model(folder)
     check_convertible(config, net, empty=True)  # the one pre-flight check (sixbit.preflight), before any work
-    _check_calibration(config, quant_config, calibration)
     device = conversion_device(device)
     # before any block is read, not when the checkpoint is moved into place (a folder's writer refuses a file)
     if Path(output).suffix == ".safetensors" or not Path(output).is_file():

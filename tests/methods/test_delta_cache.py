@@ -1,3 +1,6 @@
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -150,7 +153,7 @@ def test_pdr_refreshes_outlier_layers_in_full_precision(monkeypatch):
 
     run = execution.run  # every linear call runs its planned path: record that path's precision
     monkeypatch.setattr(execution, "run", lambda layer, path, *rest: seen.append(MODE_OF[path]) or run(layer, path, *rest))
-    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, pdr=True))
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, max_skips=2, pdr=True))
     _run(model, x)
     r = cache.report()
     computes = list(r.decisions.values()).count("compute")
@@ -161,19 +164,19 @@ def test_pdr_refreshes_outlier_layers_in_full_precision(monkeypatch):
     assert set(r.pdr_flops) == {"nvfp4"} and r.pdr_flops["nvfp4"] > 0
     assert model.blocks[0].proj.act_mode.value == "nvfp4"  # restored after each refresh
     seen.clear()
-    off = enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, pdr=False))
+    off = enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, max_skips=2, pdr=False))
     _run(model, x)
     assert "fp" not in seen and off.report().pdr_full_precision_calls == 0
     x[0, 0, 0] = 1.0  # no outliers: refreshes stay in NVFP4 even with PDR on
     seen.clear()
-    enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, pdr=True))
+    enable_delta_cache(model, DeltaCacheConfig(threshold=1e9, error_budget=1e9, max_skips=2, pdr=True))
     _run(model, x)
     assert "fp" not in seen and "nvfp4" in seen
 
 
 def test_with_dmpq_the_first_step_after_skips_is_int8_and_order_is_kept():
     model = sixbit.quantize(_const_model(depth=1), sixbit.QuantConfig(weight_format="nvfp4"))
-    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01, final_steps=0, pdr=False))
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.01, max_skips=2, final_steps=0, pdr=False))
     dmpq = apply_dmpq(model, DMPQPredictor(["blocks.0"], [0.0], [0.0], threshold=1.0))  # always NVFP4 if Γ known
     _run(model, torch.randn(1, 4, 32))
     skips = [r[0] for r in cache.report().skip_map()]
@@ -188,13 +191,13 @@ def test_blocks_decide_together_by_default_or_alone():
     model = ToyTransformer(depth=2)
     model.blocks = nn.ModuleList([ConstBlock(), LineBlock(slope=3.0)])  # stable, and changing > 10 % per step
     x = torch.randn(1, 4, 32)
-    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.05, error_budget=9.0, final_steps=0, drift=0.0))
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.05, error_budget=9.0, max_skips=2, final_steps=0, drift=0.0))
     _run(model, x)
     grid = cache.report().skip_map()
     assert all(row[0] == row[1] for row in grid)  # one decision per step for every block
     assert all(row == ["compute", "compute"] for row in grid)  # their mean stability is too high
-    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.05, error_budget=9.0, final_steps=0, drift=0.0,
-                                                       decide_per_block=True))
+    cache = enable_delta_cache(model, DeltaCacheConfig(threshold=0.05, error_budget=9.0, max_skips=2, final_steps=0,
+                                                       drift=0.0, decide_per_block=True))
     _run(model, x)
     grid = cache.report().skip_map()
     assert {row[0] for row in grid[2:]} == {"compute", "skip"} and {row[1] for row in grid} == {"compute"}
@@ -264,9 +267,95 @@ def test_shapes_pipeline_with_cache_and_quantization():
     gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
     ref = pipe("a red circle moving right", num_inference_steps=6, generator=gen()).frames
     sixbit.quantize(pipe.transformer, sixbit.QuantConfig(weight_format="int8"))
-    cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=1e9, error_budget=1e9))
+    cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=1e9, error_budget=1e9, max_skips=2))
     out = pipe("a red circle moving right", num_inference_steps=6, generator=gen()).frames
     r = cache.report()
     assert {b for b, _, _ in r.decisions} == {"cond", "uncond"}
     assert [row[0] for row in r.skip_map("cond")] == ["compute", "compute", "skip", "skip", "compute", "compute"]
     assert out.shape == ref.shape
+
+
+# ---------------------------------------------------------------- issue 62: one monotonic knob, min_psnr
+
+
+def _shipped(arch):
+    from sixbit.zoo.shapes import load_pipeline
+
+    pipe = load_pipeline(arch)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _heldout(pipe, pairs, steps=20):
+    from sixbit.zoo.shapes import heldout_pairs
+    from sixbit.zoo.shapes.judge import generate_heldout
+
+    with torch.no_grad():
+        return generate_heldout(pipe, heldout_pairs(pairs), steps)[0]
+
+
+def test_the_error_budget_is_monotonic_on_a_shipped_model():
+    """A larger budget never skips less and never gives a higher PSNR (the module doc's claim,
+    here on 2 held-out pairs of shapes-cogvideox at the benchmark's 20 steps)."""
+    from sixbit.eval.metrics import psnr
+
+    pipe = _shipped("cogvideox")
+    reference = _heldout(pipe, 2)
+    shares, psnrs = [], []
+    for budget in (0.0, 0.3, 0.7, 1.3, 2.0, 3.0, 5.0):
+        cache = enable_delta_cache(pipe.transformer, DeltaCacheConfig(error_budget=budget))
+        videos = _heldout(pipe, 2)
+        shares.append(cache.report().skip_share)
+        psnrs.append(min(100.0, sum(psnr(v, r) for v, r in zip(videos, reference)) / len(videos)))
+        disable_delta_cache(pipe.transformer)
+    assert shares[0] == 0.0 and psnrs[0] == 100.0  # budget 0: no skip, the uncached videos
+    assert shares == sorted(shares) and shares[-1] >= 0.5
+    assert psnrs == sorted(psnrs, reverse=True) and psnrs[-1] < psnrs[1] - 10
+
+
+def test_min_psnr_calibrates_the_largest_budget_that_reaches_it_and_checkpoints_keep_it(tmp_path):
+    from sixbit.methods.delta_cache import BUDGETS
+
+    pipe = _shipped("cogvideox")
+    config = sixbit.ConvertConfig(weights=None, activations="fp", cache=DeltaCacheConfig(min_psnr=38.0))
+    assert config.needs_calibration and "min_psnr=38" in config.calibration_reason()
+    prompts = ["a red circle moving right", "a blue square moving left"]
+    sixbit.convert_model(pipe, prompts, config, calibration_kwargs={"num_inference_steps": 10})
+    cache = sixbit.conversion_of(pipe).config.cache
+    record = cache.calibrated
+    assert cache.min_psnr == 38.0 and not cache.needs_calibration and cache.error_budget in BUDGETS
+    tried = {t["error_budget"]: t for t in record["tried"]}
+    assert tried[cache.error_budget]["psnr_bound"] >= 38.0 and record["psnr_bound"] >= 38.0
+    larger = [b for b in tried if b > cache.error_budget]
+    assert larger and all(tried[b]["psnr_bound"] < 38.0 for b in larger)  # the largest that reaches it
+    assert record["runs"] == len(tried) + 1  # the uncached reference, then one run per budget tried
+    assert sixbit.conversion_of(pipe).cache.config == cache  # the cache runs with what was chosen
+    path = sixbit.save(pipe.transformer, tmp_path / "cached.safetensors")
+    video = _heldout(pipe, 1, steps=10)
+
+    again = _shipped("cogvideox")
+    sixbit.load(path, again)  # no calibration data: the stored budget is used as it is
+    assert sixbit.conversion_of(again).config.cache == cache
+    assert np.array_equal(_heldout(again, 1, steps=10), video)
+
+
+def test_min_psnr_counts_the_quantization_error_against_full_precision():
+    """With quantized weights the reference is the full-precision model: a target above what the
+    quantized model reaches uncached leaves the cache skipping nothing."""
+    pipe = _shipped("wan")
+    config = dataclasses.replace(sixbit.presets.resolve("w8a8"), cache=DeltaCacheConfig(min_psnr=90.0))
+    sixbit.convert_model(pipe, ["a red circle moving right"], config, calibration_kwargs={"num_inference_steps": 6})
+    cache = sixbit.conversion_of(pipe).config.cache
+    assert cache.error_budget == 0.0 and cache.calibrated["runs"] == len(cache.calibrated["tried"])  # reference ran before
+    assert all(t["psnr_bound"] < 90.0 for t in cache.calibrated["tried"])
+
+
+def test_min_psnr_is_refused_where_no_calibration_runs(tmp_path):
+    with pytest.raises(ValueError, match="min_psnr must be a number of dB > 0"):
+        DeltaCacheConfig(min_psnr=0)
+    config = sixbit.ConvertConfig(weights=sixbit.QuantConfig(weight_format="int8"), activations="int8",
+                                  cache=DeltaCacheConfig(min_psnr=35.0))
+    with pytest.raises(ValueError, match="min_psnr=35 is calibrated on generations of the converted model"):
+        sixbit.convert_pretrained(tmp_path / "no-model", config, tmp_path / "out")
+    with pytest.raises(ValueError, match="min_psnr=35 needs calibration_data"):
+        sixbit.convert_model(_shipped("wan"), None, config)

@@ -2,8 +2,8 @@
 
 A method name is a registered base name, optionally followed by ``-VALUE`` to set the method's
 one knob (its :attr:`Method.param`): ``fbcache-0.2`` is FirstBlockCache at threshold 0.2,
-``pab-3`` PyramidAttentionBroadcast skipping 3 steps, ``tdc-0.25`` our delta cache at
-threshold 0.25. Our methods are the presets of :mod:`sixbit.presets` (``balanced``,
+``pab-3`` PyramidAttentionBroadcast skipping 3 steps, ``tdc-0.8`` our delta cache at
+error budget 0.8, ``tdc-min-35`` with its budget calibrated to 35 dB. Our methods are the presets of :mod:`sixbit.presets` (``balanced``,
 ``w8a8-static``, ``w4a6-dynamic``, …), converted with :func:`sixbit.convert_model` on
 calibration generations made with the benchmark's own steps and CFG.
 
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..config import Activations
-from ..convert import convert_model
+from ..convert import conversion_of, convert_model
 from .. import kernels
 from ..methods.attention import AttentionQuantConfig, apply_attention_quant
 from ..presets import PRESETS, for_device, preset
@@ -129,8 +129,10 @@ def _preset_names() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
-def _apply_preset(name, ablation: str = "", **cache_changes):
-    """Apply preset ``name``; ``cache_changes`` alter its delta cache (an ablation, named in the note)."""
+def _apply_preset(name, ablation: str = "", knob: str = "error_budget", **cache_changes):
+    """Apply preset ``name``; ``cache_changes`` alter its delta cache (an ablation, named in the note);
+    ``-VALUE`` sets the cache's ``knob``: its error budget, or ``min_psnr`` (calibrated on the
+    benchmark's calibration prompts), or for the rule before issue 62 its threshold (budget 3×)."""
 
     def apply(pipe, ctx, value):
         config = preset(name)
@@ -139,15 +141,19 @@ def _apply_preset(name, ablation: str = "", **cache_changes):
         note = f"{ablation}; " if ablation else ""
         if value is not None:
             if config.cache is None:
-                raise ValueError(f"preset {name!r} has no delta cache: it takes no -threshold suffix")
-            # keep the preset's error budget in proportion to its threshold
-            ratio = config.cache.error_budget / config.cache.threshold if config.cache.threshold else 3.0
-            config.cache = dataclasses.replace(config.cache, threshold=value, error_budget=ratio * value)
-            note += f"threshold {value:g}; "
+                raise ValueError(f"preset {name!r} has no delta cache: it takes no -{knob} suffix")
+            extra = {"error_budget": 3 * value} if knob == "threshold" else {}
+            config.cache = dataclasses.replace(config.cache, **{knob: value}, **extra)
+            note += f"{knob} {value:g}; "
         calibration = (lambda: ctx.calibrate(pipe)) if config.needs_calibration else None
         convert_model(pipe, calibration, config)
         if calibration is not None:
             note += f"calibrated on {ctx.calibration_prompts} prompts; "
+        cache = conversion_of(pipe).config.cache
+        if cache is not None and cache.calibrated is not None:
+            c = cache.calibrated
+            note += (f"chose error_budget {cache.error_budget:g} ({c['psnr_bound']} dB mean − 1 SE on them, "
+                     f"{c['runs']} runs, {c['seconds']:.1f} s); ")
         return note + (config.description or name)
 
     return apply
@@ -165,31 +171,36 @@ def _preset_method(name: str) -> Method:
     emulated = _emulated(config)
     return Method(
         name, "sixbit", config.description or name, _apply_preset(name),
-        param="threshold" if config.cache is not None else None, emulated=emulated,
+        param="error_budget" if config.cache is not None else None, emulated=emulated,
     )
 
 
 if "balanced" in _preset_names():  # issue 7's ablations
     register(Method("balanced-nopdr", "sixbit", "balanced without PDR (DMPQ + delta cache only)",
-                    _apply_preset("balanced", "PDR off", pdr=False), param="threshold",
+                    _apply_preset("balanced", "PDR off", pdr=False), param="error_budget",
                     emulated=_preset_method("balanced").emulated))
     register(Method("aggressive-nopdr", "sixbit", "aggressive without PDR (its refreshes stay NVFP4)",
-                    _apply_preset("aggressive", "PDR off", pdr=False), param="threshold", emulated=True))
+                    _apply_preset("aggressive", "PDR off", pdr=False), param="error_budget", emulated=True))
     register(Method("tdc-perblock", "sixbit", "the delta cache with each block deciding alone",
-                    _apply_preset("tdc", "blocks decide alone", decide_per_block=True), param="threshold"))
-    register(Method("tdc-nodrift", "sixbit", "the delta cache replaying residuals unchanged (no drift term)",
-                    _apply_preset("tdc", "no drift term", drift=0.0), param="threshold"))
-    register(Method("tdc-drift1", "sixbit", "the delta cache replaying the whole measured drift (first-order "
-                    "Taylor extrapolation; default half of it)", _apply_preset("tdc", "full drift term", drift=1.0),
-                    param="threshold"))
-    for skips in (3, 4, 6):  # the cap on consecutive skips, which bounds the delta cache's speed (default 2)
-        register(Method(f"tdc-skips{skips}", "sixbit", f"the delta cache allowing {skips} skipped steps in a row (default 2)",
-                        _apply_preset("tdc", f"up to {skips} skips in a row", max_skips=skips), param="threshold"))
-        # and a shorter warm-up (10 % of the steps, default 20 %): the only way past ≈ 60 % skipped at 20 steps
-        register(Method(f"tdc-w10-skips{skips}", "sixbit",
-                        f"the delta cache with a 10 % warm-up (default 20 %) and up to {skips} skipped steps in a row",
-                        _apply_preset("tdc", f"10 % warm-up, up to {skips} skips in a row", max_skips=skips,
-                                      warmup_fraction=0.1), param="threshold"))
+                    _apply_preset("tdc", "blocks decide alone", decide_per_block=True), param="error_budget"))
+    for drift, label in ((0.0, "nodrift"), (0.5, "drift05"), (1.0, "drift1")):  # the drift term (default 0.75)
+        register(Method(f"tdc-{label}", "sixbit", f"the delta cache replaying {drift:g} of the measured drift "
+                        "(1: first-order Taylor extrapolation; default 0.75)",
+                        _apply_preset("tdc", f"drift {drift:g}", drift=drift), param="error_budget"))
+    register(Method("tdc-nofinal", "sixbit", "the delta cache without final_fraction (only the last step always computed)",
+                    _apply_preset("tdc", "final_fraction 0", final_fraction=0.0), param="error_budget"))
+    register(Method("tdc-w10", "sixbit", "the delta cache with a 10 % warm-up (default 20 %): the only way past "
+                    "≈ 65 % skipped at 20 steps", _apply_preset("tdc", "10 % warm-up", warmup_fraction=0.1),
+                    param="error_budget"))
+    # the rule before issue 62: a stability threshold, two skips in a row at most, a budget of 3× the threshold
+    register(Method("tdc-v1", "sixbit", "the delta cache's rule before issue 62 (threshold, budget 3×, ≤ 2 skips in a "
+                    "row, drift 0.5); -VALUE: its threshold (default 0.2)",
+                    _apply_preset("tdc", "the earlier rule", knob="threshold", threshold=0.2, error_budget=0.6,
+                                  max_skips=2, final_fraction=0.0, drift=0.5), param="threshold"))
+    for base in ("tdc", "balanced"):  # the budget calibrated to a PSNR target (DeltaCacheConfig(min_psnr=...))
+        register(Method(f"{base}-min", "sixbit", f"{base} with its cache's error budget calibrated to -VALUE dB "
+                        "(mean − 1 SE of the calibration videos against the uncached FP model)",
+                        _apply_preset(base, knob="min_psnr"), param="min_psnr", emulated=_preset_method(base).emulated))
 
 
 def _apply_int8_attention(pipe, ctx, value, p_format="fp16"):
@@ -382,7 +393,7 @@ def resolve(name: str) -> tuple[Method, float | None]:
         knobs = ", ".join(f"{n}-<{m.param}>" for n, m in PEERS.items() if m.param)
         raise ValueError(
             f"unknown method {name!r}; valid: {', '.join(available_names())} "
-            f"(append -VALUE to set a knob: {knobs}, or a cached preset's threshold, e.g. tdc-0.25)"
+            f"(append -VALUE to set a knob: {knobs}, or a cached preset's error budget, e.g. tdc-0.8)"
         )
     if value is not None and method.param is None:
         raise ValueError(f"method {base!r} has no knob to set with {name!r}; use plain {base!r}")

@@ -8,6 +8,7 @@ code; user mistakes raise ``ValueError`` (one line, exit code 2).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -97,6 +98,9 @@ def _how_to_load(path: Path, model_class: str) -> str:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     config = resolve(args.config)
+    if args.cache_min_psnr is not None:
+        config = dataclasses.replace(config, cache=dataclasses.replace(config.cache or DeltaCacheConfig(),
+                                                                       min_psnr=args.cache_min_psnr, calibrated=None))
     device = conversion_device(args.device)
     to_file = _check_convert_output(args)
     output = Path(args.output)
@@ -137,6 +141,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
     conv = conversion_of(pipe)
     if conv.predictor is not None:
         print(f"DMPQ predictor: Pearson r {conv.predictor.pearson_r:.2f}, threshold {conv.predictor.threshold:.4g}")
+    cached = conv.config.cache
+    if cached is not None and cached.calibrated is not None:
+        c = cached.calibrated
+        print(f"delta cache calibrated to {cached.min_psnr:g} dB: error_budget {cached.error_budget:g}, "
+              f"{c['psnr_bound'] if c['psnr_bound'] is not None else 'no skip'} dB (mean − 1 SE) on the calibration "
+              f"videos, {100 * c['skip_share']:.0f} % of block calls skipped ({c['runs']} runs, {c['seconds']:.1f} s)")
     laid_out = fast_path.planned(pipe)
     if laid_out is not None:
         print(f"run here: {laid_out.describe()}")
@@ -164,8 +174,8 @@ def _prepare(args):
             checkpoint.load(args.quantized, pipe)
     fast_path.attach(pipe, args.layout)  # a converted model's layout, decided at its first call (sixbit.memory.fast_path)
     if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
-        t = args.cache_threshold
-        enable_delta_cache(pipe.transformer, DeltaCacheConfig() if t is None else DeltaCacheConfig(threshold=t, error_budget=3 * t))
+        b = args.cache_budget
+        enable_delta_cache(pipe.transformer, DeltaCacheConfig() if b is None else DeltaCacheConfig(error_budget=b))
     if getattr(args, "use_cpu_offload", False) or getattr(args, "tile_size", None) is not None:
         from ..memory import enable_memory_optimization
 
@@ -345,6 +355,9 @@ def register(sub) -> None:
                    "or FILE.safetensors: the single-file checkpoint")
     p.add_argument("--device", help="where the conversion computes: cpu, cuda or cuda:N (default: the GPU where there "
                    "is one, else the CPU); a streamed conversion takes one block at a time to it")
+    p.add_argument("--cache-min-psnr", type=float_in(0.0, 200.0), metavar="DB",
+                   help="calibrate the delta cache: the largest error budget whose calibration videos reach DB against "
+                   "the uncached full-precision model (adds the cache to a preset without one)")
     p.set_defaults(func=cmd_convert)
 
     def add_runtime(p):
@@ -356,7 +369,8 @@ def register(sub) -> None:
                        help="CFG scale ≥ 0; ≤ 1 turns guidance off (default: the pipeline's)")
         p.add_argument("--seed", type=seed_type, default=DEFAULT_SEED, help="noise seed, 0 to 2**63-1 (default 0)")
         p.add_argument("--cache", choices=["none", "tdc"], default="none", help="skip stable blocks with the delta cache")
-        p.add_argument("--cache-threshold", type=float_in(0.0, 100.0), help="delta-cache threshold (default 0.2; the error budget follows at 3×)")
+        p.add_argument("--cache-budget", type=float_in(0.0, 100.0), help="the delta cache's error budget, its one knob: "
+                       "larger skips more (default 1.3: half the block calls of the shapes models at 20 steps)")
         p.add_argument("--use-cpu-offload", action="store_true", help="keep the model on the CPU, move it to the accelerator per module")
         p.add_argument("--tile-size", type=int_in(8, 16384, multiple_of=8),
                        help="VAE tile size in pixels, a multiple of 8 (pipelines with a VAE; default 256 when tiling)")

@@ -195,8 +195,10 @@ class ConvertConfig(Serializable):
 
     @property
     def needs_calibration(self) -> bool:
-        """Whether converting with this config runs calibration generations (DMPQ, static W8A8, GPTQ)."""
-        return self.activations.calibrated or (self.weights is not None and self.weights.needs_calibration)
+        """Whether converting with this config runs calibration generations (DMPQ, static W8A8, GPTQ,
+        the delta cache's ``min_psnr``)."""
+        return (self.activations.calibrated or (self.weights is not None and self.weights.needs_calibration)
+                or (self.cache is not None and self.cache.needs_calibration))
 
     def calibration_reason(self) -> str | None:
         """What needs calibration, in words (``None`` when nothing does)."""
@@ -206,4 +208,6 @@ class ConvertConfig(Serializable):
             w = self.weights
             return ("GPTQ weights (gptq=True)" if w.gptq else "smoothed weights (smooth_alpha)" if w.smooth_alpha is not None
                     else "refined low-rank branches (refine_steps)")
+        if self.cache is not None and self.cache.needs_calibration:
+            return f"the delta cache's min_psnr={self.cache.min_psnr:g}"
         return None

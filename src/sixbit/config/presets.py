@@ -43,8 +43,8 @@ def _w4_rtn(act: str) -> dict[str, Any]:
     return {"weights": QuantConfig(weight_format="nvfp4", hadamard_block=128), "activations": act}
 
 
-# Cache thresholds come from the cache benchmark (BENCHMARKS.md): the default 0.2 skips ≈ 45 % of
-# block calls of the full-precision shapes models at 20 steps; 0.3 reaches ≈ 50–55 %.
+# Cache budgets come from the cache benchmark (BENCHMARKS.md cache-pareto): the default 1.3 skips half
+# of the block calls of the full-precision shapes models at 20 steps; 2.0 skips 55 %.
 _PRESETS: dict[str, dict[str, Any]] = {
     "balanced": dict(
         **_w4("dynamic"), dmpq=DMPQConfig(target_bits=6.0, low="auto"), cache=DeltaCacheConfig(),
@@ -55,8 +55,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         description="INT8 weights and activations (real integer GEMM), first and last block in full precision, no cache",
     ),
     "aggressive": dict(
-        **_w4("nvfp4"), cache=DeltaCacheConfig(threshold=0.3, error_budget=0.9, cache_format="int4-g64"),
-        description="NVFP4 weights (GPTQ, searched scales, low-rank branch) and activations (emulated here), delta cache at threshold 0.3 with 4-bit residuals",
+        **_w4("nvfp4"), cache=DeltaCacheConfig(error_budget=2.0, cache_format="int4-g64"),
+        description="NVFP4 weights (GPTQ, searched scales, low-rank branch) and activations (emulated here), delta cache at error budget 2 with 4-bit residuals",
     ),
     "w8a8-static": dict(
         weights=None, activations="static", static=StaticW8A8Config.preset("w8a8-static"),

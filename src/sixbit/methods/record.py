@@ -116,7 +116,12 @@ def check(model: nn.Module, config: ConvertConfig, chosen: Mapping[str, Any]) ->
 def install(model: nn.Module, config: ConvertConfig, applied: Mapping[str, Any], calibration: dict | None,
             hardware: str | None = None) -> Conversion:
     """Apply each method of ``applied`` (what its fit returned, or its config) in registry order,
-    and remember the conversion."""
+    and remember the conversion. A method without ``state_key`` whose fit returned another config
+    of its type (the delta cache's calibrated budget) is recorded in ``config`` as fitted."""
+    for spec in methods():
+        fitted = applied.get(spec.name)
+        if spec.fit is not None and spec.state_key is None and spec.select is None and isinstance(fitted, spec.config_type):
+            config = config.with_method(spec.config_type, fitted)
     conversion = Conversion(config, calibration, hardware=hardware)
     _CONVERSIONS[model] = conversion  # first: a failure below is undone through it
     for spec in methods():

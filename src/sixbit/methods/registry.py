@@ -21,10 +21,16 @@ What a spec says, in the order a conversion uses it:
    ``convert_model(stabilize_frames=...)``).
 2. ``check(model, method_config, convert_config)``: refuse what cannot run, before anything
    changes (also when a checkpoint is loaded).
-3. ``fit(model, method_config, run, calibration) -> applied config`` (``needs_calibration``):
-   after the weights are quantized; ``run()`` runs the calibration generations, ``calibration``
+3. ``fit(model, method_config, run, calibration) -> applied config`` (``needs_calibration``:
+   ``True``, or a function of the method config saying whether this one needs it): after the
+   weights are quantized; ``run()`` runs the calibration generations, ``calibration``
    describes their source. Its result is what ``apply`` takes (e.g. DMPQ's predictor), kept
-   on the :class:`~sixbit.Conversion` as ``fitted``.
+   on the :class:`~sixbit.Conversion` as ``fitted``. With ``reference=True`` the fit also gets
+   ``reference=``: the calibration videos of the full-precision model (run before the weights
+   are quantized; ``None`` when no weights are), so what it fits holds for the combined model
+   (the delta cache's ``min_psnr``). A method without ``state_key`` whose fit returns another
+   config of its ``config_type`` is recorded in the conversion's :class:`~sixbit.ConvertConfig`
+   as fitted, so checkpoints store and reload what was fitted.
 4. ``apply(model, applied_config) -> state``, in ``order``; the state is kept on the
    conversion (``conversion.methods[name]``, and ``conversion.<attribute>`` when named).
    ``remove(model)`` undoes it (a no-op when it is not installed).
@@ -98,8 +104,9 @@ class MethodSpec:
     select: Callable[[Any, Mapping[str, Any]], Any] | None = None
     apply: Callable[[nn.Module, Any], Any] | None = None
     remove: Callable[[nn.Module], None] | None = None
-    needs_calibration: bool = False
-    fit: Callable[[nn.Module, Any, Callable[[], object], dict | None], Any] | None = None
+    needs_calibration: bool | Callable[[Any], bool] = False
+    fit: Callable[..., Any] | None = None
+    reference: bool = False
     fitted: str | None = None
     check: Callable[[nn.Module, Any, Any], None] | None = None
     state_key: str | None = None
@@ -123,7 +130,9 @@ class MethodSpec:
         if self.apply is None and self.fit is None and self.export is None:
             problems.append("it does nothing: give apply/remove, fit or export/prepare")
         if self.needs_calibration and self.fit is None:
-            problems.append("needs_calibration=True without a fit")
+            problems.append("needs_calibration without a fit")
+        if self.reference and self.fit is None:
+            problems.append("reference=True without a fit (the reference videos are its argument)")
         if self.state_key is not None and (self.dump is None or self.load is None):
             problems.append("state_key needs dump and load")
         if (self.export is None) != (self.prepare is None):
@@ -142,6 +151,11 @@ class MethodSpec:
         if self.select is not None:
             return self.select(config, extra or {})
         return config.method_config(self.config_type)
+
+    def calibrates(self, method_config) -> bool:
+        """Whether fitting ``method_config`` runs calibration generations."""
+        needs = self.needs_calibration
+        return bool(needs(method_config) if callable(needs) else needs)
 
     def recorded(self, config, applied) -> Any:
         """``config`` selecting this method as ``applied`` (``None``: not at all), or ``None`` when

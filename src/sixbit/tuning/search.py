@@ -4,8 +4,8 @@ ranking, and a genetic search seeded with it (seed 000 §2.1, step 2).
 An assignment (*genome*) gives each tuned layer one of its variants. The constraint is one of:
 average weight bits ≤ ``max_bits``, transformer bytes ≤ ``max_bytes`` (both *budgets*), or
 calibration PSNR ≥ ``min_psnr`` at the fewest bits. Budgets maximize the mean per-video PSNR
-(:func:`~sixbit.tuning.sensitivity.psnr_of`); ``min_psnr`` is checked against its lower bound,
-the mean minus one standard error (:func:`~sixbit.tuning.sensitivity.psnr_bound`): a margin for
+(:func:`~sixbit.eval.metrics.psnr_of`); ``min_psnr`` is checked against its lower bound,
+the mean minus one standard error (:func:`~sixbit.eval.metrics.psnr_bound`): a margin for
 prompts the tuning has not seen, which more calibration videos shrink (:meth:`Constraint.psnr`).
 
 - :func:`greedy` starts every layer at its fewest bits and repeatedly upgrades the layer whose
@@ -33,7 +33,8 @@ import time
 
 from ..config.validate import show
 from .library import Library
-from .sensitivity import Evaluator, Sensitivity, psnr_bound, psnr_of
+from ..eval.metrics import psnr_bound, psnr_of
+from .sensitivity import Evaluator, Sensitivity
 
 
 def _finite(value: int | float) -> bool:
@@ -74,8 +75,8 @@ class Constraint:
 
     def psnr(self, mse) -> float:
         """The PSNR (dB) this constraint judges per-video MSEs by: under ``min_psnr`` the lower
-        bound :func:`~.sensitivity.psnr_bound` (mean − one standard error), under a budget the
-        mean :func:`~.sensitivity.psnr_of`."""
+        bound :func:`~sixbit.eval.metrics.psnr_bound` (mean − one standard error), under a budget the
+        mean :func:`~sixbit.eval.metrics.psnr_of`."""
         return psnr_of(mse) if self.budget else psnr_bound(mse)
 
     def describe(self) -> str:
@@ -100,7 +101,7 @@ def _upgrades(library: Library, sens: Sensitivity, genome: list[int]):
 def _fill(library: Library, sens: Sensitivity, constraint: Constraint, genome: list[int],
           target_psnr: float | None = None) -> list[int]:
     """Upgrade greedily (most error removed per bit first) while the budget allows, or until
-    the predicted PSNR's lower bound (:func:`~.sensitivity.psnr_bound`) reaches ``target_psnr``."""
+    the predicted PSNR's lower bound (:func:`~sixbit.eval.metrics.psnr_bound`) reaches ``target_psnr``."""
     while True:
         if target_psnr is not None and psnr_bound(sens.predict(tuple(genome))) >= target_psnr:
             return genome

@@ -10,28 +10,41 @@ steps since the residual was computed; ``drift=0`` replays the cached residual a
 last two computed residuals of each — decides whether the step's blocks skip. A step is skipped when
 
 - it is past the warm-up (``max(warmup_steps, warmup_fraction × steps)``) and before the last
-  ``final_steps`` (those always compute),
-- ``s ≤ threshold`` for every sample of the call (batch-wide rule: one prompt never makes
-  another skip; a batched-CFG call skips only if both halves are stable),
-- fewer than ``max_skips`` consecutive skips have happened, and
-- the accumulated error estimate stays within ``error_budget``: each skip adds ``s·k``, ``k``
-  the age of the cached residual in steps (a stale residual drifts linearly), and a compute
-  resets it — error-guided switching.
+  ``max(final_steps, final_fraction × steps)`` steps (those always compute),
+- the accumulated error estimate stays within ``error_budget``, the one knob: each skip adds
+  ``s·k²``, ``s`` the worst sample's stability (batch-wide: one prompt never makes another skip),
+  ``k`` the age of the cached residual in steps, and a compute resets it — error-guided
+  switching; a streak of ``n`` skips costs ``s·(1 + 4 + … + n²)``, and
+- where set, ``s ≤ threshold`` and fewer than ``max_skips`` consecutive skips (optional gates;
+  off by default).
+
+Why the budget alone, and why ``k²``: with the earlier rule (a stability threshold, at most two
+skips in a row, and a budget of 3× the threshold, each skip adding ``s·k``) the cap set the skip
+share and the threshold only moved the phase of the skip pattern: at the same skip share PSNR
+changed with it, the default below its neighbours (35.6 / 35.6 / 37.5 dB at thresholds 0.17 /
+0.2 / 0.25 on shapes-wan, each skipping half of the block calls). With the budget alone and
+``s·k`` per skip, the phase still moved: a skip in the last tenth of the steps, which nothing
+after it corrects, cost ≈ 2 dB (hence ``final_fraction``), and a long streak placed just before
+them cost more than the same skips earlier, so PSNR rose with the budget once (by 0.09 dB on
+shapes-wan between 1.6 and 2). A replayed residual is off by ≈ ``s·k`` and feeds every later
+step, so its error grows faster than its age: with ``s·k²`` streaks stay even, and over 24
+budgets from 0.1 to 7, on 4 and on 8 held-out pairs of each shipped model, the skip share never
+fell and PSNR never rose as the budget grew (BENCHMARKS ``cache-pareto``).
 
 Why together: on the shipped models, skipping alternate blocks at alternate steps (so every
 step mixes fresh and replayed residuals) lost several dB of PSNR against skipping all blocks at
 the same steps, at the same skip share: a replayed residual stays consistent with its
 neighbours only if they are replayed from the same step. ``decide_per_block=True`` lets each
 block decide alone from its own stability (the same rules per block). The drift term is a
-damped first-order forecast of the residual; 0.5 measured best on both shipped models (1.0
-overshoots). The ``tdc-perblock`` and ``tdc-nodrift`` rows of BENCHMARKS.md measure both
+damped first-order forecast of the residual; 0.75 measured best on both shipped models with the
+budget alone (+1.4 and +4.1 dB over 0.5 at the same skips; 1.0 overshoots). The ``tdc-perblock`` and ``tdc-nodrift`` rows of BENCHMARKS.md measure both
 choices against ``tdc``.
 
 Relative L1 is the stability measure because the skip error is an L1-type drift of the
 residual and the measure is scale-free across blocks (the same choice as TeaCache/MagCache).
 
 **PDR**, for quantized models: when a block computes a residual that skips are expected to
-replay — its last stability was within ``threshold``, so the next steps may skip — each of its
+replay — its last stability was within the budget for one skip, so the next steps may skip — each of its
 ``QuantLinear`` s whose input outlier ratio ``max|X| / mean|X|`` exceeds ``pdr_outlier_ratio``
 runs in full precision for that call (a precision policy at
 :attr:`~sixbit.nn.precision.Level.REFRESH`, above DMPQ and the configured default), so the cache stores a clean residual instead of
@@ -143,6 +156,11 @@ class DeltaCache(blocks.BlockMethod):
             return cfg.warmup_steps
         return max(cfg.warmup_steps, round(cfg.warmup_fraction * num_steps))
 
+    def _final(self) -> int:
+        """How many of the last steps always compute (only known when the pipeline gives its steps)."""
+        cfg, num_steps = self.config, self.tracker.info.num_steps
+        return max(cfg.final_steps, round(cfg.final_fraction * num_steps))
+
     def _stability(self, unit: int | None) -> torch.Tensor | None:
         """Per-sample stability of a unit (its block's, or the mean over all blocks), worst over branches."""
         found = []
@@ -170,18 +188,19 @@ class DeltaCache(blocks.BlockMethod):
 
     def _decide(self, unit: int | None, streak: Streak) -> bool:
         info, cfg = self.tracker.info, self.config
-        if info.step < self._warmup() or streak.skips >= cfg.max_skips:
+        if info.step < self._warmup() or (cfg.max_skips is not None and streak.skips >= cfg.max_skips):
             return False
-        if info.num_steps is not None and info.step >= info.num_steps - cfg.final_steps:
+        if info.num_steps is not None and info.step >= info.num_steps - self._final():
             return False
         stability = self._stability(unit)
         if stability is None:
             return False
         worst = float(stability.max())
         age = info.step - streak.computed_step
-        if worst > cfg.threshold or streak.error + worst * age > cfg.error_budget:
+        error = worst * age * age  # the replay is off by ≈ s·k, for the k-th step in a row (module doc)
+        if (cfg.threshold is not None and worst > cfg.threshold) or streak.error + error > cfg.error_budget:
             return False
-        streak.error += worst * age
+        streak.error += error
         streak.skips += 1
         return True
 
@@ -196,9 +215,13 @@ class DeltaCache(blocks.BlockMethod):
         return streak.skip
 
     def reusable(self, index: int) -> bool:
-        """Whether a compute of block ``index`` now is expected to be replayed: it was stable."""
+        """Whether a compute of block ``index`` now is expected to be replayed: it was stable
+        enough for one skip (within the budget, and the threshold where one is set)."""
         stability = self._stability(self._unit(index))
-        return stability is not None and float(stability.max()) <= self.config.threshold
+        if stability is None:
+            return False
+        cfg, worst = self.config, float(stability.max())
+        return worst <= cfg.error_budget and (cfg.threshold is None or worst <= cfg.threshold)
 
     def computed(self, index: int) -> None:
         streak = self._streak(index)
@@ -299,7 +322,7 @@ def apply_delta_cache(model: nn.Module, config: DeltaCacheConfig | None = None) 
     outside it, so a skipped block leaves DMPQ's Γ history untouched.
 
     Example:
-        >>> cache = apply_delta_cache(pipe.transformer, DeltaCacheConfig(threshold=0.2))  # doctest: +SKIP
+        >>> cache = apply_delta_cache(pipe.transformer, DeltaCacheConfig(error_budget=1.3))  # doctest: +SKIP
         >>> video = pipe("a red circle moving right").frames                                # doctest: +SKIP
         >>> cache.report().skip_share                                                        # doctest: +SKIP
     """
