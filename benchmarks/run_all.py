@@ -60,7 +60,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 MAIN = ("fp,bf16,w8a8,high_quality,w8a8-static,w4a8,w4a6-dynamic,balanced,balanced-nopdr,aggressive,aggressive-nopdr,"
         "tdc,tdc-perblock,tdc-nodrift,fbcache-0.2,magcache,taylorseer-3,pab-2,fastercache-2,torchao-int8dq,"
         "quanto-qint8,quanto-qint4")
-SWEEP = "tdc-0.3,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.3"
+SWEEP = "tdc-2,fbcache-0.3,fbcache-0.4,magcache-0.12,magcache-0.24,magcache-0.3"
 CACHES = ("tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache")  # method names: family-knob
 ORDER = ["shapes-adherence", "cache-check", "cache-pareto", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "weights",
          "stabilize-frames", "memory",

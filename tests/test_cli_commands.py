@@ -47,6 +47,20 @@ def test_generate_with_quantized_checkpoint_and_cache(converted, tmp_path, capsy
     assert "EMULATED" not in printed  # balanced runs real INT8 GEMMs on this CPU
 
 
+def test_convert_calibrates_the_delta_cache_to_a_psnr_and_info_says_what_it_chose(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle moving right\na blue square moving up\n")
+    out = tmp_path / "tdc.safetensors"
+    assert main(["convert", "--model", "shapes-wan", "--config", "tdc", "--cache-min-psnr", "30", "--calib", str(prompts),
+                 "--steps", "8", "-o", str(out)]) == 0
+    assert "delta cache: error budget" in capsys.readouterr().out
+    cache = read_header(out)["extensions"]["conversion"]["config"]["cache"]
+    assert cache["min_psnr"] == 30 and cache["calibrated"]["psnr_bound"] >= 30
+    assert cache["error_budget"] == cache["calibrated"]["error_budget"] > 0
+    assert main(["info", str(out)]) == 0
+    assert f"delta cache error budget {cache['error_budget']:g}, calibrated to 30 dB (" in capsys.readouterr().out
+
+
 def test_eval_reports_quality_vs_full_precision(tmp_path, capsys):
     assert main(["eval", "--model", "shapes-wan", "--config", "w4a8-rtn", "--prompts", "2", "--steps", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

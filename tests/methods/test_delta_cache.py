@@ -330,6 +330,7 @@ def test_min_psnr_calibrates_the_largest_budget_that_reaches_it_and_checkpoints_
     assert larger and all(tried[b]["psnr_bound"] < 38.0 for b in larger)  # the largest that reaches it
     assert record["runs"] == len(tried) + 1  # the uncached reference, then one run per budget tried
     assert sixbit.conversion_of(pipe).cache.config == cache  # the cache runs with what was chosen
+    assert f"delta cache (error budget {cache.error_budget:g}, calibrated to 38 dB (" in str(sixbit.summary(pipe))
     path = sixbit.save(pipe.transformer, tmp_path / "cached.safetensors")
     video = _heldout(pipe, 1, steps=10)
 

@@ -183,9 +183,9 @@ if "balanced" in _preset_names():  # issue 7's ablations
                     _apply_preset("aggressive", "PDR off", pdr=False), param="error_budget", emulated=True))
     register(Method("tdc-perblock", "sixbit", "the delta cache with each block deciding alone",
                     _apply_preset("tdc", "blocks decide alone", decide_per_block=True), param="error_budget"))
-    for drift, label in ((0.0, "nodrift"), (0.5, "drift05"), (1.0, "drift1")):  # the drift term (default 0.75)
+    for drift, label in ((0.0, "nodrift"), (0.5, "drift05"), (1.0, "drift1")):  # the drift term (default 0.7)
         register(Method(f"tdc-{label}", "sixbit", f"the delta cache replaying {drift:g} of the measured drift "
-                        "(1: first-order Taylor extrapolation; default 0.75)",
+                        "(1: first-order Taylor extrapolation; default 0.7)",
                         _apply_preset("tdc", f"drift {drift:g}", drift=drift), param="error_budget"))
     register(Method("tdc-nofinal", "sixbit", "the delta cache without final_fraction (only the last step always computed)",
                     _apply_preset("tdc", "final_fraction 0", final_fraction=0.0), param="error_budget"))
@@ -193,10 +193,10 @@ if "balanced" in _preset_names():  # issue 7's ablations
                     "≈ 65 % skipped at 20 steps", _apply_preset("tdc", "10 % warm-up", warmup_fraction=0.1),
                     param="error_budget"))
     # the rule before issue 62: a stability threshold, two skips in a row at most, a budget of 3× the threshold
-    register(Method("tdc-v1", "sixbit", "the delta cache's rule before issue 62 (threshold, budget 3×, ≤ 2 skips in a "
-                    "row, drift 0.5); -VALUE: its threshold (default 0.2)",
+    register(Method("tdc-v1", "sixbit", "the delta cache's rule before issue 62 (threshold, budget 3×, s·k per skip, "
+                    "≤ 2 skips in a row, drift 0.5); -VALUE: its threshold (default 0.2)",
                     _apply_preset("tdc", "the earlier rule", knob="threshold", threshold=0.2, error_budget=0.6,
-                                  max_skips=2, final_fraction=0.0, drift=0.5), param="threshold"))
+                                  max_skips=2, final_fraction=0.0, drift=0.5, age_exponent=1), param="threshold"))
     for base in ("tdc", "balanced"):  # the budget calibrated to a PSNR target (DeltaCacheConfig(min_psnr=...))
         register(Method(f"{base}-min", "sixbit", f"{base} with its cache's error budget calibrated to -VALUE dB "
                         "(mean − 1 SE of the calibration videos against the uncached FP model)",

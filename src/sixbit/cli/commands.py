@@ -141,12 +141,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     conv = conversion_of(pipe)
     if conv.predictor is not None:
         print(f"DMPQ predictor: Pearson r {conv.predictor.pearson_r:.2f}, threshold {conv.predictor.threshold:.4g}")
-    cached = conv.config.cache
-    if cached is not None and cached.calibrated is not None:
-        c = cached.calibrated
-        print(f"delta cache calibrated to {cached.min_psnr:g} dB: error_budget {cached.error_budget:g}, "
-              f"{c['psnr_bound'] if c['psnr_bound'] is not None else 'no skip'} dB (mean − 1 SE) on the calibration "
-              f"videos, {100 * c['skip_share']:.0f} % of block calls skipped ({c['runs']} runs, {c['seconds']:.1f} s)")
+    if conv.config.cache is not None and conv.config.cache.min_psnr is not None:
+        print(f"delta cache: {conv.config.cache.describe()}")
     laid_out = fast_path.planned(pipe)
     if laid_out is not None:
         print(f"run here: {laid_out.describe()}")
@@ -306,7 +302,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if conv:
         cfg = conv["config"]
         attention = cfg.get("attention")
-        print(f"conversion: activations {cfg['activations']}; cache {'on' if cfg['cache'] else 'off'}"
+        cache = DeltaCacheConfig.from_dict(cfg["cache"]).describe() if cfg["cache"] else "off"
+        print(f"conversion: activations {cfg['activations']}; delta cache {cache}"
               + (f"; INT8 attention ({AttentionQuantConfig(**attention).describe()})" if attention else "")
               + (f"; frame stabilizer (dead zone {conv['stabilize_frames']})" if conv.get("stabilize_frames") is not None else ""))
         for name, value in (cfg.get("methods") or {}).items():

@@ -17,7 +17,7 @@ class DeltaCacheConfig(Serializable):
 
     One knob sets how much it skips: ``error_budget``. The cache adds up an error estimate for
     the skips since a block's last compute (each skip: the residuals' measured per-step relative
-    change times the square of the cached residual's age in steps) and computes again before the
+    change times the square of the cached residual's age in steps, ``age_exponent``) and computes again before the
     sum would pass the budget. A larger budget never skips less, and on both shipped models PSNR
     never rose with it (BENCHMARKS ``cache-pareto``): pick it by speed, or let ``min_psnr`` pick it.
 
@@ -42,7 +42,9 @@ class DeltaCacheConfig(Serializable):
             the last tenth, which nothing after it corrects, cost up to 2 dB more than the same
             skip earlier on the shipped models.
         drift: share of the residual's measured per-step change added to a replay, times its
-            age (default 0.75; 0 replays the cached residual unchanged).
+            age (default 0.7; 0 replays the cached residual unchanged).
+        age_exponent: a skip's error estimate is its stability times its age to this power
+            (default 2; configs stored before issue 62 load with 1, the rule they ran with).
         decide_per_block: each block decides alone from its own stability instead of all
             blocks skipping the same steps (default False; measured worse, see the module doc).
         cache_format: ``"fp"`` (default), ``"int8"`` (per-token, ~¼ of fp32 memory) or
@@ -60,7 +62,8 @@ class DeltaCacheConfig(Serializable):
     warmup_fraction: float = 0.2
     final_steps: int = 1
     final_fraction: float = 0.1
-    drift: float = 0.75
+    drift: float = 0.7
+    age_exponent: int = 2
     decide_per_block: bool = False
     cache_format: str = "fp"
     pdr: bool = True
@@ -87,6 +90,8 @@ class DeltaCacheConfig(Serializable):
             problems.append(f"final_steps must be an integer ≥ 0, got {self.final_steps!r}")
         if not 0 <= self.final_fraction < 1:
             problems.append(f"final_fraction must be within [0, 1), got {self.final_fraction!r}")
+        if isinstance(self.age_exponent, bool) or not isinstance(self.age_exponent, int) or not 1 <= self.age_exponent <= 4:
+            problems.append(f"age_exponent must be an integer from 1 to 4, got {self.age_exponent!r}")
         if not 0 <= self.drift <= 1:
             problems.append(f"drift must be within [0, 1], got {self.drift!r}")
         if not isinstance(self.decide_per_block, bool):
@@ -100,7 +105,7 @@ class DeltaCacheConfig(Serializable):
 
     #: Fields added after configs were first stored, with the value a stored config without them
     #: ran with; left out of the dict form at that value, so such a config is written again unchanged.
-    _ADDED = {"final_fraction": 0.0, "min_psnr": None, "calibrated": None}
+    _ADDED = {"final_fraction": 0.0, "age_exponent": 1, "min_psnr": None, "calibrated": None}
 
     def to_dict(self) -> dict:
         """The JSON form, without the later fields (:attr:`_ADDED`) where they hold the value
@@ -114,6 +119,18 @@ class DeltaCacheConfig(Serializable):
         if isinstance(data, dict):
             data = {**cls._ADDED, **data}
         return super().from_dict(data)
+
+    def describe(self) -> str:
+        """The knob in words: ``"error budget 1.3"``, with what a ``min_psnr`` calibration chose
+        and measured."""
+        text = f"error budget {self.error_budget:g}"
+        if self.min_psnr is not None:
+            c = self.calibrated
+            measured = ("not calibrated yet" if c is None else "no budget reached it" if c.get("psnr_bound") is None
+                        else f"{c['psnr_bound']:.2f} dB, mean − 1 SE, on the calibration videos; {c['runs']} runs, "
+                             f"{c['seconds']:.1f} s")
+            text += f", calibrated to {self.min_psnr:g} dB ({measured})"
+        return text
 
     @property
     def needs_calibration(self) -> bool:

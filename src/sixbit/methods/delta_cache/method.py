@@ -12,7 +12,7 @@ last two computed residuals of each — decides whether the step's blocks skip. 
 - it is past the warm-up (``max(warmup_steps, warmup_fraction × steps)``) and before the last
   ``max(final_steps, final_fraction × steps)`` steps (those always compute),
 - the accumulated error estimate stays within ``error_budget``, the one knob: each skip adds
-  ``s·k²``, ``s`` the worst sample's stability (batch-wide: one prompt never makes another skip),
+  ``s·k²`` (``age_exponent``; 1 in configs stored before issue 62), ``s`` the worst sample's stability (batch-wide: one prompt never makes another skip),
   ``k`` the age of the cached residual in steps, and a compute resets it — error-guided
   switching; a streak of ``n`` skips costs ``s·(1 + 4 + … + n²)``, and
 - where set, ``s ≤ threshold`` and fewer than ``max_skips`` consecutive skips (optional gates;
@@ -27,17 +27,20 @@ changed with it, the default below its neighbours (35.6 / 35.6 / 37.5 dB at thre
 after it corrects, cost ≈ 2 dB (hence ``final_fraction``), and a long streak placed just before
 them cost more than the same skips earlier, so PSNR rose with the budget once (by 0.09 dB on
 shapes-wan between 1.6 and 2). A replayed residual is off by ≈ ``s·k`` and feeds every later
-step, so its error grows faster than its age: with ``s·k²`` streaks stay even, and over 24
-budgets from 0.1 to 7, on 4 and on 8 held-out pairs of each shipped model, the skip share never
-fell and PSNR never rose as the budget grew (BENCHMARKS ``cache-pareto``).
+step, so its error grows faster than its age: with ``s·k²`` streaks stay even. Over 25 budgets
+from 0.1 to 10 on 4 held-out pairs of each shipped model (the benchmark's), the skip share never
+fell and PSNR never rose as the budget grew (BENCHMARKS ``cache-pareto``); on 8 pairs it rose
+once, by 0.25 dB on shapes-cogvideox, where budgets 0.2 and 0.25 skip the same 7 steps one step apart.
 
 Why together: on the shipped models, skipping alternate blocks at alternate steps (so every
 step mixes fresh and replayed residuals) lost several dB of PSNR against skipping all blocks at
 the same steps, at the same skip share: a replayed residual stays consistent with its
 neighbours only if they are replayed from the same step. ``decide_per_block=True`` lets each
 block decide alone from its own stability (the same rules per block). The drift term is a
-damped first-order forecast of the residual; 0.75 measured best on both shipped models with the
-budget alone (+1.4 and +4.1 dB over 0.5 at the same skips; 1.0 overshoots). The ``tdc-perblock`` and ``tdc-nodrift`` rows of BENCHMARKS.md measure both
+damped first-order forecast of the residual. At the default budget on 4 held-out pairs, 0.5 / 0.7 /
+0.75 / 1 gave 33.4 / 36.0 / 36.6 / 35.7 dB on shapes-cogvideox and 37.5 / 37.6 / 37.3 / 34.5 dB on
+shapes-wan: 0.7 is the one setting above both 0.5 and 1 on both models (0.75 fell below 0.5 on
+shapes-wan; 1 overshoots). The ``tdc-perblock`` and ``tdc-nodrift`` rows of BENCHMARKS.md measure both
 choices against ``tdc``.
 
 Relative L1 is the stability measure because the skip error is an L1-type drift of the
@@ -197,7 +200,7 @@ class DeltaCache(blocks.BlockMethod):
             return False
         worst = float(stability.max())
         age = info.step - streak.computed_step
-        error = worst * age * age  # the replay is off by ≈ s·k, for the k-th step in a row (module doc)
+        error = worst * age ** cfg.age_exponent  # s·k²: the replay is off by ≈ s·k, and feeds later steps (module doc)
         if (cfg.threshold is not None and worst > cfg.threshold) or streak.error + error > cfg.error_budget:
             return False
         streak.error += error
@@ -345,6 +348,17 @@ def remove_delta_cache(model: nn.Module) -> None:
         cache.reports.detach()
         cache.tracker.precision.unregister(cache.pdr)
         blocks.detach(model, cache)
+
+
+def describe_delta_cache(model: nn.Module) -> str | None:
+    """One line for :func:`sixbit.summary`: the knob (and what ``min_psnr`` chose) and the last
+    run's skipped share; ``None`` where the delta cache is not installed."""
+    cache = next(blocks.attached(model, DeltaCache), None)
+    if cache is None:
+        return None
+    report = cache.report()
+    ran = f"{100 * report.skip_share:.0f} % of the last run's block calls skipped" if report.decisions else "not run yet"
+    return f"delta cache ({cache.config.describe()}): {ran}"
 
 
 #: The delta cache's original names, kept public: ``enable_delta_cache`` is :func:`apply_delta_cache`,

@@ -11,6 +11,7 @@ from .method import (
     DeltaCache,
     apply_delta_cache,
     check_no_diffusers_cache,
+    describe_delta_cache,
     remove_delta_cache,
 )
 
@@ -29,4 +30,5 @@ SPEC = register_method(MethodSpec(
     fit=lambda model, config, run, calibration, reference: (
         calibrate_budget(model, config, run, reference) if config.needs_calibration else config),
     reference=True,
+    describe=describe_delta_cache,
 ))
