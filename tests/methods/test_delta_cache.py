@@ -334,10 +334,14 @@ def test_min_psnr_calibrates_the_largest_budget_that_reaches_it_and_checkpoints_
     path = sixbit.save(pipe.transformer, tmp_path / "cached.safetensors")
     video = _heldout(pipe, 1, steps=10)
 
+    pipe.transformer.save_pretrained(tmp_path / "folder")
+
     again = _shipped("cogvideox")
     sixbit.load(path, again)  # no calibration data: the stored budget is used as it is
     assert sixbit.conversion_of(again).config.cache == cache
     assert np.array_equal(_heldout(again, 1, steps=10), video)
+    from_folder = type(pipe.transformer).from_pretrained(tmp_path / "folder")  # a diffusers folder, as it was saved
+    assert sixbit.conversion_of(from_folder).config.cache == cache
 
 
 def test_min_psnr_counts_the_quantization_error_against_full_precision():

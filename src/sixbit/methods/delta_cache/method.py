@@ -12,9 +12,10 @@ last two computed residuals of each — decides whether the step's blocks skip. 
 - it is past the warm-up (``max(warmup_steps, warmup_fraction × steps)``) and before the last
   ``max(final_steps, final_fraction × steps)`` steps (those always compute),
 - the accumulated error estimate stays within ``error_budget``, the one knob: each skip adds
-  ``s·k²`` (``age_exponent``; 1 in configs stored before issue 62), ``s`` the worst sample's stability (batch-wide: one prompt never makes another skip),
-  ``k`` the age of the cached residual in steps, and a compute resets it — error-guided
-  switching; a streak of ``n`` skips costs ``s·(1 + 4 + … + n²)``, and
+  ``s·k²`` (``age_exponent``; 1 in configs stored before issue 62), ``s`` the worst sample's
+  stability (batch-wide: one prompt never makes another skip), ``k`` the age of the cached
+  residual in steps, and a compute resets it — error-guided switching; a streak of ``n`` skips
+  costs ``s·(1 + 4 + … + n²)``, and
 - where set, ``s ≤ threshold`` and fewer than ``max_skips`` consecutive skips (optional gates;
   off by default).
 
@@ -37,11 +38,11 @@ step mixes fresh and replayed residuals) lost several dB of PSNR against skippin
 the same steps, at the same skip share: a replayed residual stays consistent with its
 neighbours only if they are replayed from the same step. ``decide_per_block=True`` lets each
 block decide alone from its own stability (the same rules per block). The drift term is a
-damped first-order forecast of the residual. At the default budget on 4 held-out pairs, 0.5 / 0.7 /
-0.75 / 1 gave 33.4 / 36.0 / 36.6 / 35.7 dB on shapes-cogvideox and 37.5 / 37.6 / 37.3 / 34.5 dB on
-shapes-wan: 0.7 is the one setting above both 0.5 and 1 on both models (0.75 fell below 0.5 on
-shapes-wan; 1 overshoots). The ``tdc-perblock`` and ``tdc-nodrift`` rows of BENCHMARKS.md measure both
-choices against ``tdc``.
+damped first-order forecast of the residual. At the default budget on 4 held-out pairs, drift
+0.5 / 0.7 / 0.75 / 1 gave 33.4 / 36.0 / 36.6 / 35.7 dB on shapes-cogvideox and 37.5 / 37.6 /
+37.3 / 34.5 dB on shapes-wan: 0.7 is the one setting above both 0.5 and 1 on both models (0.75
+fell below 0.5 on shapes-wan; 1 overshoots). The ``tdc-perblock`` and ``tdc-nodrift`` rows of
+BENCHMARKS.md measure both choices against ``tdc``.
 
 Relative L1 is the stability measure because the skip error is an L1-type drift of the
 residual and the measure is scale-free across blocks (the same choice as TeaCache/MagCache).
