@@ -43,7 +43,7 @@ from sixbit.zoo.shapes.judge import generate_heldout
 from sixbit.nn import QuantLinear
 from sixbit.presets import resolve
 from sixbit.tuning import DEFAULT_FORMATS, Tuner
-from sixbit.eval.metrics import psnr_bound, psnr_of
+from sixbit.calibration.quality import psnr_bound, psnr_of
 from sixbit.zoo.shapes import heldout_pairs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def section(results: list[dict]) -> str:
         "tuned config says (*tuner − conv.* 0.00: the tuner measured the converted model); *held-out*: that "
         f"conversion scored on {s['pairs']} held-out pairs "
         "(*held-out SE*: the per-video PSNRs' SD / √n). A PSNR target is checked against "
-        "the calibration videos' mean PSNR minus one standard error (`sixbit.eval.metrics.psnr_bound`: a margin "
+        "the calibration videos' mean PSNR minus one standard error (`sixbit.calibration.quality.psnr_bound`: a margin "
         "for unseen prompts), budgets maximize the mean. Each row's "
         "`layer_formats` and per-video PSNRs are in `benchmarks/results/tune_shapes-*.json`. "
         "![pareto](benchmarks/plots/tune_pareto.png)",

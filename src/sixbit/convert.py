@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from .checkpoint import finish
-from .eval.metrics import as_videos
 from .builder import LayerSwap, conversion_device, moved_to, quantize, spilling
 from .calibration import seeded
+from .calibration.quality import as_videos
 from .calibration.videos import read_videos, video_runner
 from .methods.record import Conversion, conversion_of, install, remove_methods
 from .memory.fast_path import check_choice

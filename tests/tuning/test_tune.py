@@ -23,7 +23,7 @@ from sixbit.presets import from_json_dict
 from sixbit.tuning import Tuner, tune, tune_model
 from sixbit.tuning.library import tuned_layers
 from sixbit.tuning.search import Constraint, greedy
-from sixbit.eval.metrics import PSNR_CAP, psnr_bound, psnr_of
+from sixbit.calibration.quality import PSNR_CAP, psnr_bound, psnr_of
 from sixbit.tuning.sensitivity import Sensitivity
 
 BASE = ConvertConfig(weights=QuantConfig(weight_format="int4-g16"), activations="fp")

@@ -15,7 +15,7 @@ from torch import nn
 import sixbit
 from sixbit import ConvertConfig, QuantConfig
 from sixbit.tuning import Tuner
-from sixbit.eval.metrics import psnr_of
+from sixbit.calibration.quality import psnr_of
 
 # the base's format is not the cheapest candidate: a layer given the cheapest unmeasured shows
 BASE = ConvertConfig(weights=QuantConfig(weight_format="int8"), activations="fp")

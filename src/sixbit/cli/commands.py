@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -98,9 +99,8 @@ def _how_to_load(path: Path, model_class: str) -> str:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     config = resolve(args.config)
-    if args.cache_min_psnr is not None:
-        config = dataclasses.replace(config, cache=dataclasses.replace(config.cache or DeltaCacheConfig(),
-                                                                       min_psnr=args.cache_min_psnr, calibrated=None))
+    if args.cache_min_psnr is not None:  # a preset without a cache gets the default one, calibrated
+        config.cache = dataclasses.replace(config.cache or DeltaCacheConfig(), min_psnr=args.cache_min_psnr, calibrated=None)
     device = conversion_device(args.device)
     to_file = _check_convert_output(args)
     output = Path(args.output)
@@ -170,8 +170,7 @@ def _prepare(args):
             checkpoint.load(args.quantized, pipe)
     fast_path.attach(pipe, args.layout)  # a converted model's layout, decided at its first call (sixbit.memory.fast_path)
     if getattr(args, "cache", "none") == "tdc" and (conversion_of(pipe) is None or conversion_of(pipe).cache is None):
-        b = args.cache_budget
-        enable_delta_cache(pipe.transformer, DeltaCacheConfig() if b is None else DeltaCacheConfig(error_budget=b))
+        enable_delta_cache(pipe.transformer, DeltaCacheConfig(error_budget=args.cache_budget))
     if getattr(args, "use_cpu_offload", False) or getattr(args, "tile_size", None) is not None:
         from ..memory import enable_memory_optimization
 
@@ -291,9 +290,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps(header, indent=2))
         return 0
     layers = header["layers"]
-    by_format: dict[str, int] = {}
-    for cfg in layers.values():
-        by_format[cfg["weight_format"]] = by_format.get(cfg["weight_format"], 0) + 1
+    by_format = Counter(cfg["weight_format"] for cfg in layers.values())
     print(f"{args.path}: {kind}sixbit checkpoint v{header['format_version']} (written by sixbit "
           f"{header['sixbit_version']}), {size / 2**20:.2f} MiB")
     print(f"model: {header['model_class']}; {len(layers)} quantized linears: "
@@ -352,9 +349,8 @@ def register(sub) -> None:
                    "or FILE.safetensors: the single-file checkpoint")
     p.add_argument("--device", help="where the conversion computes: cpu, cuda or cuda:N (default: the GPU where there "
                    "is one, else the CPU); a streamed conversion takes one block at a time to it")
-    p.add_argument("--cache-min-psnr", type=float_in(0.0, 200.0), metavar="DB",
-                   help="calibrate the delta cache: the largest error budget whose calibration videos reach DB against "
-                   "the uncached full-precision model (adds the cache to a preset without one)")
+    p.add_argument("--cache-min-psnr", type=float_in(0.0, 200.0), metavar="DB", help="calibrate the delta cache to DB "
+                   "against the uncached full-precision model: its largest error budget that reaches it (adds a cache)")
     p.set_defaults(func=cmd_convert)
 
     def add_runtime(p):
@@ -366,8 +362,8 @@ def register(sub) -> None:
                        help="CFG scale ≥ 0; ≤ 1 turns guidance off (default: the pipeline's)")
         p.add_argument("--seed", type=seed_type, default=DEFAULT_SEED, help="noise seed, 0 to 2**63-1 (default 0)")
         p.add_argument("--cache", choices=["none", "tdc"], default="none", help="skip stable blocks with the delta cache")
-        p.add_argument("--cache-budget", type=float_in(0.0, 100.0), help="the delta cache's error budget, its one knob: "
-                       "larger skips more (default 1.3: half the block calls of the shapes models at 20 steps)")
+        p.add_argument("--cache-budget", type=float_in(0.0, 100.0), default=DeltaCacheConfig().error_budget, help="the delta "
+                       "cache's error budget, its one knob: larger skips more (default %(default)g: half the block calls)")
         p.add_argument("--use-cpu-offload", action="store_true", help="keep the model on the CPU, move it to the accelerator per module")
         p.add_argument("--tile-size", type=int_in(8, 16384, multiple_of=8),
                        help="VAE tile size in pixels, a multiple of 8 (pipelines with a VAE; default 256 when tiling)")

@@ -18,7 +18,7 @@ per weight". :func:`tune` finds a per-layer format map for one of those and retu
    they differ by up to ±1.5 dB, one way on one model, the other way on the other): the PSNR
    reported is the converted model's either way. A ``min_psnr`` target is checked
    against the calibration videos' mean PSNR minus one standard error
-   (:func:`~sixbit.eval.metrics.psnr_bound`), a margin for prompts the tuning has not seen;
+   (:func:`~sixbit.calibration.quality.psnr_bound`), a margin for prompts the tuning has not seen;
 3. **refinement** happens at conversion, not here: the base recipe's ``refine_steps``
    (:mod:`sixbit.rounding.refine`: the low-rank branches fitted block by block to the
    full-precision outputs) is kept in the tuned config and runs in ``convert_model`` (off in

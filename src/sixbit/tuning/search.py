@@ -4,8 +4,8 @@ ranking, and a genetic search seeded with it (seed 000 §2.1, step 2).
 An assignment (*genome*) gives each tuned layer one of its variants. The constraint is one of:
 average weight bits ≤ ``max_bits``, transformer bytes ≤ ``max_bytes`` (both *budgets*), or
 calibration PSNR ≥ ``min_psnr`` at the fewest bits. Budgets maximize the mean per-video PSNR
-(:func:`~sixbit.eval.metrics.psnr_of`); ``min_psnr`` is checked against its lower bound,
-the mean minus one standard error (:func:`~sixbit.eval.metrics.psnr_bound`): a margin for
+(:func:`~sixbit.calibration.quality.psnr_of`); ``min_psnr`` is checked against its lower bound,
+the mean minus one standard error (:func:`~sixbit.calibration.quality.psnr_bound`): a margin for
 prompts the tuning has not seen, which more calibration videos shrink (:meth:`Constraint.psnr`).
 
 - :func:`greedy` starts every layer at its fewest bits and repeatedly upgrades the layer whose
@@ -33,7 +33,7 @@ import time
 
 from ..config.validate import show
 from .library import Library
-from ..eval.metrics import psnr_bound, psnr_of
+from ..calibration.quality import psnr_bound, psnr_of
 from .sensitivity import Evaluator, Sensitivity
 
 
@@ -75,8 +75,8 @@ class Constraint:
 
     def psnr(self, mse) -> float:
         """The PSNR (dB) this constraint judges per-video MSEs by: under ``min_psnr`` the lower
-        bound :func:`~sixbit.eval.metrics.psnr_bound` (mean − one standard error), under a budget the
-        mean :func:`~sixbit.eval.metrics.psnr_of`."""
+        bound :func:`~sixbit.calibration.quality.psnr_bound` (mean − one standard error), under a budget the
+        mean :func:`~sixbit.calibration.quality.psnr_of`."""
         return psnr_of(mse) if self.budget else psnr_bound(mse)
 
     def describe(self) -> str:
@@ -101,7 +101,7 @@ def _upgrades(library: Library, sens: Sensitivity, genome: list[int]):
 def _fill(library: Library, sens: Sensitivity, constraint: Constraint, genome: list[int],
           target_psnr: float | None = None) -> list[int]:
     """Upgrade greedily (most error removed per bit first) while the budget allows, or until
-    the predicted PSNR's lower bound (:func:`~sixbit.eval.metrics.psnr_bound`) reaches ``target_psnr``."""
+    the predicted PSNR's lower bound (:func:`~sixbit.calibration.quality.psnr_bound`) reaches ``target_psnr``."""
     while True:
         if target_psnr is not None and psnr_bound(sens.predict(tuple(genome))) >= target_psnr:
             return genome

@@ -27,7 +27,7 @@ from ..calibration import hessians
 from ..nn import QuantLinear
 from ..nn.pointwise_conv import features, weight_2d
 from ..nn.precision import ActMode
-from ..eval.metrics import PSNR_CAP, as_videos, psnr_bound, psnr_of, video_mse
+from ..calibration.quality import PSNR_CAP, as_videos, psnr_bound, psnr_of, video_mse
 from .library import Library
 
 class Evaluator:

@@ -29,7 +29,7 @@ from .library import (
 from .search import Constraint, SearchResult, check_size, genetic, greedy, lowest
 from .targets import candidates as check_candidates
 from .targets import check_plan, check_seed, fit_notes, target
-from ..eval.metrics import psnr_bound, psnr_of
+from ..calibration.quality import psnr_bound, psnr_of
 from .sensitivity import Evaluator, Sensitivity, measure
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class TuneReport:
             PSNR (dB, the mean over the videos) of the model ``convert_model`` makes from them
             with that ``calibration_inputs`` (the better of the two: :meth:`Tuner._calibrated`),
             and that mean minus one standard error (``psnr_bound``, what ``min_psnr`` is checked
-            against: :func:`~sixbit.eval.metrics.psnr_bound`).
+            against: :func:`~sixbit.calibration.quality.psnr_bound`).
         uniform: ``{format label: {"bits", "psnr", "psnr_bound", "bytes", "formats"}}`` of every uniform
             assignment, measured with the candidates.
         search: the genetic search's :class:`~.search.SearchResult`.
@@ -261,7 +261,7 @@ class Tuner:
         ``max_bits`` / ``max_bytes``: the best mean calibration PSNR within that budget.
         ``min_psnr``: the fewest average bits whose calibration videos' mean PSNR minus one
         standard error reaches this — a margin for prompts the tuning has not seen; more
-        calibration prompts shrink it (:func:`~sixbit.eval.metrics.psnr_bound`). Other arguments as
+        calibration prompts shrink it (:func:`~sixbit.calibration.quality.psnr_bound`). Other arguments as
         :func:`tune`."""
         constraint = target(max_bits, min_psnr, max_bytes, time_budget_s)
         check_size(population, generations)

@@ -6,7 +6,7 @@ models, never gives a higher PSNR (the method's module doc). So the search is a 
 :data:`BUDGETS`: one uncached calibration run for the reference (none when the conversion
 already ran the full-precision model before quantizing), then about four cached runs. A budget
 meets the target when its videos' mean PSNR minus one standard error reaches it
-(:func:`sixbit.eval.metrics.psnr_bound`, what ``sixbit.tune(min_psnr=...)`` checks too): a
+(:func:`sixbit.calibration.quality.psnr_bound`, what ``sixbit.tune(min_psnr=...)`` checks too): a
 margin for prompts the calibration has not seen.
 
 With quantized weights the reference is the full-precision model, so the target holds for the
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ...config.delta_cache import DeltaCacheConfig
-from ...eval.metrics import as_videos, psnr_bound, psnr_of, video_mse
+from ...calibration.quality import as_videos, psnr_bound, psnr_of, video_mse
 from .method import apply_delta_cache, remove_delta_cache
 
 logger = logging.getLogger(__name__)
