@@ -120,8 +120,8 @@ def install(model: nn.Module, config: ConvertConfig, applied: Mapping[str, Any],
     of its type (the delta cache's calibrated budget) is recorded in ``config`` as fitted."""
     for spec in methods():
         fitted = applied.get(spec.name)
-        if spec.fit is not None and spec.state_key is None and spec.select is None and isinstance(fitted, spec.config_type):
-            config = config.with_method(spec.config_type, fitted)
+        if spec.fit is not None and spec.state_key is None and isinstance(fitted, spec.config_type):
+            config = spec.recorded(config, fitted) or config
     conversion = Conversion(config, calibration, hardware=hardware)
     _CONVERSIONS[model] = conversion  # first: a failure below is undone through it
     for spec in methods():
