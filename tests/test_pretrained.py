@@ -118,7 +118,9 @@ def test_a_failure_mid_stream_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         sixbit.convert_pretrained(folder, "w8a8", out, progress=False)
     assert out.read_bytes() == b"previous"
-    assert sorted(os.listdir(tmp_path)) == ["model", "out.safetensors"]  # no temporary file left
+    progress = "out.safetensors.sixbit-progress"  # the finished parts, for a resume (tests/test_resume.py)
+    assert sorted(os.listdir(tmp_path)) == ["model", "out.safetensors", progress]
+    assert not [f for f in os.listdir(tmp_path / progress) if f.startswith(".")]  # no temporary file left
 
 
 def test_cli_streams_a_model_folder_into_a_model_folder_or_a_file(tmp_path, capsys):

@@ -143,7 +143,9 @@ def test_a_failure_mid_stream_leaves_no_folder_and_an_old_one_as_it_was(tmp_path
     for out in (tmp_path / "new" / "nested", old):
         with pytest.raises(RuntimeError, match="disk full"):
             sixbit.convert_pretrained(source, "w8a8", out, progress=False, max_shard_size="8KB")
-    assert sorted(os.listdir(tmp_path)) == ["fp", "old"]  # the folders it made are gone
+    # the folders it made are gone, but the finished parts wait beside each output for a resume (tests/test_resume.py)
+    assert sorted(os.listdir(tmp_path)) == ["fp", "new", "old", "old.sixbit-progress"]
+    assert os.listdir(tmp_path / "new") == ["nested.sixbit-progress"]
     assert os.listdir(old) == ["config.json"] and (old / "config.json").read_text() == "previous"
 
 

@@ -8,10 +8,13 @@ same message, before anything changes: :func:`check_convertible`. It also refuse
 model that is not a transformer (a VAE given to sixbit) and a config under which no layer would
 be quantized (:func:`sixbit.builder.check_plan`: a conversion that changes nothing must not report
 success). What only one way cannot do (a streamed conversion runs no generation,
-``from_pretrained`` no calibration) is refused by that way, after this check.
+``from_pretrained`` no calibration) is refused by that way, after this check (the streamed
+conversion's: :func:`check_streamable`).
 """
 
 from __future__ import annotations
+
+import logging
 
 from torch import nn
 
@@ -21,8 +24,11 @@ from .lora import check_no_loras
 from .memory.weights import check_not_offloaded
 from .methods.record import check, conversion_of, selected
 from .models import spec_for
+from .presets import calibration_free
 from .runtime.blocks import quant_linears
 from .runtime.wrapped import check_not_wrapped
+
+logger = logging.getLogger(__name__)
 
 
 def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict | None = None, *,
@@ -53,6 +59,31 @@ def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict
     return chosen
 
 
+def check_streamable(config, quant_config, calibration) -> None:
+    """Refuse ``config`` (resolved from ``quant_config``) where a streamed conversion
+    (:func:`sixbit.convert_pretrained`, which runs no generation of the converted model) cannot
+    calibrate it, or where ``calibration`` is missing."""
+    if config.activations.calibrated:
+        raise ValueError(
+            f"activations={config.activations!r} is fitted on generations of the converted model, which a streamed "
+            "conversion does not run: choose a preset with fixed activations (e.g. 'w4a8', 'w8a8') or load the model "
+            "and use sixbit.convert_model"
+        )
+    if config.cache is not None and config.cache.needs_calibration:
+        raise ValueError(
+            f"the delta cache's min_psnr={config.cache.min_psnr:g} is calibrated on generations of the converted model, "
+            "which a streamed conversion does not run: give DeltaCacheConfig(error_budget=...) instead (1.3, the default, skips half "
+            "the block calls of the shapes models), or load the model and use sixbit.convert_model"
+        )
+    if config.needs_calibration and not callable(calibration):
+        raise ValueError(
+            f"{config.calibration_reason()} needs calibration=<callable that runs generations with the transformer it "
+            f"is given>; or choose a calibration-free preset ({', '.join(calibration_free())})"
+        )
+    if not config.needs_calibration and calibration is not None:
+        logger.info("calibration is not used by %r", quant_config)
+
+
 def _check_transformer(model: nn.Module) -> None:
     """Refuse a diffusers model that is not a transformer (a VAE, a UNet, a ControlNet: diffusers
     keeps its transformers in ``diffusers.models.transformers``); other models, a user's own
@@ -64,4 +95,4 @@ def _check_transformer(model: nn.Module) -> None:
                          "give PipelineQuantizationConfig(..., components_to_quantize=['transformer'])")
 
 
-__all__ = ["check_convertible"]
+__all__ = ["check_convertible", "check_streamable"]

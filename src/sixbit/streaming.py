@@ -19,6 +19,11 @@ along the full-precision sampling trajectory. Kept inputs cost ``calls × tokens
 floats: calibrate with few, short generations. Presets that fit runtime methods on generations of the
 converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
 
+**Resumable.** Each finished part waits in ``<output>.sixbit-progress`` (with, for GPTQ presets,
+the next block's kept inputs) until the output is written: run an interrupted conversion again
+with the same arguments and it goes on after its last finished block, each finished one verified
+by its sha256 (:mod:`sixbit.checkpoint.resume`); the output is bit-identical to an uninterrupted run's.
+
 :func:`load_pretrained` builds the model on the meta device and loads a checkpoint into it:
 the packed weights map the file (read when used), and no full-precision copy of a quantized
 layer is ever made, so peak memory is about the checkpoint's size.
@@ -44,13 +49,15 @@ from tqdm.auto import tqdm
 from . import checkpoint
 from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, build, conversion_device, keeping, parts_of,
                       plan_layers, quantized_linear)
+from .checkpoint.resume import Progress, conversion_arguments, progress_folder
 from .calibration import hessians
 from .methods.record import Conversion, conversion_state
+from .models import iter_blocks
 from .integrations.diffusers.folder import checkpoint_writer
 from .files.safetensors import SafetensorsFolder, check_can_write
 from .memory import allocator
-from .preflight import check_convertible
-from .presets import calibration_free, resolve
+from .preflight import check_convertible, check_streamable
+from .presets import resolve
 from .rounding import refine
 
 logger = logging.getLogger(__name__)
@@ -99,7 +106,9 @@ class StreamedConversion:
             weight files).
         seconds: wall time of the whole conversion.
         part_seconds: ``{part: seconds}``: ``"calibration runs"`` (GPTQ presets), ``"outside
-            blocks"`` and each block's module name.
+            blocks"`` and each block's module name (those converted by this call).
+        resumed_parts: parts an interrupted conversion had finished, verified and not converted
+            again (0: a conversion from the start).
     """
 
     path: Path
@@ -108,6 +117,7 @@ class StreamedConversion:
     checkpoint_bytes: int
     seconds: float
     part_seconds: dict[str, float]
+    resumed_parts: int = 0
 
 
 def _materialize(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
@@ -205,10 +215,11 @@ class _StreamedParts(Recipe):
     shards (its input statistics replayed from the kept calls), then refined, written to the
     checkpoint and freed, so one block is resident at a time."""
 
-    def __init__(self, streamed: _Streamed, plan: dict, config, writer, parts: list[Part],
+    def __init__(self, streamed: _Streamed, plan: dict, config, progress: Progress, parts: list[Part],
                  kept: BlockInputs | None, outside_stats: dict, bar):
-        self.streamed, self.plan, self.weights, self.writer = streamed, plan, config.weights, writer
+        self.streamed, self.plan, self.weights, self.progress = streamed, plan, config.weights, progress
         self.in_blocks = {k for part in parts[1:] for k in part.keys}
+        self.numbers = {part.name: i for i, part in enumerate(parts)}
         self.kept, self.outside_stats, self.bar = kept, outside_stats, bar
         self.last = parts[-1].name  # no block after it: its outputs feed nothing
         self.seconds: dict[str, float] = {}
@@ -233,9 +244,12 @@ class _StreamedParts(Recipe):
                                 source=str(shards.folder / file) if file else None)
 
     def built(self, part: Part, layers: dict[str, nn.Module], swap: LayerSwap) -> None:
-        net = self.streamed.net
+        net, model_class = self.streamed.net, type(self.streamed.net).__name__
+        number = self.numbers[part.name]
         if part.name == OUTSIDE:  # the blocks are still on the meta device: everything else
-            self.writer.add(net, keys=set(net.state_dict()) - self.in_blocks)
+            kept = (self.kept.index, self.kept.calls) if self.kept is not None else None
+            self.progress.add_part(number, part.name, net, model_class, keys=set(net.state_dict()) - self.in_blocks,
+                                   inputs=kept)
             swap.forget(part.layers)
         else:
             if self.kept is not None and self.weights.refine_steps:
@@ -245,9 +259,11 @@ class _StreamedParts(Recipe):
                 result = refine.refine_block(part.name, part.module, originals, calls, self.weights.refine_steps)
                 logger.info("%s: low-rank branches refined, output error %.3g -> %.3g (%s)", part.name,
                             result.error_before, result.error_after, "kept" if result.kept else "discarded")
+            kept = None
             if self.kept is not None and part.name != self.last:
                 self.kept.replay(part.module, advance=True)  # the quantized block's outputs feed the next one
-            self.writer.add(part.module, f"{part.name}.")
+                kept = (self.kept.index, self.kept.calls)  # saved with the block: a resume starts from them
+            self.progress.add_part(number, part.name, part.module, model_class, f"{part.name}.", inputs=kept)
             swap.forget(part.layers)  # written: its full-precision layers are freed with the block
             _release(part.module)
         self.seconds[part.name] = seconds = time.perf_counter() - self.started
@@ -256,34 +272,41 @@ class _StreamedParts(Recipe):
         logger.info("%s: %.1f s", part.name, seconds)
 
 
-def _check_calibration(config, quant_config, calibration) -> None:
-    """Refuse ``config`` (resolved from ``quant_config``) where a streamed conversion cannot
-    calibrate it."""
-    if config.activations.calibrated:
-        raise ValueError(
-            f"activations={config.activations!r} is fitted on generations of the converted model, which a streamed "
-            "conversion does not run: choose a preset with fixed activations (e.g. 'w4a8', 'w8a8') or load the model "
-            "and use sixbit.convert_model"
-        )
-    if config.cache is not None and config.cache.needs_calibration:
-        raise ValueError(
-            f"the delta cache's min_psnr={config.cache.min_psnr:g} is calibrated on generations of the converted model, "
-            "which a streamed conversion does not run: give DeltaCacheConfig(error_budget=...) instead (1.3, the default, skips half "
-            "the block calls of the shapes models), or load the model and use sixbit.convert_model"
-        )
-    if config.needs_calibration and not callable(calibration):
-        raise ValueError(
-            f"{config.calibration_reason()} needs calibration=<callable that runs generations with the transformer it "
-            f"is given>; or choose a calibration-free preset ({', '.join(calibration_free())})"
-        )
-    if not config.needs_calibration and calibration is not None:
-        logger.info("calibration is not used by %r", quant_config)
+def _resume(progress: Progress, parts: list[Part], config, streamed: _Streamed, calibration,
+            seconds: dict, start: float) -> tuple[BlockInputs | None, dict, list[Part]]:
+    """``(kept calls, statistics of the layers outside the blocks, parts to convert)``, given the
+    parts an interrupted run finished (verified here). Calibration-free: every part not done.
+    Calibrated: each block's inputs come from the quantized block before it, so it goes on from
+    the first part not done with the inputs saved for it; without them (or where they do not
+    verify), the calibration generations run again and every block is converted again."""
+    progress.start()
+    done = progress.verified([part.name for part in parts])
+    logger.info("%d of %d parts finished before, verified in %s", len(done), len(parts), progress.folder)
+    streamed.load(parts[0].keys)  # the layers outside the blocks: the calibration runs and part 0 read them
+    todo = [part for part in parts if part.name not in done]
+    if not config.needs_calibration or not todo:
+        return None, {}, todo
+    first = parts.index(todo[0])
+    saved = progress.kept_inputs(todo[0].index, streamed.device) if first > 0 else None
+    if saved is not None:
+        _, _, _, io = next(b for b in iter_blocks(streamed.net) if b[0] == todo[0].index)
+        kept = BlockInputs(io, todo[0].index)
+        kept.calls = saved
+        return kept, {}, parts[first:]
+    logger.info("calibration generations on the full-precision model, streamed from disk")
+    net = streamed.net
+    outside = {name: net.get_submodule(name) for name in parts[0].layers}
+    runs: list[BlockInputs] = []
+    outside_stats = hessians.collect(net, lambda: runs.append(_first_calls(streamed, parts, calibration)), outside)
+    seconds["calibration runs"] = time.perf_counter() - start
+    return runs[0], outside_stats, parts[0 if OUTSIDE not in done else 1:]
 
 
 def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.PathLike,
                        calibration: Callable[[nn.Module], object] | None = None, *,
                        torch_dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-                       progress: bool = True, max_shard_size: int | str = "10GB") -> StreamedConversion:
+                       progress: bool = True, max_shard_size: int | str = "10GB",
+                       restart: bool = False) -> StreamedConversion:
     """Convert a diffusers transformer from its files, one block at a time, into a diffusers
     folder or a single-file checkpoint.
 
@@ -314,6 +337,8 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         progress: a progress bar over the parts (default ``True``).
         max_shard_size: bytes per weight file of a folder (``"10GB"``, ``"500MB"`` or an int;
             default ``"10GB"``), filled in the order the blocks are written.
+        restart: start over, discarding an interrupted conversion into ``output`` (default ``False``:
+            resume it; one with other arguments is refused). Its parts take the output's size on disk.
 
     Load a folder with ``from_pretrained`` (the model class's, or the pipeline's); a file with
     :func:`load_pretrained` (or :func:`sixbit.load` into any model of the same configuration).
@@ -325,7 +350,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
     config = resolve(quant_config)
-    _check_calibration(config, quant_config, calibration)  # the config's own problems before any file is read
+    check_streamable(config, quant_config, calibration)  # the config's own problems before any file is read
     folder = model_folder(model)
     net = empty_model(folder)
     check_convertible(config, net, empty=True)  # the one pre-flight check (sixbit.preflight), before any work
@@ -337,27 +362,26 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     names = _check_layout(folder, net, shards)
     plan = plan_layers(net, config.weights) if config.weights is not None else {}
     parts = parts_of(net, plan, names)
+    arguments = conversion_arguments(folder, set(shards.weight_map.values()), config.to_dict(), calibration, output,
+                                     max_shard_size, torch_dtype, device)
+    journal = Progress(progress_folder(output), arguments, restart)  # refuses other arguments, changing nothing
     streamed = _Streamed(shards, net, torch_dtype, device)
     start, seconds = time.perf_counter(), {}
     with checkpoint_writer(output, model, folder, net, max_shard_size) as writer:
-        kept, outside_stats = None, {}
-        streamed.load(parts[0].keys)
-        if config.needs_calibration:
-            logger.info("calibration generations on the full-precision model, streamed from disk")
-            outside = {name: net.get_submodule(name) for name in parts[0].layers}
-            runs: list[BlockInputs] = []
-            outside_stats = hessians.collect(net, lambda: runs.append(_first_calls(streamed, parts, calibration)), outside)
-            kept = runs[0]
-            seconds["calibration runs"] = time.perf_counter() - start
-        with tqdm(total=len(parts), desc=f"converting {type(net).__name__}", unit="part", disable=not progress) as bar:
-            recipe = _StreamedParts(streamed, plan, config, writer, parts, kept, outside_stats, bar)
-            build(net, parts, recipe)
+        kept, outside_stats, todo = _resume(journal, parts, config, streamed, calibration, seconds, start)
+        skipped = len(parts) - len(todo)
+        desc = f"converting {type(net).__name__}" + (f" ({skipped} parts verified, skipped)" if skipped else "")
+        with tqdm(total=len(parts), initial=skipped, desc=desc, unit="part", disable=not progress) as bar:
+            recipe = _StreamedParts(streamed, plan, config, journal, parts, kept, outside_stats, bar)
+            build(net, todo, recipe)
         seconds.update(recipe.seconds)
+        journal.assemble(writer, [part.name for part in parts])
         path = writer.finish({"conversion": conversion_state(Conversion(config))})
+    journal.remove()
     total = time.perf_counter() - start
     logger.info("converted %s on %s in %.1f s into %s", type(net).__name__, device, total, path)
     written = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in model_folder(path).glob("*.safetensors"))
-    return StreamedConversion(path, type(net).__name__, shards.nbytes(), written, total, seconds)
+    return StreamedConversion(path, type(net).__name__, shards.nbytes(), written, total, seconds, skipped)
 
 
 def load_pretrained(checkpoint_path: str | os.PathLike, model: str | os.PathLike, *, layout: str | None = None) -> nn.Module:

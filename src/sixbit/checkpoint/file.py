@@ -112,6 +112,11 @@ class CheckpointWriter:
             if isinstance(m, QuantLinear):
                 self.layers[name] = m.config()
 
+    def add_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Write one tensor of the model's state (a resumed conversion adds its finished parts'
+        tensors this way, their layers' entries to :attr:`layers`)."""
+        self._writer.add(name, tensor)
+
     def write(self, model: nn.Module) -> Path:
         """Add the whole ``model`` (resident weights) and its runtime methods' state; finish."""
         self.add(model)

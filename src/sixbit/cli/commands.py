@@ -31,6 +31,7 @@ from ..integrations.diffusers.folder import check_apart
 from ..integrations.diffusers.reading import load_folder, read_folder_header
 from ..presets import PRESETS, calibration_free, for_device, resolve
 from ..zoo.shapes import WEIGHTS_DIR
+from .streamed import add_restart, convert_streamed
 from .args import (DEFAULT_SEED, MAX_SCALE, MAX_STEPS, calibration, call_kwargs, check_output_file,
                    check_output_folder, float_in, guidance_type, int_in, read_prompts, seed_type, steps_type)
 
@@ -105,16 +106,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     to_file = _check_convert_output(args)
     output = Path(args.output)
     if _streamable(args, config):
-        from ..streaming import convert_pretrained
-
-        print(f"streaming {args.model} block by block on {device} with {args.config!r}: {config.description}")
-        if args.calib is not None:
-            print(f"--calib is not used: {args.config!r} needs no calibration")
-        result = convert_pretrained(args.model, config, output, device=device)
-        print(f"converted in {result.seconds:.1f} s ({max(result.part_seconds.values()):.1f} s for the slowest part)")
-        print(f"source weights {result.source_bytes / 2**20:.1f} MiB -> checkpoint {result.checkpoint_bytes / 2**20:.1f} MiB "
-              f"({result.source_bytes / result.checkpoint_bytes:.2f}x)")
-        print(f"wrote {result.path}")
+        result = convert_streamed(args, config, device, output)
         if not to_file:
             print(_how_to_load(result.path, result.model_class))
         return 0
@@ -351,6 +343,7 @@ def register(sub) -> None:
                    "is one, else the CPU); a streamed conversion takes one block at a time to it")
     p.add_argument("--cache-min-psnr", type=float_in(0.0, 200.0), metavar="DB", help="calibrate the delta cache to DB "
                    "against the uncached full-precision model: its largest error budget that reaches it (adds a cache)")
+    add_restart(p)
     p.set_defaults(func=cmd_convert)
 
     def add_runtime(p):
