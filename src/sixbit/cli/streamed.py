@@ -13,11 +13,14 @@ import torch
 def convert_streamed(args: argparse.Namespace, config, device: torch.device, output: Path):
     """Convert ``args.model`` into ``output``, printing what a person needs; returns the
     :class:`~sixbit.streaming.StreamedConversion`."""
+    from ..checkpoint.resume import progress_folder
     from ..streaming import convert_pretrained
 
     print(f"streaming {args.model} block by block on {device} with {args.config!r}: {config.description}")
     if args.calib is not None:
         print(f"--calib is not used: {args.config!r} needs no calibration")
+    print(f"finished blocks wait in {progress_folder(output)}: if it stops, run the same command again to resume "
+          "(--restart starts over)")
     result = convert_pretrained(args.model, config, output, device=device, restart=args.restart)
     if result.resumed_parts:
         print(f"resumed an interrupted conversion: {result.resumed_parts} finished parts verified and skipped")
