@@ -4,9 +4,9 @@ folder, and loading a checkpoint into a model that never holds full-precision we
 :func:`convert_pretrained` builds the transformer on the meta device from its ``config.json``,
 then, for the layers outside the blocks and for each block in turn, maps that part's tensors
 from the safetensors shards, quantizes its linears (the one build path every conversion runs,
-:func:`sixbit.builder.build`), appends the result to the checkpoint and frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
-the model's size (a 28 GB Wan2.1-14B converts on a 24 GB machine). It is written as the
-diffusers folder ``save_pretrained`` writes, or as the file :func:`sixbit.save` writes.
+:func:`sixbit.builder.build`), writes the result to a part file and frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
+the model's size (a 28 GB Wan2.1-14B converts on a 24 GB machine). The parts are then written as
+the diffusers folder ``save_pretrained`` writes, or as the file :func:`sixbit.save` writes.
 
 **Calibrated weights (GPTQ: ``"w4a8"``, ``"w4a4"``, ``"w4a16"``, ``"aggressive"``).** The
 calibration generations run once on the full-precision model streamed from disk (each block
@@ -212,8 +212,8 @@ def _first_calls(streamed: _Streamed, parts, calibration: Callable[[nn.Module], 
 
 class _StreamedParts(Recipe):
     """The streamed conversion's steps around the one build loop: each part mapped from the
-    shards (its input statistics replayed from the kept calls), then refined, written to the
-    checkpoint and freed, so one block is resident at a time."""
+    shards (its input statistics replayed from the kept calls), then refined, written to its
+    part file (:class:`~sixbit.checkpoint.resume.Progress`) and freed: one block is resident at a time."""
 
     def __init__(self, streamed: _Streamed, plan: dict, config, progress: Progress, parts: list[Part],
                  kept: BlockInputs | None, outside_stats: dict, bar):
