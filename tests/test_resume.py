@@ -152,7 +152,7 @@ def test_other_arguments_are_refused_changing_nothing(tiny, folder, tmp_path, mo
     progress = resume.progress_folder(out)
     assert str(progress) in capsys.readouterr().out  # where the finished blocks wait, said before they do
     before = _files(progress)
-    with pytest.raises(ValueError, match=r"other arguments \(config: .*restart=True, `sixbit convert --restart`"):
+    with pytest.raises(ValueError, match=r"other arguments \(config\..*weight_format: \"int8\" then, \"nvfp4\" now.*restart=True, `sixbit convert --restart`"):
         sixbit.convert_pretrained(folder, "w4a8-rtn", out, progress=False)
     with pytest.raises(ValueError, match=r"torch_dtype: null then, \"torch.bfloat16\" now"):
         sixbit.convert_pretrained(folder, "w8a8", out, torch_dtype=torch.bfloat16, progress=False)
@@ -170,6 +170,28 @@ def test_other_arguments_are_refused_changing_nothing(tiny, folder, tmp_path, mo
         assert main(["convert", "--model", str(folder), "--config", "w8a8", "-o", str(out)]) == 130
     assert main(["convert", "--model", str(folder), "--config", "w8a8", "-o", str(out)]) == 0
     assert "3 finished parts verified and skipped" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_stops_it_and_a_rerun_goes_on(folder, uninterrupted, tmp_path, monkeypatch):
+    """Part 2's file is written to /dev/full, which fails every flush with ENOSPC as a full disk does."""
+    out, real = tmp_path / "q", os.fdopen
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        if "w" in mode and "part-00002" in os.readlink(f"/proc/self/fd/{fd}"):
+            full = os.open("/dev/full", os.O_RDWR)
+            os.dup2(full, fd)
+            os.close(full)
+        return real(fd, mode, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "fdopen", fdopen)
+        with pytest.raises(OSError, match="no space left on the device"):
+            sixbit.convert_pretrained(folder, "w8a8", out, progress=False)
+    assert sorted(os.listdir(resume.progress_folder(out))) == ["part-00000.safetensors", "part-00001.safetensors",
+                                                               "progress.json"]  # no temporary file
+    result = sixbit.convert_pretrained(folder, "w8a8", out, progress=False)  # space freed: the same command
+    assert result.resumed_parts == 2 and _files(result.path) == uninterrupted["w8a8"]
 
 
 _CHILD = """

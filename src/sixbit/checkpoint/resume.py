@@ -97,9 +97,13 @@ def conversion_arguments(model_folder: Path, shard_files, config: dict, calibrat
     }
 
 
-def _differences(old: dict, new: dict) -> list[str]:
-    return [f"{key}: {json.dumps(old.get(key))[:200]} then, {json.dumps(new.get(key))[:200]} now"
-            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+def _differences(old, new, path: str = "") -> list[str]:
+    """Each value that differs between the recorded arguments and these, named by its path
+    (``config.weights.weight_format: "int8" then, "nvfp4" now``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [line for key in sorted(set(old) | set(new))
+                for line in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else key)]
+    return [] if old == new else [f"{path}: {json.dumps(old)[:120]} then, {json.dumps(new)[:120]} now"]
 
 
 class Progress:
