@@ -43,7 +43,7 @@ def _block(name: str):
 def _calls(dim: int, head_dim: int) -> list:
     import torch
 
-    bf16 = dict(dtype=torch.bfloat16)
+    bf16 = {"dtype": torch.bfloat16}
     return [((), {"hidden_states": torch.randn(BATCH, TOKENS, dim, **bf16),
                   "encoder_hidden_states": torch.randn(BATCH, TEXT, dim, **bf16),
                   "temb": torch.randn(BATCH, 6, dim, **bf16),
