@@ -110,8 +110,9 @@ class Progress:
     """The progress folder of one conversion (see the module doc).
 
     ``arguments``: a JSON object naming everything the checkpoint depends on (model files,
-    config, calibration, output, dtype, device, versions). :meth:`open` refuses an interrupted
-    run's folder whose arguments differ; ``restart=True`` discards that folder instead."""
+    config, calibration, output, dtype, device, versions). Building it reads the folder and
+    refuses (a ``ValueError`` naming each difference and the fix) an interrupted run's whose
+    arguments differ, changing nothing; with ``restart=True`` :meth:`start` discards it instead."""
 
     def __init__(self, folder: Path, arguments: dict, restart: bool):
         self.folder, self.arguments, self.restart = folder, json.loads(json.dumps(arguments)), restart
