@@ -1,37 +1,41 @@
 """The shapes torch's CUDA GEMMs take, and the zero padding that fits every other shape to them.
 
-What torch 2.13 checks on CUDA (and does not check on CPU):
+What torch 2.13 checks on CUDA:
 
-==================================  ===========================================================
-``torch._int_mm(a (M, K), b (K, N))``  ``M > 16``, ``K`` and ``N`` multiples of 8
-                                     (``aten/src/ATen/native/cuda/Blas.cpp``, ``_int_mm_out_cuda``:
-                                     "self.size(0) needs to be greater than 16", "… a multiple of 8").
-``torch._scaled_mm(a, b)``           ``a`` row-major, ``b`` column-major, ``a.size(1)`` and both
-                                     sizes of ``b`` multiples of 16 (``torch/_meta_registrations.py``,
-                                     ``meta_scaled_mm``: "self must be row_major", "mat2 must be
-                                     col_major", "… divisible by 16"). On ``float4_e2m1fn_x2``
-                                     operands the sizes count byte pairs: K a multiple of 32.
-                                     No constraint on M (block scales are padded to 128-row tiles
-                                     by :func:`~sixbit.kernels.cuda.swizzle_block_scales`).
-==================================  ===========================================================
+* ``torch._int_mm(a (M, K), b (K, N))``: ``M > 16``, ``K`` and ``N`` multiples of 8
+  (``_int_mm_out_cuda`` in ATen's CUDA BLAS: "self.size(0) needs to be greater than 16",
+  "self.size(1) needs to be greater than 0 and a multiple of 8", the same of ``mat2.size(1)``).
+* ``torch._scaled_mm(a, b)``: ``a`` row-major, ``b`` column-major, ``a.size(1)`` and both sizes
+  of ``b`` multiples of 16 (``_scaled_mm_out_cuda``, and ``meta_scaled_mm`` in
+  ``torch/_meta_registrations.py``: "self must be row_major", "mat2 must be col_major",
+  "Expected both dimensions of mat2 to be divisible by 16"); on ``float4_e2m1fn_x2`` operands
+  the sizes count bytes, two values each: K a multiple of 32. No limit on M (the NVFP4 block
+  scales are padded to 128-row tiles by :func:`~sixbit.kernels.cuda.swizzle_block_scales`).
+  Row-wise FP8 writes bf16 only, except through cuBLAS ≥ 12.9 on sm_90.
 
-The CPU kernels take any shape (``meta_scaled_mm`` skips its checks for ``device == "cpu"``;
-oneDNN's ``_int_mm`` takes M = 3, K = 12, N = 7), so the CPU twins cannot be relied on to
-catch a shape a GPU refuses: sixbit checks the shapes itself (:func:`int_mm_padding`,
-:func:`scaled_mm_padding`), and :mod:`sixbit.kernels.strict_ops` holds CPU stand-ins that
-refuse what CUDA refuses (tests, and the GPU script's dry run).
+The CPU kernels check none of it (``meta_scaled_mm`` skips its checks for CPU tensors, and
+oneDNN's ``_int_mm`` takes M = 3, K = 12, N = 7), so a CPU test cannot rely on them to catch a
+shape a GPU refuses: sixbit checks shapes itself (:func:`int_mm_padding`,
+:func:`scaled_mm_padding`), and :mod:`sixbit.kernels.strict_ops` holds CPU stand-ins that refuse
+what CUDA refuses (tests, and the GPU script's dry run).
 
-**Padding, not a fallback.** Zeros appended along K add nothing to any dot product; rows of
-zeros (M, or N of the weight) give outputs that are sliced off. So a padded GEMM returns the
-unpadded one's integers (``_int_mm``) or values (``_scaled_mm``) exactly, at the cost of one
-copy of each padded operand: the activation codes per call (M·K bytes), and the weight codes
-per call where K or N is off (N·K bytes, int8 or FP8/FP4, no fp32 temporary). Every linear of
-the models sixbit targets (CogVideoX, Wan, HunyuanVideo, LTX: widths multiples of 64) has
-aligned K and N, so only M ≤ 16 (a batch of modulation or timestep vectors) pads there — 32 rows
-instead of M, a few KiB. The alternative, an exact float64 product on the GPU, copies the whole
-weight to float64 on every call and runs at 1/64 of the fp32 rate on consumer GPUs.
-:func:`cuda_notes` says, from a layer's shape alone, what its calls pad on CUDA: conversion
-logs it and ``sixbit.summary`` lists it, wherever the model was converted.
+**Padding, not a fallback, for each limit.** Zeros appended along K add nothing to a dot
+product; zero rows (of the input, or of the weight: N) give outputs that are sliced off. So a
+padded GEMM returns the unpadded one's integers (``_int_mm``) or values (``_scaled_mm``) exactly,
+for the price of a copy of each padded operand:
+
+* M ≤ 16 (a few conditioning vectors through a layer that multiplies in INT8): the input codes
+  padded to 32 rows per call, a few KiB. The alternative, the exact float64 product, would copy
+  the whole weight to float64 on every call and run at 1/64 of the fp32 rate on consumer GPUs.
+* K or N off the multiple: the input codes per call (M·K bytes) and the weight codes per call
+  (N·K bytes of int8 / FP8 / FP4, no fp32 temporary). Kept padded once instead, they would be
+  a second copy of the weight, lost on every ``.to()``; and every linear of the models sixbit
+  targets (CogVideoX, Wan, HunyuanVideo, LTX: widths multiples of 64) is aligned, so only an
+  odd layer of another model pays it.
+
+:func:`cuda_notes` says, from a layer's shape alone, what its calls pad on CUDA: each conversion
+logs it for each layer, ``sixbit.summary`` lists it, wherever the model was converted, and a
+layer's ``execution()`` names it on CUDA.
 """
 
 from __future__ import annotations
