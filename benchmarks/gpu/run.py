@@ -339,7 +339,11 @@ def step_times(device: torch.device, dry: bool, steps: int, frames_list, setting
 # ---------------------------------------------------------------------------- report
 
 def _err(row: dict) -> str:
-    return f"{row['rel_err']:.2e}" if "rel_err" in row else ("—" if "failed" not in row.get("note", "") else "FAILED")
+    """A check's error, or its failure (``FAILED: <exception>``), or — for a row not run."""
+    if "rel_err" in row:
+        return f"{row['rel_err']:.2e}"
+    note = row.get("note", "")
+    return f"FAILED: {note.removeprefix('failed: ')}" if note.startswith("failed") else "—"
 
 
 def section(device, checks, paths, linears, attention_rows, steps_rows, args, seconds: float) -> str:
