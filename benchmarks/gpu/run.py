@@ -7,7 +7,11 @@ Installs nothing at run time. Four parts, each row checked against a time budget
 are listed as not run, never estimated):
 
 1. **Kernel checks** — every kernel sixbit runs on this device against its reference twin, on
-   bf16 inputs (the CPU tests run fp32/fp16 under Triton's interpreter): max |Δ| / max |ref|.
+   bf16 inputs (the CPU tests run fp32/fp16 under Triton's interpreter): max |Δ| / max |ref|;
+   the 6-bit-P attention kernels (``tl.dot_scaled``) too. A kernel that fails on this GPU fails
+   in its row, and the run goes on. Then **every kernel path of a quantized linear**
+   (:class:`sixbit.kernels.paths.Path`) through ``QuantLinear``, each against its mode's twin
+   path, or why this device does not take it (:mod:`gpu_paths`).
 2. **Per-linear times** at CogVideoX-2B and Wan2.1-14B shapes (rows = one sample's tokens at 49
    frames): bf16 ``F.linear``; INT8 W8A8 (per-token quantization of the bf16 input, Triton-fused
    on CUDA, + ``torch._int_mm`` + epilogue, i.e. everything a call does); FP8 W8A8 (row-wise
@@ -23,12 +27,18 @@ are listed as not run, never estimated):
    a warm-up run, and peak GPU memory. ``w4a8`` and ``balanced`` calibrate GPTQ on two
    transformer calls on random latents (random weights: there is no video to calibrate on).
 
-``--dry-run`` runs all of it on CPU at toy sizes (no GPU needed; the test suite does this).
+``--dry-run`` runs all of it on CPU at toy sizes (no GPU needed; the test suite does this),
+taking every decision an sm_90 GPU takes (:func:`gpu_paths.gpu_on_cpu`: Triton interpreted,
+torch's GEMMs replaced by stand-ins that refuse what CUDA refuses; NVFP4 × NVFP4 rehearsed as
+on Blackwell), with only the timing meaningless. The denoising steps take the CPU's INT8 and
+full-precision paths under CUDA's GEMM limits unless ``--interpret-steps``. Not rehearsed:
+compiling and timing on a GPU, ``sageattention`` (CUDA only), inductor's GPU code.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -43,10 +53,12 @@ import torch.nn.functional as F  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmark-script support (report.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this script's own parts (gpu_paths.py)
 
 import sixbit
 from sixbit import formats, kernels
 from sixbit.bench.layer_shapes import REAL_MODELS
+from gpu_paths import failure, gpu_on_cpu, layer_paths
 from report import machine_description, update_section
 from sixbit.kernels import triton as tri
 from sixbit.kernels.attention import int8_attention_reference, sageattention_installed
@@ -101,8 +113,14 @@ def kernel_checks(device: torch.device, dry: bool) -> list[dict]:
     rows = []
 
     def check(name, path, fn, ref):
-        y, r = fn().float(), ref().float()
-        rows.append({"kernel": name, "path": path, "rel_err": ((y - r).abs().max() / r.abs().max()).item()})
+        row = {"kernel": name, "path": path}
+        rows.append(row)
+        try:
+            y, r = fn().float(), ref().float()
+        except Exception as e:  # one kernel that fails here must not cost the loan the other rows
+            row["note"] = failure(e)
+            return
+        row["rel_err"] = ((y - r).abs().max() / r.abs().max()).item()
 
     w8 = formats.get("int8").quantize(w)
     triton_here = tri.runs_on(device)
@@ -111,10 +129,10 @@ def kernel_checks(device: torch.device, dry: bool) -> list[dict]:
               "Triton quantize + torch._int_mm + Triton epilogue" if triton_here else "torch ops (no Triton here)",
               lambda: kernels.int8_linear(x, w8.values(), w8.scale.reshape(-1), block, dtype),
               lambda: kernels.int8_linear_reference(x, w8.values(), w8.scale.reshape(-1), block, dtype))
-    if kernels.cuda.fp8_supported(device):
+    if kernels.cuda.fp8_supported(device):  # bf16 out: what torch's row-wise FP8 kernel writes on CUDA
         wq, ws = fp8_quantize_rows(w)
-        check("FP8 W8A8 (row-wise E4M3)", "torch._scaled_mm", lambda: kernels.fp8_linear(x, wq, ws.reshape(-1), dtype),
-              lambda: kernels.fp8_linear_reference(x, wq, ws.reshape(-1), dtype))
+        check("FP8 W8A8 (row-wise E4M3)", "torch._scaled_mm", lambda: kernels.fp8_linear(x, wq, ws.reshape(-1), torch.bfloat16),
+              lambda: kernels.fp8_linear_reference(x, wq, ws.reshape(-1), torch.bfloat16))
     for fmt in ("nvfp4", "int4-g64"):
         wq4 = formats.get(fmt).quantize(w)
         if triton_here:
@@ -124,10 +142,14 @@ def kernel_checks(device: torch.device, dry: bool) -> list[dict]:
         q, kk, v = (torch.randn(1, 4, 150 if dry else 1000, 64, generator=g).to(device, dtype) for _ in range(3))
         check("INT8 attention (INT8 QKᵀ, FP16 PV)", "Triton, online softmax (twin within 2⁻⁹ · max abs V: P rounded to FP16 per tile)",
               lambda: int8_attention_triton(q, kk, v), lambda: int8_attention_reference(q, kk, v))
-    if kernels.fp4_supported(device):
+        for p in ("e2m3", "e3m2"):  # tl.dot_scaled: the GPUs without it fail here, in their row
+            check(f"INT8 attention, {p.upper()} P", "Triton, P·V through tl.dot_scaled (twin: the same tiles rounded)",
+                  lambda: int8_attention_triton(q, kk, v, p_format=p), lambda: int8_attention_reference(q, kk, v, p_format=p))
+    if kernels.fp4_supported(device) or dry:
         wn = formats.get("nvfp4").quantize(w)
-        check("NVFP4 × NVFP4", "torch._scaled_mm FP4", lambda: kernels.nvfp4_linear(x, wn, dtype),
-              lambda: kernels.nvfp4_linear_reference(x, wn, dtype))
+        with gpu_on_cpu(fp4=True) if dry else contextlib.nullcontext():
+            check("NVFP4 × NVFP4", "torch._scaled_mm FP4" + (" (dry run: its CPU stand-in)" if dry else ""),
+                  lambda: kernels.nvfp4_linear(x, wn, dtype), lambda: kernels.nvfp4_linear_reference(x, wn, dtype))
     return rows
 
 
@@ -159,7 +181,7 @@ def _linear_cases(device: torch.device, dry: bool, k: int, n: int, m: int) -> di
              "INT8 W8A8": lambda: kernels.int8_linear(x, w8v, w8s, None, dtype)}
     if kernels.cuda.fp8_supported(device):
         wf, wfs = fp8_quantize_rows(w)
-        cases["FP8 W8A8"] = lambda: kernels.fp8_linear(x, wf, wfs.reshape(-1), dtype)
+        cases["FP8 W8A8"] = lambda: kernels.fp8_linear(x, wf, wfs.reshape(-1), torch.bfloat16)
     w4 = formats.get("nvfp4").quantize(w)
     if kernels.weight4_fused(device) or (dry and tri.runs_on(device)):
         cases["W4A16 (NVFP4 W)"] = lambda: kernels.weight4_linear(x, w4)
@@ -316,7 +338,15 @@ def step_times(device: torch.device, dry: bool, steps: int, frames_list, setting
 
 # ---------------------------------------------------------------------------- report
 
-def section(device, checks, linears, attention_rows, steps_rows, args, seconds: float) -> str:
+def _err(row: dict) -> str:
+    """A check's error, or its failure (``FAILED: <exception>``), or — for a row not run."""
+    if "rel_err" in row:
+        return f"{row['rel_err']:.2e}"
+    note = row.get("note", "")
+    return f"FAILED: {note.removeprefix('failed: ')}" if note.startswith("failed") else "—"
+
+
+def section(device, checks, paths, linears, attention_rows, steps_rows, args, seconds: float) -> str:
     if device.type == "cuda":
         where = (f"GPU {torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}), "
                  f"torch {torch.__version__}, CUDA {torch.version.cuda}, Triton "
@@ -329,7 +359,14 @@ def section(device, checks, linears, attention_rows, steps_rows, args, seconds: 
              f"{'; '.join(f'{k}: {v}' for k, v in kernels.available(device).items())}.", "",
              "### Kernel checks (each kernel vs its reference twin)", "",
              "| kernel | path | max abs Δ / max abs ref |", "|---|---|---:|"]
-    lines += [f"| {r['kernel']} | {r['path']} | {r['rel_err']:.2e} |" for r in checks]
+    lines += [f"| {r['kernel']} | {r['path']} | {_err(r)} |" for r in checks]
+    lines += ["", "### Kernel paths of a quantized linear (`sixbit.kernels.paths.Path`, each vs its mode's twin path)", "",
+              ("The dry run takes an sm_90 GPU's decisions on CPU: Triton interpreted, torch's GEMMs replaced by "
+               "stand-ins that refuse what CUDA refuses (`sixbit.kernels.strict_ops`); NVFP4 rehearses Blackwell's. "
+               if args.dry_run else "") + "A path not taken on this device says which the dispatcher runs instead.", "",
+              "| path | mode | twin | execution here | max abs Δ / max abs twin |", "|---|---|---|---|---:|"]
+    lines += [f"| {r['path']} | {r['mode']} | {r['twin']} | {r.get('execution', r.get('note', ''))} | {_err(r)} |"
+              for r in paths]
     lines += ["", "### Per-linear times (one sample's tokens at 49 frames; median of synchronized calls)", "",
               f"| model | linear | K × N | rows | precision | ms | TFLOP/s | vs {BASE[args.dry_run].split()[0]} |", "|---|---|---|---:|---|---:|---:|---:|"]
     for r in linears:
@@ -351,8 +388,12 @@ def section(device, checks, linears, attention_rows, steps_rows, args, seconds: 
             lines.append(f"| {r['frames']} | {r['tokens']} | {r['kernel']} | {r['ms']:.3f} | {r['tflops']:.1f} | {sp} | "
                          f"{r['max_err']:.2e} | {r['rel_err']:.2e} |")
     lines += ["", f"### Denoising steps of a CogVideoX-2B-sized transformer ({'toy config' if args.dry_run else '30 blocks × 1920, random weights'}, "
-              f"bf16, CFG batch 2, {args.steps} steps)", "",
-              "| setting | frames | mode | s / step | vs fp = the bf16 model unconverted (same frames, same mode) | "
+              f"bf16, CFG batch 2, {args.steps} steps)", ""]
+    if args.dry_run:
+        lines += [("Every layer on the GPU run's paths, Triton interpreted." if args.interpret_steps else
+                   "Layers on the CPU's INT8 and full-precision paths, with CUDA's GEMM limits (the Triton paths: "
+                   "per layer above; `--interpret-steps` runs them here too, slowly)."), ""]
+    lines += ["| setting | frames | mode | s / step | vs fp = the bf16 model unconverted (same frames, same mode) | "
               "first run s (compile incl.) | peak GiB | note |",
               "|---|---:|---|---:|---:|---:|---:|---|"]
     base = {(r["frames"], r["compiled"]): r.get("s_per_step") for r in steps_rows if r["setting"] == "fp"}
@@ -380,24 +421,35 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--compile", default="fp,w8a8,balanced", help="settings also timed under torch.compile")
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--interpret-steps", action="store_true",
+                        help="dry run: the denoising steps take the Triton paths too, interpreted (slow); by default "
+                             "they take the CPU's, with CUDA's GEMM limits, and the Triton paths run per layer")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.dry_run else "cuda")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --dry-run on CPU")
+    with gpu_on_cpu() if args.dry_run else contextlib.nullcontext():  # the dry run: every decision a GPU makes
+        return _measure(args, device)
+
+
+def _measure(args, device: torch.device) -> int:
     t0 = time.perf_counter()
     budget = Budget(args.budget_s)
     print(kernels.available(device), flush=True)
     checks = kernel_checks(device, args.dry_run)
     print(checks, flush=True)
+    paths = layer_paths(device, torch.float32 if args.dry_run else torch.bfloat16, args.dry_run)
+    print(paths, flush=True)
     linears = linear_times(device, args.dry_run, 2 if args.dry_run else args.runs, budget)
     print(f"linears done at {time.perf_counter() - t0:.0f} s", flush=True)
     frames_list = [int(f) for f in args.frames.split(",") if f]
     attention_rows = attention_times(device, args.dry_run, 2 if args.dry_run else args.runs, frames_list, budget)
     print(f"attention done at {time.perf_counter() - t0:.0f} s", flush=True)
     settings = [s for s in args.settings.split(",") if s]
-    steps_rows = step_times(device, args.dry_run, args.steps, frames_list, settings,
-                            [s for s in args.compile.split(",") if s], args.backend, budget)
-    update_section(args.output, "gpu", section(device, checks, linears, attention_rows, steps_rows, args, time.perf_counter() - t0))
+    with gpu_on_cpu(triton=args.interpret_steps) if args.dry_run else contextlib.nullcontext():
+        steps_rows = step_times(device, args.dry_run, args.steps, frames_list, settings,
+                                [s for s in args.compile.split(",") if s], args.backend, budget)
+    update_section(args.output, "gpu", section(device, checks, paths, linears, attention_rows, steps_rows, args, time.perf_counter() - t0))
     print(f"wrote section 'gpu' of {args.output} in {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -13,6 +13,7 @@ from .methods.record import conversion_of
 from .methods.registry import methods
 from .models import spec_for, transformer_of
 from .nn import QuantLinear
+from .nn.execution import cuda_notes
 from .nn.pointwise_conv import features, is_quantizable
 
 
@@ -43,7 +44,9 @@ class Summary:
             mode (``cache_converted=True``), not in any buffer.
         notes: what the conversion's preset became on this device
             (:func:`sixbit.presets.for_device`), when anything did; the layout the model runs
-            with (:mod:`sixbit.memory.fast_path`) and its memory cost.
+            with (:mod:`sixbit.memory.fast_path`) and its memory cost; the layers whose shapes
+            torch's CUDA GEMMs take only zero-padded (:func:`sixbit.nn.execution.cuda_notes`),
+            wherever the model is.
     """
 
     model: str
@@ -139,6 +142,11 @@ def summary(model: nn.Module) -> Summary:
     if conversion is not None and conversion.attention is not None:
         notes.append(f"attention quantized where {conversion.config.attention.describe()}: {conversion.attention.path}")
     notes += [line for spec in methods() if spec.describe is not None and (line := spec.describe(model))]
+    padded = [f"{name}: {'; '.join(lines)}" for name, mod in model.named_modules()
+              if isinstance(mod, QuantLinear) and (lines := cuda_notes(mod))]
+    if padded:
+        notes.append(f"on CUDA, {len(padded)} layer(s) have shapes torch's GEMMs take only zero-padded (same results, "
+                     f"one copy of the padded operands per call): {' | '.join(padded)}")
     laid_out = fast_path.planned(model)
     if laid_out is not None:
         pending = "" if fast_path.layout_of(model) is laid_out else " (at its first call there)"

@@ -25,7 +25,7 @@ from ..config.validate import report, show
 from ..calibration import hessians
 from ..config import QuantConfig
 from ..models import Role, block_index_of, iter_blocks, spec_for
-from ..nn import QuantLinear
+from ..nn import QuantLinear, execution
 from ..nn.pointwise_conv import conv_arguments, features, is_quantizable, kind_of, quantized_layer_class, weight_2d
 from ..rounding import BRANCH_DTYPE, quantize_weight, supports
 from ..transforms import hadamard, smoothquant
@@ -236,6 +236,9 @@ def quantized_linear(linear: nn.Module, fmt: str, hadamard_block: int | None, co
         w, fmt, config.scale_rule if searchable else "absmax", hessian, use_gptq,
         config.gptq_damp, rank, config.lowrank_iterations,
     )
-    return quantized_layer_class(kind_of(linear))(
+    layer = quantized_layer_class(kind_of(linear))(
         q, fmt, linear.bias, hadamard_block, config.act_mode, source_dtype=linear.weight.dtype, input_divisor=divisor,
         lowrank=branch, weight_only=weight_only, **conv_arguments(linear))
+    for note in execution.cuda_notes(layer):  # the shape torch's CUDA GEMMs take, checked wherever this converts
+        logger.info("%s (in %d → out %d): on CUDA, %s", name or "a linear", layer.in_features, layer.out_features, note)
+    return layer

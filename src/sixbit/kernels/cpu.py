@@ -1,10 +1,11 @@
 """INT8 × INT8 → INT32 matrix multiplication, and the CPU's fused INT8 ops (below).
 
 ``torch._int_mm`` runs a real integer GEMM (oneDNN's generic s8 GEMM on CPUs, which does not use
-AMX tiles: see :func:`amx_int8`; cuBLASLt on CUDA). What it cannot take (on CUDA: M ≤ 16, or K, N
-not multiples of 8; CPUs without VNNI, where its int16 sums saturate: wrong by up to 30 %) goes
-through an exact fallback: products of int8 values summed in float64 are exact integers while
-``K · 127² < 2^53`` (any K below 5·10^11), so the int32 result is identical."""
+AMX tiles: see :func:`amx_int8`; cuBLASLt on CUDA, whose shape limits — M > 16, K and N multiples
+of 8 — are met by zero padding, :mod:`sixbit.kernels.gemm_shapes`: the same integers). CPUs
+without VNNI, where its int16 sums saturate (wrong by up to 30 %), and devices without
+``_int_mm`` take an exact fallback: products of int8 values summed in float64 are exact integers
+while ``K · 127² < 2^53`` (any K below 5·10^11), so the int32 result is identical."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import math
 import torch
 
 from ..formats.constants import F4_E2M1_MAX
-from . import isa
+from . import gemm_shapes, isa
 from .isa import cpu_flags as _cpu_flags  # a name tests replace
 
 
@@ -76,11 +77,11 @@ def packed_int8_matmul_reference(a: torch.Tensor, codes: torch.Tensor, w_scale: 
 
 
 def int8_matmul_backend(device: torch.device | str, m: int, k: int, n: int) -> str:
-    """Which path :func:`int8_matmul` takes for an (m, k) × (k, n) product on ``device``."""
+    """Which path :func:`int8_matmul` takes for an (m, k) × (k, n) product on ``device`` (on CUDA
+    every shape takes ``torch._int_mm``, zero-padded where its limits need it)."""
     device = torch.device(device)
     ok = hasattr(torch, "_int_mm") and (  # CPUs: oneDNN's s8 GEMM saturates in int16 without VNNI
-        (device.type == "cpu" and isa.int_mm_exact())
-        or (device.type == "cuda" and m > 16 and k % 8 == 0 and n % 8 == 0))
+        (device.type == "cpu" and isa.int_mm_exact()) or device.type == "cuda")  # CUDA: any shape, padded
     return "torch._int_mm" if ok else "float64 exact fallback"
 
 
@@ -99,7 +100,8 @@ def int8_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     if a.shape[1] != b_t.shape[1]:
         raise ValueError(f"inner dimensions differ: {a.shape[1]} vs {b_t.shape[1]}")
     if int8_matmul_backend(a.device, a.shape[0], a.shape[1], b_t.shape[0]) == "torch._int_mm":
-        return torch._int_mm(a, b_t.t())
+        # CUDA refuses M ≤ 16 and K, N off multiples of 8: zero-padded there (exact)
+        return gemm_shapes.int_mm(a, b_t) if gemm_shapes.enforced(a.device) else torch._int_mm(a, b_t.t())
     return (a.double() @ b_t.double().t()).to(torch.int32)
 
 

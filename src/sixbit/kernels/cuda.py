@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import nvfp4
+from . import gemm_shapes
 from . import triton as tri
 from .attention import int8_attention_path
 from .cpu import amx_int8, cpu_ops_compiling, int8_matmul, int8_matmul_backend
@@ -104,15 +105,25 @@ def fp8_linear_reference(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.
 def fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``x @ Wᵀ`` with row-wise E4M3 activations and E4M3 weights ``(N, K)`` with per-row
-    scales ``(N,)``, through ``torch._scaled_mm``. ``dtype``: fp32, bf16 or fp16."""
+    scales ``(N,)``, through ``torch._scaled_mm``. ``dtype``: fp32, bf16 or fp16 on CPU; bf16 on
+    CUDA (torch's row-wise FP8 kernel writes bf16 only, except cuBLAS ≥ 12.9 on sm_90). K and N
+    off multiples of 16 are zero-padded on CUDA (:mod:`.gemm_shapes`; same result)."""
     if not fp8_supported(x.device):
         raise RuntimeError(f"FP8 GEMMs need CUDA sm_89+ or a CPU, not {x.device}: use fp8_linear_reference")
     if w_codes.dtype != torch.float8_e4m3fn or x.dim() != 2 or x.shape[1] != w_codes.shape[1]:
         raise ValueError(f"fp8_linear needs x (M, K) and float8_e4m3fn weights (N, K), got {tuple(x.shape)} and "
                          f"{w_codes.dtype}{tuple(w_codes.shape)}")
+    strict = gemm_shapes.enforced(x.device)
+    if strict and dtype != torch.bfloat16:
+        raise ValueError(f"fp8_linear on CUDA writes bfloat16 (torch._scaled_mm's row-wise FP8 kernel), not {dtype}: "
+                         "pass dtype=torch.bfloat16")
     xq, xs = fp8_quantize_rows(x)
-    return torch._scaled_mm(xq, w_codes.t(), scale_a=xs, scale_b=w_scale.float().reshape(1, -1).contiguous(),
-                            out_dtype=dtype)
+    (m, k), n = xq.shape, w_codes.shape[0]
+    kp, np_ = gemm_shapes.scaled_mm_padding(k, n) if strict else (k, n)
+    w_scale = gemm_shapes.pad2d(w_scale.float().reshape(1, -1), 1, np_).contiguous()  # padded rows: sliced off
+    y = torch._scaled_mm(gemm_shapes.pad2d(xq, m, kp), gemm_shapes.pad2d(w_codes.contiguous(), np_, kp).t(),
+                         scale_a=xs, scale_b=w_scale, out_dtype=dtype)
+    return y if np_ == n else y[:, :n]
 
 
 # ---------------------------------------------------------------- NVFP4
@@ -140,11 +151,17 @@ def unswizzle_block_scales(flat: torch.Tensor, rows: int, cols: int) -> torch.Te
     return tiles.reshape(rt * 128, ct * 4)[:rows, :cols]
 
 
-def nvfp4_operands(q: nvfp4.NVFP4Quantized) -> tuple[torch.Tensor, torch.Tensor]:
+def nvfp4_operands(q: nvfp4.NVFP4Quantized, rows_to: int | None = None,
+                   k_to: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """An NVFP4 tensor ``(rows, K)`` as ``_scaled_mm`` takes it: ``float4_e2m1fn_x2`` codes
-    ``(rows, K/2)`` (element 2i in the low nibble, as sixbit packs them) and swizzled scales."""
+    ``(rows, K/2)`` (element 2i in the low nibble, as sixbit packs them) and swizzled scales;
+    zero-padded to ``rows_to`` rows and ``k_to`` values per row where given (zero codes and
+    zero scales: the padded values are 0)."""
     rows, k = q.shape
-    return q.codes.reshape(rows, k // 2).view(torch.float4_e2m1fn_x2), swizzle_block_scales(q.scales.reshape(rows, k // 16))
+    rows_to, k_to = rows_to or rows, k_to or k
+    codes = gemm_shapes.pad2d(q.codes.reshape(rows, k // 2), rows_to, k_to // 2)
+    scales = gemm_shapes.pad2d(q.scales.reshape(rows, k // 16), rows_to, k_to // 16)
+    return codes.view(torch.float4_e2m1fn_x2), swizzle_block_scales(scales)
 
 
 def nvfp4_linear_reference(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -155,14 +172,18 @@ def nvfp4_linear_reference(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torc
 def nvfp4_linear(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torch.dtype = torch.bfloat16,
                  x_global_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ Wᵀ`` with dynamic NVFP4 activations on FP4 tensor cores (``torch._scaled_mm``);
-    ``x_global_scale``: the activations' per-tensor scale (default: from ``amax(|x|)``)."""
+    ``x_global_scale``: the activations' per-tensor scale (default: from ``amax(|x|)``). K off a
+    multiple of 32 and N off a multiple of 16 are zero-padded (:mod:`.gemm_shapes`; same result)."""
     if not fp4_supported(x.device):
         raise RuntimeError(f"NVFP4 × NVFP4 GEMMs need a Blackwell GPU (sm_100/sm_120), not {x.device}: "
                            "use nvfp4_linear_reference (emulation)")
     xq = nvfp4.quantize(x.float(), x_global_scale, check=False)
-    a, sa = nvfp4_operands(xq)
-    b, sb = nvfp4_operands(w)
+    (n, k), m = w.shape, xq.shape[0]
+    kp, np_ = gemm_shapes.scaled_mm_padding(k, n, fp4=True)
+    a, sa = nvfp4_operands(xq, m, kp)
+    b, sb = nvfp4_operands(w, np_, kp)
     y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    y = y if np_ == n else y[:, :n]
     return (y * (xq.global_scale * w.global_scale)).to(dtype)
 
 

@@ -43,7 +43,7 @@ from torch import nn
 from .. import kernels
 from .token_stats import token_max, tokens_split
 from ..formats import nvfp4
-from ..kernels import int8_matmul
+from ..kernels import gemm_shapes, int8_matmul
 from ..kernels.paths import MODE_OF, Capabilities, Operands, Path, select
 from ..transforms import hadamard
 from . import int8_inputs, lowrank, weight_views
@@ -101,8 +101,30 @@ def plan(layer, mode: ActMode, device: torch.device) -> Path:
     return select(mode, device, operands(layer), caps)
 
 
+def cuda_notes(layer) -> list[str]:
+    """What ``layer``'s calls zero-pad on CUDA because of its shape, wherever the layer is now
+    (:func:`sixbit.kernels.gemm_shapes.cuda_notes`: its INT8 and, K a multiple of 16, NVFP4 calls;
+    none for a weight-only layer): conversion logs it, ``sixbit.summary`` lists it."""
+    compute = not layer.weight_only
+    return gemm_shapes.cuda_notes(layer.in_features, layer.out_features, int8=compute,
+                                  nvfp4=compute and layer.in_features % 16 == 0)
+
+
 def describe(layer, path: Path, device: torch.device) -> str:
-    """``path`` in words for ``layer``, e.g. ``"int8 (real, torch._int_mm)"``."""
+    """``path`` in words for ``layer``, e.g. ``"int8 (real, torch._int_mm)"``; on CUDA, with the
+    zero padding its shape needs there (:func:`cuda_notes`)."""
+    text = _describe(layer, path, device)
+    if not gemm_shapes.enforced(device) or path not in _PADDED:
+        return text
+    padded = [note for note in cuda_notes(layer) if note.startswith(_PADDED[path])]
+    return f"{text}; {padded[0].split(' calls ', 1)[1]}" if padded else text
+
+
+# the paths whose torch GEMM pads on CUDA, by the first word of their cuda_notes() line
+_PADDED = {Path.INT8: "INT8", Path.INT8_FUSED: "INT8", Path.INT8_STATIC: "INT8", Path.NVFP4: "NVFP4"}
+
+
+def _describe(layer, path: Path, device: torch.device) -> str:
     if _MODE[path] is ActMode.FP:
         how = {Path.W4A16: "Triton dequantize-in-the-GEMM",
                Path.FP_DENSE: "a kept dense copy, rotation and branch folded in"}.get(path, "dequantize + matmul")
