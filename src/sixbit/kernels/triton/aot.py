@@ -37,12 +37,13 @@ import dataclasses
 import functools
 import importlib.util
 import io
+import logging
 import multiprocessing
 import os
 import re
 
 from ...transforms.hadamard import BLOCK_SIZES
-from ..gpu_targets import SMEM_LIMIT
+from ..gpu_targets import SMEM_LIMIT, int8_rows_row
 from .attention import attention_constants
 from .availability import interpreted
 from .gemm import epilogue_constants, weight4_constants
@@ -52,6 +53,8 @@ DTYPES = ("bf16", "fp16", "fp32")  # the activation dtypes a model runs in
 INT4_GROUPS = (16, 32, 64, 128, 256)  # int4-g16 … int4-g256, every group the W4A16 kernel reads
 P_FORMATS = ("fp16", "e2m3", "e3m2")  # P formats the attention kernel takes
 TENSOR_CORES, CUDA_CORES = "tensor cores", "fp32 on CUDA cores"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +73,10 @@ class Variant:
     @property
     def row(self) -> str:
         """The :data:`sixbit.kernels.gpu_targets.TABLE` row deciding where this variant runs."""
-        return "int8_attention_p6" if dict(self.constants).get("P_MX") else self.kernel
+        constants = dict(self.constants)
+        if self.kernel == "int8_rows":
+            return int8_rows_row(constants["BLOCK"] if constants["ROTATE"] else None)
+        return "int8_attention_p6" if constants.get("P_MX") else self.kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +123,10 @@ def _int8_rows(dtype: str, ks) -> list[Variant]:
     rotations = sorted({b for b in BLOCK_SIZES for k in ks if k % b == 0})
     out = [_variant("int8_rows", f"{dtype}, no rotation, BLOCK {dict(c)['BLOCK']}", signature, dict(c))
            for c in sorted(plain)]
+    # the 256 block: its fp32 Hadamard alone is 256 KiB of shared memory, more than any GPU has, at
+    # any input dtype (and ptxas takes ~25 s over its spills): compiled for bf16 only
     return out + [_variant("int8_rows", f"{dtype}, Hadamard {b}", signature, int8_rows_constants(b, b), 4, CUDA_CORES)
-                  for b in rotations]
+                  for b in rotations if b < 256 or dtype == DTYPES[0]]
 
 
 def _weight4(dtype: str, ks) -> list[Variant]:
@@ -249,9 +257,12 @@ def compile_many(jobs, workers: int = 2, timeout: float | None = None) -> list[C
         finally:
             if interpret is not None:
                 os.environ["TRITON_INTERPRET"] = interpret
-        done, pending = concurrent.futures.wait(futures, timeout=timeout)
-        if pending:
-            for future in pending:
+        try:
+            for count, _ in enumerate(concurrent.futures.as_completed(futures, timeout=timeout), 1):
+                if count % 50 == 0:
+                    logger.info("compiled %d of %d", count, len(jobs))
+        except TimeoutError:
+            for future in futures:
                 future.cancel()
-            raise TimeoutError(f"{len(pending)} of {len(jobs)} compilations still running after {timeout} s")
+            raise TimeoutError(f"compilations still running after {timeout} s") from None
         return [future.result() for future in futures]
