@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from ..formats import nvfp4
 from . import triton as tri
 from .attention import int8_attention_path
-from .gpu_targets import capability_of, fused_rotation, runs
 from .cpu import amx_int8, cpu_ops_compiling, int8_matmul, int8_matmul_backend
+from .gpu_targets import capability_of, fused_rotation, runs
 from .paths import Capabilities, Operands, Path, select
 from .triton.gemm import int8_epilogue, int8_epilogue_reference
 from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference

@@ -34,8 +34,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import functools
-import importlib.util
 import io
 import logging
 import multiprocessing
@@ -45,7 +43,7 @@ import re
 from ...transforms.hadamard import BLOCK_SIZES
 from ..gpu_targets import SMEM_LIMIT, int8_rows_row
 from .attention import attention_constants
-from .availability import interpreted
+from .availability import interpreted, jit
 from .gemm import epilogue_constants, weight4_constants
 from .quantize import int8_rows_constants
 
@@ -165,19 +163,6 @@ def variants(ks, head_dims, dtypes=DTYPES) -> list[Variant]:
     return out
 
 
-@functools.cache
-def _kernels():
-    """A compile-only copy of :mod:`._jit` (real ``JITFunction``s even under ``TRITON_INTERPRET=1``)."""
-    import triton
-
-    spec = importlib.util.find_spec(f"{__package__}._jit")
-    module = importlib.util.module_from_spec(spec)
-    with triton.knobs.runtime.scope():
-        triton.knobs.runtime.interpret = False
-        spec.loader.exec_module(module)
-    return module
-
-
 _MMA = re.compile(r"\b(mma\.sync|wgmma\.mma_async|tcgen05\.mma)\.[\w:.]*")
 _FAMILY = {"mma.sync": "mma.sync", "wgmma.mma_async": "wgmma", "tcgen05.mma": "tcgen05"}
 _TYPES = ("s8", "i8", "f16", "bf16", "tf32", "e4m3", "e5m2", "f8f6f4")
@@ -215,19 +200,16 @@ def compile_variant(variant: Variant, target: int) -> Compiled:
         raise RuntimeError("Triton runs interpreted in this process (TRITON_INTERPRET=1) and cannot compile for a GPU: "
                            "use compile_many, which compiles in fresh processes")
     import triton
-    import triton.compiler.code_generator  # noqa: F401  (imported as the process runs Triton: interpreted or not)
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = getattr(_kernels(), variant.kernel)
+    fn = getattr(jit(), variant.kernel)
     constants = dict(variant.constants)
     signature = {**dict(variant.signature), **{name: "constexpr" for name in constants}}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name, kind in variant.signature
              if kind.startswith("*")}
     log = io.StringIO()
-    with (triton.knobs.runtime.scope(), triton.knobs.compilation.scope(), triton.knobs.nvidia.scope(),
-          contextlib.redirect_stdout(log)):
-        triton.knobs.runtime.interpret = False  # a real compile, also in a process that interprets its kernels
+    with triton.knobs.compilation.scope(), triton.knobs.nvidia.scope(), contextlib.redirect_stdout(log):
         triton.knobs.compilation.always_compile = True  # ptxas runs, so its register report is there to read
         triton.knobs.nvidia.dump_ptxas_log = True
         try:
