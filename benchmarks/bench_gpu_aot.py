@@ -27,8 +27,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import triton
-
 from report import machine_description, update_section
+
 from sixbit.bench.layer_shapes import KERNEL_SHAPES
 from sixbit.files.atomic import write_text_atomic
 from sixbit.kernels import gpu_targets
@@ -125,8 +125,8 @@ def section(result: dict) -> str:
         "rotation, W4A16 on fp32 inputs), FMA by design. Shared-memory limits per block: "
         + ", ".join(f"sm_{t} {gpu_targets.SMEM_LIMIT[t] // 1024} KiB" for t in targets) + ".",
         "",
-        "**The capability table** (`sixbit.kernels.gpu_targets.TABLE`, what the dispatcher reads) against these "
-        "results — targets where every configuration of the row compiles, fits and multiplies as it should:",
+        ("**The capability table** (`sixbit.kernels.gpu_targets.TABLE`, what the dispatcher reads) against these "
+        "results — targets where every configuration of the row compiles, fits and multiplies as it should:"),
         "",
         "| row | ok on | table lists | agrees |",
         "|---|---|---|---|",

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from report import update_section
+
 from sixbit.bench.layer_shapes import REAL_MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,12 +84,12 @@ def section(rows: list[dict]) -> str:
         f"**{LABEL}.** Written by `python benchmarks/bench_gpu_projection.py`; no GPU has run these kernels yet "
         "(`gpu` section). " + " ".join(__doc__.split("\n\n")[2].split()),
         "",
-        "*INT8*: the fused quantize, `torch._int_mm` and the epilogue; *+ H128*: the same with the Hadamard-128 "
+        ("*INT8*: the fused quantize, `torch._int_mm` and the epilogue; *+ H128*: the same with the Hadamard-128 "
         "rotation fused into the quantize (an fp32 `tl.dot`, `input_precision=\"ieee\"`: FMA on CUDA cores, `gpu-aot`); "
-        "*rotation / GEMM*: the rotation's time over the INT8 GEMM's; speedups against bf16.",
+        "*rotation / GEMM*: the rotation's time over the INT8 GEMM's; speedups against bf16."),
         "",
-        "| model | linear K→N | rows | GPU | bf16 ms | INT8 ms | INT8 + H128 ms | rotation / GEMM | W4A16 ms | "
-        "INT8 × | INT8 + H128 × | W4A16 × | W4A16 MMA (AOT) |",
+        ("| model | linear K→N | rows | GPU | bf16 ms | INT8 ms | INT8 + H128 ms | rotation / GEMM | W4A16 ms | "
+        "INT8 × | INT8 + H128 × | W4A16 × | W4A16 MMA (AOT) |"),
         "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:

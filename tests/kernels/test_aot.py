@@ -127,8 +127,8 @@ def test_six_bit_p_on_ampere_runs_fp16_p_and_says_so(capability, monkeypatch, ca
         for _ in range(3):
             attention.triton_p_format("cuda", "e2m3", capability, log=True)
     assert [r.getMessage() for r in caplog.records] == [
-        f"E2M3 P does not compile for {sm} (Triton has E4M3 only from sm_89): attention runs with FP16 P instead "
-        "(more accurate, no slower on this GPU)"]
+        (f"E2M3 P does not compile for {sm} (Triton has E4M3 only from sm_89): attention runs with FP16 P instead "
+        "(more accurate, no slower on this GPU)")]
 
 
 def test_available_answers_for_a_capability_without_a_gpu():

@@ -116,7 +116,7 @@ def _variant(kernel: str, config: str, signature: dict, constants: dict, warps: 
 
 
 def _int8_rows(dtype: str, ks) -> list[Variant]:
-    signature = dict(x_ptr=f"*{dtype}", h_ptr="*fp32", q_ptr="*i8", s_ptr="*fp32", M="i32", K="i32")
+    signature = {"x_ptr": f"*{dtype}", "h_ptr": "*fp32", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
     plain = {tuple(int8_rows_constants(k, None).items()) for k in ks}
     rotations = sorted({b for b in BLOCK_SIZES for k in ks if k % b == 0})
     out = [_variant("int8_rows", f"{dtype}, no rotation, BLOCK {dict(c)['BLOCK']}", signature, dict(c))
@@ -128,7 +128,8 @@ def _int8_rows(dtype: str, ks) -> list[Variant]:
 
 
 def _weight4(dtype: str, ks) -> list[Variant]:
-    base = dict(x_ptr=f"*{dtype}", c_ptr="*u8", g_ptr="*fp32", y_ptr=f"*{dtype}", M="i32", N="i32", K="i32", G="i32")
+    base = {"x_ptr": f"*{dtype}", "c_ptr": "*u8", "g_ptr": "*fp32", "y_ptr": f"*{dtype}",
+            "M": "i32", "N": "i32", "K": "i32", "G": "i32"}
     multiplies = CUDA_CORES if dtype == "fp32" else TENSOR_CORES
     groups = [("NVFP4", 16, True)] + [(f"INT4 group {g}", g, False) for g in INT4_GROUPS]
     groups += [(f"INT4 per channel, K {k}", k, False) for k in sorted(set(ks))]
@@ -137,14 +138,16 @@ def _weight4(dtype: str, ks) -> list[Variant]:
 
 
 def _epilogue(dtype: str) -> list[Variant]:
-    signature = dict(a_ptr="*i32", xs_ptr="*fp32", ws_ptr="*fp32", b_ptr="*fp32", y_ptr=f"*{dtype}", M="i32", N="i32")
+    signature = {"a_ptr": "*i32", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": f"*{dtype}",
+                 "M": "i32", "N": "i32"}
     return [_variant("epilogue", f"{dtype}, {'bias' if bias else 'no bias'}", signature, epilogue_constants(bias))
             for bias in (False, True)]
 
 
 def _attention(dtype: str, head_dims) -> list[Variant]:
-    signature = dict(q_ptr="*i8", k_ptr="*i8", v_ptr=f"*{dtype}", qs_ptr="*fp32", ks_ptr="*fp32", o_ptr=f"*{dtype}",
-                     LQ="i32", LK="i32", D="i32", DV="i32", QBLOCKS="i32", KBLOCKS="i32", sm_scale="fp32")
+    signature = {"q_ptr": "*i8", "k_ptr": "*i8", "v_ptr": f"*{dtype}", "qs_ptr": "*fp32", "ks_ptr": "*fp32",
+                 "o_ptr": f"*{dtype}", "LQ": "i32", "LK": "i32", "D": "i32", "DV": "i32", "QBLOCKS": "i32",
+                 "KBLOCKS": "i32", "sm_scale": "fp32"}
     out = []
     for d in sorted(set(head_dims)):
         for p in P_FORMATS:
@@ -214,8 +217,8 @@ def compile_variant(variant: Variant, target: int) -> Compiled:
         triton.knobs.nvidia.dump_ptxas_log = True
         try:
             kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", target, 32),
-                                    options=dict(num_warps=variant.num_warps, enable_fp_fusion=True))
-        except Exception as error:  # the compiler's own errors (CompilationError, ptxas): the reason is the result
+                                    options={"num_warps": variant.num_warps, "enable_fp_fusion": True})
+        except Exception as error:  # noqa: BLE001 - the compiler's own errors (CompilationError, ptxas) are the result
             return Compiled(variant, target, False, _reason(error))
     registers, spills = _ptxas_numbers(log.getvalue())
     return Compiled(variant, target, True, "", kernel.metadata.shared, registers, spills,
