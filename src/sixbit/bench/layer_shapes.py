@@ -53,6 +53,7 @@ class RealModel:
     text_tokens: int
     linears: tuple[Linear, ...]  # per block
     joint: bool  # CogVideoX: one attention over text + video tokens; Wan: self + cross
+    head_dim: int = 64
 
     def block_flops(self) -> tuple[float, float]:
         """(GEMM FLOPs, attention FLOPs) of one block call on one sample."""
@@ -91,11 +92,21 @@ def _wan14b() -> RealModel:
         Linear("FFN up", d, ffn, video),
         Linear("FFN down", ffn, d, video),
     )
-    return RealModel("Wan2.1-14B", d, 40, video, text, linears, joint=False)
+    return RealModel("Wan2.1-14B", d, 40, video, text, linears, joint=False, head_dim=128)
 
 
 REAL_MODELS: dict[str, RealModel] = {
     m.name: m for m in (_cogvideox("CogVideoX-2B", 30, 30), _cogvideox("CogVideoX-5B", 48, 42), _wan14b())
+}
+
+#: (input widths K of the block linears, attention head dim) of every model the GPU kernels are
+#: compiled for (:mod:`sixbit.kernels.triton.aot`): :data:`REAL_MODELS`, and from their diffusers
+#: configs Wan2.1-1.3B (width 1536, 12 heads × 128, FFN 8960) and HunyuanVideo (3072, 24 × 128, FFN
+#: 12288; a single-stream block's output linear reads attention and MLP joined: 3072 + 12288 wide).
+KERNEL_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
+    **{m.name: (tuple(sorted({lin.k for lin in m.linears})), m.head_dim) for m in REAL_MODELS.values()},
+    "Wan2.1-1.3B": ((1536, 8960), 128),
+    "HunyuanVideo": ((3072, 12288, 15360), 128),
 }
 
 #: The real model each shipped shapes model stands in for in the GPU projection.

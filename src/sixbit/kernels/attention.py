@@ -11,9 +11,10 @@
 4. **softmax in fp32**, then **P and V rounded to FP16** and multiplied with fp32 accumulation.
 
 :func:`int8_attention` runs it, on CUDA, through the ``sageattention`` package where installed
-(its own kernels, the same method), else (sm_80+, Triton installed) through sixbit's Triton kernel
-(:func:`sixbit.kernels.triton.attention.int8_attention_triton`: INT8 ``tl.dot`` for Q·Kᵀ, online
-softmax, FP16 P·V; within ``ATOL · max|V|`` of the reference, see its module); on CPU (and on
+(its own kernels, the same method), else (on the GPUs :mod:`.gpu_targets` lists, with Triton)
+through sixbit's Triton kernel (:func:`sixbit.kernels.triton.attention.int8_attention_triton`:
+INT8 ``tl.dot`` for Q·Kᵀ, online softmax, FP16 P·V; within ``ATOL · max|V|`` of the reference,
+see its module; a 6-bit P runs as FP16 P on sm_80 / sm_86, :func:`triton_p_format`); on CPU (and on
 CUDA without Triton) it runs :func:`int8_attention_reference`, an **emulation**: the integer
 product is computed in fp32 (exact: |products| ≤ 127²·D < 2²⁴ for head dims up to 1040) and P·V
 as an fp32 matmul of FP16-rounded values — the numerics of the method, at fp32 matmul speed, not
@@ -24,14 +25,18 @@ INT8 speed. Queries are processed ``chunk`` tokens at a time so the score matrix
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import torch
 
 from ..formats import mx
 from ..formats.constants import MX_BLOCK, P_FORMATS
+from . import gpu_targets
 from . import triton as tri
 from .triton.attention import int8_attention_triton, quantize_blocks_int8
 
+logger = logging.getLogger(__name__)
+_LOGGED: set = set()  # (P format, capability) fallbacks already logged in this process
 
 
 def _int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,31 +113,67 @@ def sageattention_installed() -> bool:
     return importlib.util.find_spec("sageattention") is not None
 
 
-def _triton_runs(device: torch.device) -> bool:
-    """Whether sixbit's Triton kernel runs on ``device``: CUDA sm_80+ (INT8 ``tl.dot``) with Triton."""
-    return (device.type == "cuda" and tri.runs_on(device) and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device) >= (8, 0))
+def triton_p_format(device: torch.device | str, p_format: str = "fp16", capability: tuple[int, int] | None = None,
+                    log: bool = False) -> str | None:
+    """The P format sixbit's Triton kernel multiplies with when :func:`int8_attention` is asked
+    for ``p_format`` on ``device`` (a GPU of ``capability`` when given), or ``None`` where the
+    kernel does not run: off CUDA, without Triton, on a GPU :mod:`.gpu_targets` does not list, or
+    for INT8 P (which has no kernel).
+
+    A 6-bit P (E2M3, E3M2) on a GPU whose Triton has no E4M3 (sm_80, sm_86: the kernel does not
+    compile there, BENCHMARKS.md ``gpu-aot``) runs as **FP16 P**, not INT8 P: INT8 P has no kernel
+    (its reference is an fp32 emulation, slower than bf16 attention on a GPU), and FP16 P is the
+    precision the 6-bit P approximates — on the shipped models E2M3 P gave 41.9 / 43.7 dB, INT8 P
+    46.9 / 49.4, FP16 P 47.5 / 50.4 (BENCHMARKS.md ``attention``): the fallback is never less
+    accurate than what was asked, and on these GPUs the 6-bit P would not be faster (no FP8 or
+    FP6 tensor cores). ``log``: say so in one log line (once per process, format and GPU), as
+    :func:`int8_attention` does.
+
+    Example:
+        >>> triton_p_format("cuda", "e2m3", capability=(8, 0)), triton_p_format("cuda", "e2m3", capability=(9, 0))
+        ('fp16', 'e2m3')
+    """
+    device = torch.device(device)
+    cap = gpu_targets.capability_of(device, capability)
+    if device.type != "cuda" or not tri.installed() or p_format == "int8" or not gpu_targets.runs("int8_attention", cap):
+        return None
+    if p_format == "fp16" or gpu_targets.runs("int8_attention_p6", cap):
+        return p_format
+    if log and (p_format, cap) not in _LOGGED:
+        _LOGGED.add((p_format, cap))
+        logger.warning("%s P does not compile for %s (Triton has E4M3 only from sm_89): attention runs with FP16 P "
+                   "instead (more accurate, no slower on this GPU)", p_format.upper(), gpu_targets.sm(cap))
+    return "fp16"
 
 
 def _p_words(p_format: str) -> str:
     return {"fp16": "FP16 PV", "int8": "INT8 P"}.get(p_format, f"{p_format.upper()} P (6-bit, scale per 32 keys)")
 
 
-def int8_attention_path(device: torch.device | str, p_format: str = "fp16") -> str:
-    """How :func:`int8_attention` runs on ``device`` with P in ``p_format``.
+def int8_attention_path(device: torch.device | str, p_format: str = "fp16",
+                        capability: tuple[int, int] | None = None) -> str:
+    """How :func:`int8_attention` runs on ``device`` (a GPU of ``capability`` when given) with P
+    in ``p_format``, and what runs instead where that P has no kernel.
 
     Example:
         >>> int8_attention_path("cpu")
         'emulated: INT8 QKᵀ and FP16 PV in fp32 matmuls'
+        >>> int8_attention_path("cuda", "e2m3", capability=(8, 6)).split("; ")[1]
+        'E2M3 P does not compile for sm_86: FP16 P instead'
     """
     device = torch.device(device)
     if device.type == "cuda" and sageattention_installed() and p_format == "fp16":
         return "real: sageattention (INT8 QKᵀ, FP16/FP8 PV)"
-    if _triton_runs(device) and p_format != "int8":
-        p = ("FP16 PV" if p_format == "fp16" else
-             f"{p_format.upper()} P with E8M0 scales per 32 keys through tl.dot_scaled (E4M3 containers)")
-        return f"real: sixbit Triton kernel (INT8 QKᵀ, {p}, online softmax)"
-    return f"emulated: INT8 QKᵀ and {_p_words(p_format)} in fp32 matmuls"
+    runs = triton_p_format(device, p_format, capability)
+    if runs is None:
+        return f"emulated: INT8 QKᵀ and {_p_words(p_format)} in fp32 matmuls"
+    p = ("FP16 PV" if runs == "fp16" else
+         f"{runs.upper()} P with E8M0 scales per 32 keys through tl.dot_scaled (E4M3 containers)")
+    path = f"real: sixbit Triton kernel (INT8 QKᵀ, {p}, online softmax)"
+    if runs != p_format:
+        cap = gpu_targets.sm(gpu_targets.capability_of(device, capability))
+        path += f"; {p_format.upper()} P does not compile for {cap}: FP16 P instead"
+    return path
 
 
 def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
@@ -148,6 +189,7 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         from sageattention import sageattn
 
         return sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=scale)
-    if _triton_runs(q.device) and p_format != "int8":
-        return int8_attention_triton(q, k, v, scale, p_format=p_format)
-    return int8_attention_reference(q, k, v, scale, p_format=p_format)
+    runs = triton_p_format(q.device, p_format, log=True)
+    if runs is None:
+        return int8_attention_reference(q, k, v, scale, p_format=p_format)
+    return int8_attention_triton(q, k, v, scale, p_format=runs)

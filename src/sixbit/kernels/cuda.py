@@ -19,6 +19,8 @@ and multiplying in fp32. :func:`available` says which path each precision takes 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -27,6 +29,7 @@ from . import gemm_shapes
 from . import triton as tri
 from .attention import int8_attention_path
 from .cpu import amx_int8, cpu_ops_compiling, int8_matmul, int8_matmul_backend
+from .gpu_targets import capability_of, fused_rotation, runs
 from .paths import Capabilities, Operands, Path, select
 from .triton.gemm import int8_epilogue, int8_epilogue_reference
 from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
@@ -34,36 +37,32 @@ from .triton.quantize import quantize_rows_int8, quantize_rows_int8_reference
 F8_MAX = 448.0
 
 
-def _capability(device: torch.device) -> tuple[int, int] | None:
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_capability(device)
+Capability = tuple[int, int] | None  # a GPU's compute capability; None: read it from the device
 
 
-def fused_int8(device: torch.device | str) -> bool:
+def fused_int8(device: torch.device | str, capability: Capability = None) -> bool:
     """Whether :func:`int8_linear` uses the Triton quantize/epilogue kernels on ``device``
-    (CUDA with Triton; not the interpreter, which is for tests)."""
+    (CUDA with Triton where :mod:`.gpu_targets` lists both; not the interpreter, which is for tests)."""
     device = torch.device(device)
-    return device.type == "cuda" and tri.runs_on(device)
+    cap = capability_of(device, capability)
+    return device.type == "cuda" and tri.runs_on(device) and runs("int8_rows", cap) and runs("epilogue", cap)
 
 
-def fp8_supported(device: torch.device | str) -> bool:
+def fp8_supported(device: torch.device | str, capability: Capability = None) -> bool:
     """Whether ``torch._scaled_mm`` takes E4M3 operands with row-wise scales on ``device``."""
     device = torch.device(device)
-    cap = _capability(device)
-    return device.type == "cpu" or (cap is not None and cap >= (8, 9))
+    return device.type == "cpu" or runs("fp8_scaled_mm", capability_of(device, capability))
 
 
-def fp4_supported(device: torch.device | str) -> bool:
+def fp4_supported(device: torch.device | str, capability: Capability = None) -> bool:
     """Whether ``torch._scaled_mm`` has NVFP4 × NVFP4 on ``device`` (Blackwell: sm_100, sm_120)."""
-    cap = _capability(torch.device(device))
-    return cap is not None and cap[0] in (10, 12) and hasattr(torch, "float4_e2m1fn_x2")
+    cap = capability_of(device, capability)
+    return runs("nvfp4_scaled_mm", cap) and hasattr(torch, "float4_e2m1fn_x2")
 
 
-def weight4_fused(device: torch.device | str) -> bool:
+def weight4_fused(device: torch.device | str, capability: Capability = None) -> bool:
     """Whether 4-bit weights multiply through the Triton dequantize-in-the-GEMM kernel on ``device``."""
-    cap = _capability(torch.device(device))
-    return cap is not None and cap >= (8, 0) and tri.installed()
+    return runs("weight4", capability_of(device, capability)) and tri.installed()
 
 
 # ---------------------------------------------------------------- INT8
@@ -79,8 +78,10 @@ def int8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
                 hadamard_block: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``(x·H) @ Wᵀ`` with per-token INT8 activations and per-channel INT8 weights ``(N, K)``:
     Triton quantize (rotation fused) → ``torch._int_mm`` → Triton epilogue wherever Triton
-    runs (CUDA; CPU under the interpreter), the reference ops elsewhere."""
-    if not tri.runs_on(x.device):
+    runs (CUDA GPUs :mod:`.gpu_targets` lists; CPU under the interpreter) with a rotation the
+    kernel takes (:func:`~sixbit.kernels.gpu_targets.fused_rotation`), the reference ops elsewhere."""
+    fused = tri.runs_on(x.device) and fused_rotation(hadamard_block)
+    if not fused or (x.device.type == "cuda" and not fused_int8(x.device)):
         return int8_linear_reference(x, w_codes, w_scale, hadamard_block, dtype)
     codes, scale = quantize_rows_int8(x, hadamard_block)
     return int8_epilogue(int8_matmul(codes, w_codes), scale, w_scale, None, dtype)
@@ -193,33 +194,39 @@ def nvfp4_linear(x: torch.Tensor, w: nvfp4.NVFP4Quantized, dtype: torch.dtype = 
 CAPABILITIES = Capabilities(fused_int8, weight4_fused, fp4_supported)
 
 
-def available(device: torch.device | str | None = None) -> dict[str, str]:
+def available(device: torch.device | str | None = None, capability: Capability = None) -> dict[str, str]:
     """Which path each precision takes on ``device`` (default: CUDA when present, else CPU), for
     a layer with nothing kept or static: the answer of :func:`~sixbit.kernels.paths.select`, the
-    decision every quantized linear call makes.
+    decision every quantized linear call makes. ``capability``: answer for a CUDA GPU of that
+    compute capability (e.g. ``(8, 0)``) instead of the one present, if any.
 
     Example:
         >>> from sixbit.kernels import available
         >>> available("cpu")["int8"].split(" + ")[0]
         'real: torch._int_mm'
+        >>> available("cuda", capability=(8, 6))["fp8"]
+        'not available (needs sm_89+)'
     """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     backend = int8_matmul_backend(device, 4096, 4096, 4096)  # the fallback (CPUs without VNNI): no INT8 arithmetic
     int8 = f"real: {backend}" if backend == "torch._int_mm" else f"emulated (exact integers): {backend}"
-    if select("int8", device, Operands(), CAPABILITIES) is Path.INT8_FUSED:
+    caps = CAPABILITIES if capability is None else Capabilities(*(functools.partial(fn, capability=capability)
+                                                                 for fn in CAPABILITIES))
+    if select("int8", device, Operands(), caps) is Path.INT8_FUSED:
         int8 += " + Triton fused quantize (Hadamard fused) and epilogue"
     elif device.type == "cpu":
         int8 += " + compiled quantize and epilogue on large inputs" if cpu_ops_compiling() else ""
         int8 += "; oneDNN AMX INT8 in the fast layout (sixbit.memory.fast_path, the default)" if amx_int8() else ""
-    nvfp4 = select("nvfp4", device, Operands(), CAPABILITIES)
-    w4a16 = select("fp", device, Operands(weight4=True), CAPABILITIES)
+    nvfp4 = select("nvfp4", device, Operands(), caps)
+    w4a16 = select("fp", device, Operands(weight4=True), caps)
     paths = {
         "int8": int8,
-        "fp8": "real: torch._scaled_mm (row-wise E4M3)" if fp8_supported(device) else "not available (needs sm_89+)",
+        "fp8": "real: torch._scaled_mm (row-wise E4M3)" if fp8_supported(device, capability)
+        else "not available (needs sm_89+)",
         "nvfp4": "real: torch._scaled_mm (FP4 tensor cores)" if nvfp4 is Path.NVFP4
         else "emulated: dequantize + fp32 matmul (no FP4 GEMM on this device)",
         "w4a16": "real: Triton dequantize-in-the-GEMM" if w4a16 is Path.W4A16
         else "dequantize the weight, then a 16-bit matmul",
-        "attention": int8_attention_path(device),
+        "attention": int8_attention_path(device, capability=capability),
     }
     return paths

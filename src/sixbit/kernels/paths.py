@@ -62,7 +62,8 @@ class Operands(NamedTuple):
 
     ``static_input``: an input quantizer gives the activation codes (static scales);
     ``plain_input``: nothing but a Hadamard rotation comes between the input and its per-token
-    quantization (no input divisor, no low-rank branch); ``packed`` / ``folded``: a packed INT8
+    quantization (no input divisor, no low-rank branch), and the fused kernel takes the rotation's
+    block (:func:`sixbit.kernels.gpu_targets.fused_rotation`); ``packed`` / ``folded``: a packed INT8
     operand is kept for oneDNN's AMX kernel (folded: rotation and branch inside it);
     ``weight4``: the stored weight is one the W4A16 kernel reads; ``unpacked``: NVFP4 values are
     kept unpacked; ``dense``: the dense weight a full-precision call multiplies is kept.

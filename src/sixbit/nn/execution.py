@@ -44,6 +44,7 @@ from .. import kernels
 from .token_stats import token_max, tokens_split
 from ..formats import nvfp4
 from ..kernels import gemm_shapes, int8_matmul
+from ..kernels.gpu_targets import fused_rotation
 from ..kernels.paths import MODE_OF, Capabilities, Operands, Path, select
 from ..transforms import hadamard
 from . import int8_inputs, lowrank, weight_views
@@ -85,7 +86,7 @@ def operands(layer) -> Operands:
     """What of ``layer`` the choice of kernel depends on."""
     return Operands(
         static_input=is_static(layer),
-        plain_input=layer.input_divisor is None and layer.lowrank_up is None,
+        plain_input=layer.input_divisor is None and layer.lowrank_up is None and fused_rotation(layer.hadamard_block),
         packed=layer._packed is not None,
         folded=layer._folded,
         weight4=layer._weight4,

@@ -70,6 +70,20 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bloc
             raise ValueError(f"{name} must be a power of two ≥ 16 (a tile of tl.dot), got {block!r}")
 
 
+def attention_constants(d: int, dv: int, block_q: int = 128, block_k: int = 64,
+                        p_format: str = "fp16") -> tuple[dict, int]:
+    """The ``int8_attention`` kernel's compile-time constants and warps for head dims ``d``
+    (Q, K) and ``dv`` (V), as :func:`int8_attention_triton` launches it (and :mod:`.aot` compiles it)."""
+    mx = _P_ELEMENTS[p_format]
+    # head dims padded (masked) to a power of two, ≥ 32 for Q·Kᵀ: the INT8 MMA's reduction is 32 wide
+    dp, dvp = max(32, 1 << (d - 1).bit_length()), max(16, 1 << (dv - 1).bit_length())
+    constants = dict(BLOCK_M=block_q, BLOCK_N=block_k, DP=dp, DVP=dvp, P_MX=mx is not None,
+                     MBITS=0 if mx is None else mx.mbits, EMIN=0 if mx is None else mx.emin,
+                     EMAX=0 if mx is None else EMAX_ELEM[mx.name], PMAX=0.0 if mx is None else mx.max)
+    # Triton's flash-attention tutorial: 8 warps for 128 × 128 accumulators
+    return constants, 8 if block_q >= 128 and dvp >= 128 else 4
+
+
 def int8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                           block_q: int = 128, block_k: int = 64, p_format: str = "fp16") -> torch.Tensor:
     """Triton kernel: ``softmax(Q·Kᵀ·scale)·V`` by SageAttention's method on ``(B, H, L, D)``
@@ -97,7 +111,6 @@ def int8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sca
         raise ValueError(f"the Triton kernel takes p_format fp16, e2m3 or e3m2, got {p_format!r} (int8 P: the reference)")
     if p_format != "fp16" and block_k % 32:
         raise ValueError(f"p_format={p_format!r} scales P per 32 keys: block_k must be a multiple of 32, got {block_k}")
-    mx = _P_ELEMENTS[p_format]
     b, h, lq, d = q.shape
     lk, dv = k.shape[-2], v.shape[-1]
     scale = d ** -0.5 if scale is None else float(scale)
@@ -106,14 +119,9 @@ def int8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sca
     k_codes, k_scales = quantize_blocks_int8(kf - kf.mean(dim=-2, keepdim=True), block_k)
     out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=q.device)
     if out.numel():
-        # head dims padded (masked) to a power of two, ≥ 32 for Q·Kᵀ: the INT8 MMA's reduction is 32 wide
-        dp, dvp = max(32, 1 << (d - 1).bit_length()), max(16, 1 << (dv - 1).bit_length())
+        constants, warps = attention_constants(d, dv, block_q, block_k, p_format)
         grid = (q_scales.shape[-1], b * h)
         jit().int8_attention[grid](q_codes.contiguous(), k_codes.contiguous(), v.contiguous(), q_scales.contiguous(),
                                    k_scales.contiguous(), out, lq, lk, d, dv, q_scales.shape[-1], k_scales.shape[-1],
-                                   scale, BLOCK_M=block_q, BLOCK_N=block_k, DP=dp, DVP=dvp, P_MX=mx is not None,
-                                   MBITS=0 if mx is None else mx.mbits, EMIN=0 if mx is None else mx.emin,
-                                   EMAX=0 if mx is None else EMAX_ELEM[mx.name], PMAX=0.0 if mx is None else mx.max,
-                                   # Triton's flash-attention tutorial: 8 warps for 128 × 128 accumulators
-                                   num_warps=8 if block_q >= 128 and dvp >= 128 else 4)
+                                   scale, num_warps=warps, **constants)
     return out

@@ -51,6 +51,17 @@ def _weight4_operands(w, k: int):
         torch.ones(1, device=w.codes.device), group, False
 
 
+def weight4_constants(group: int, is_nvfp4: bool) -> dict:
+    """The ``weight4`` kernel's compile-time constants for a weight with one scale per ``group``
+    inputs (``K`` for INT4 per channel), as :func:`weight4_linear` launches it."""
+    return dict(TM=_TILE_M, TN=_TILE_N, TK=_TILE_K, GROUP=group, NVFP4=is_nvfp4)
+
+
+def epilogue_constants(bias: bool) -> dict:
+    """The ``epilogue`` kernel's compile-time constants, as :func:`int8_epilogue` launches it."""
+    return dict(TM=_TILE_M, TN=_TILE_N, BIAS=bias)
+
+
 def weight4_linear(x: torch.Tensor, w) -> torch.Tensor:
     """Triton kernel: ``x (M, K) @ Wᵀ`` → ``(M, N)`` in ``x``'s dtype, ``W`` a packed 4-bit weight."""
     require(x.device)
@@ -67,8 +78,7 @@ def weight4_linear(x: torch.Tensor, w) -> torch.Tensor:
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
         grid = (-(-m // _TILE_M), -(-n // _TILE_N))
-        jit().weight4[grid](x, codes, scales, global_scale, y, m, n, k, k // group,
-                            TM=_TILE_M, TN=_TILE_N, TK=_TILE_K, GROUP=group, NVFP4=is_nvfp4)
+        jit().weight4[grid](x, codes, scales, global_scale, y, m, n, k, k // group, **weight4_constants(group, is_nvfp4))
     return y
 
 
@@ -89,5 +99,5 @@ def int8_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tenso
         grid = (-(-m // _TILE_M), -(-n // _TILE_N))
         jit().epilogue[grid](acc.contiguous(), x_scale.float().reshape(-1).contiguous(),
                              w_scale.float().reshape(-1).contiguous(), b, y, m, n,
-                             TM=_TILE_M, TN=_TILE_N, BIAS=bias is not None)
+                             **epilogue_constants(bias is not None))
     return y

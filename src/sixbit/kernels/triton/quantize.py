@@ -29,6 +29,13 @@ def quantize_rows_int8_reference(x: torch.Tensor, hadamard_block: int | None = N
     return quantize_rows_reference(x)
 
 
+def int8_rows_constants(k: int, hadamard_block: int | None) -> dict:
+    """The ``int8_rows`` kernel's compile-time constants for inputs ``K`` wide (what
+    :func:`quantize_rows_int8` launches and :mod:`.aot` compiles)."""
+    block = hadamard_block or min(64, 1 << max(4, (k - 1).bit_length()))
+    return dict(ROWS=_ROWS, BLOCK=block, ROTATE=hadamard_block is not None)
+
+
 def quantize_rows_int8(x: torch.Tensor, hadamard_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton kernel: per-token INT8 codes and scales of ``x`` (2-D, any float dtype), with the
     block-diagonal Hadamard rotation of size ``hadamard_block`` fused in when given."""
@@ -36,7 +43,6 @@ def quantize_rows_int8(x: torch.Tensor, hadamard_block: int | None = None) -> tu
     if x.dim() != 2:
         raise ValueError(f"quantize_rows_int8 needs a 2-D input, got shape {tuple(x.shape)}")
     m, k = x.shape
-    block = hadamard_block or min(64, 1 << max(4, (k - 1).bit_length()))
     if hadamard_block is not None:
         hadamard.check_block(k, hadamard_block)
         h = hadamard.hadamard_matrix(hadamard_block, torch.float32, x.device).contiguous()
@@ -46,6 +52,5 @@ def quantize_rows_int8(x: torch.Tensor, hadamard_block: int | None = None) -> tu
     codes = torch.empty(m, k, dtype=torch.int8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
-        jit().int8_rows[(-(-m // _ROWS),)](x, h, codes, scale, m, k, ROWS=_ROWS, BLOCK=block,
-                                            ROTATE=hadamard_block is not None)
+        jit().int8_rows[(-(-m // _ROWS),)](x, h, codes, scale, m, k, **int8_rows_constants(k, hadamard_block))
     return codes, scale
