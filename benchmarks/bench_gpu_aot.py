@@ -3,11 +3,11 @@
 
     python benchmarks/bench_gpu_aot.py                 # the whole matrix (~15 CPU-minutes)
     python benchmarks/bench_gpu_aot.py --workers 4
+    python benchmarks/bench_gpu_aot.py --kernel int8_rows   # recompile one kernel, keep the other records
 
 Each configuration the wrappers launch for the block linears and attention heads of CogVideoX-2B
 and -5B, Wan2.1-1.3B and -14B and HunyuanVideo (:data:`sixbit.bench.layer_shapes.KERNEL_SHAPES`),
-in bf16, fp16 and fp32 (the Hadamard-256 quantize in bf16 only: it exceeds every GPU's shared
-memory whatever the input dtype), is compiled by :mod:`sixbit.kernels.triton.aot` for sm_80, 86, 89, 90,
+in bf16, fp16 and fp32, is compiled by :mod:`sixbit.kernels.triton.aot` for sm_80, 86, 89, 90,
 100 and 120: whether it compiles, its shared memory against the target's limit, registers and
 spills (``ptxas -v``), and the tensor-core instructions in its PTX. Then the capability table
 (:mod:`sixbit.kernels.gpu_targets`) is checked against the results: a kernel is listed for a
@@ -43,13 +43,22 @@ def _variants() -> tuple[list[int], list[int], list[aot.Variant]]:
     return ks, head_dims, aot.variants(ks, head_dims)
 
 
-def measure(workers: int) -> dict:
+def measure(workers: int, kernel: str | None = None, before: dict | None = None) -> dict:
+    """Compile every configuration; ``kernel``: only that kernel's, the others' records (and the
+    matrix's time) kept from ``before``, the last run's."""
     ks, head_dims, variants = _variants()
-    jobs = [(v, t) for v in variants for t in gpu_targets.TARGETS]
+    jobs = [(v, t) for v in variants for t in gpu_targets.TARGETS if kernel in (None, v.kernel)]
     start = time.perf_counter()
-    compiled = aot.compile_many(jobs, workers=workers)
-    return {"ks": ks, "head_dims": head_dims, "triton": triton.__version__, "machine": machine_description(),
-            "seconds": time.perf_counter() - start, "workers": workers, "records": [c.record() for c in compiled]}
+    records = [c.record() for c in aot.compile_many(jobs, workers=workers)]
+    result = {"ks": ks, "head_dims": head_dims, "triton": triton.__version__, "machine": machine_description(),
+              "seconds": time.perf_counter() - start, "workers": workers, "records": records}
+    if kernel is not None:
+        fresh = {(r["kernel"], r["config"], r["target"]): r for r in records}
+        kept = {(r["kernel"], r["config"], r["target"]): r for r in before["records"] if r["kernel"] != kernel}
+        order = [(v.kernel, v.config, f"sm_{t}") for v in variants for t in gpu_targets.TARGETS]
+        result.update(seconds=before["seconds"], workers=before["workers"], recompiled=sorted(
+            set(before.get("recompiled", [])) | {kernel}), records=[(fresh | kept)[key] for key in order])
+    return result
 
 
 def _cell(r: dict) -> str:
@@ -74,15 +83,15 @@ def table_check(records: list[dict]) -> list[tuple[str, list[int], list[int]]]:
 
 def findings(records: list[dict]) -> list[str]:
     """What the matrix says, in sentences written from the records."""
-    def where(rs):  # "kernel configuration (dtypes) on targets", the dtypes merged
-        groups = defaultdict(lambda: (set(), []))
+    def where(rs):  # "kernel configuration (dtypes) on targets", the dtypes on the same targets merged
+        targets = defaultdict(list)
         for r in rs:
-            dtype, config = r["config"].split(", ", 1)
-            dtypes, targets = groups[r["kernel"], config]
-            dtypes.add(dtype)
-            if r["target"] not in targets:
-                targets.append(r["target"])
-        return "; ".join(f"{k} {c} ({'/'.join(sorted(d))}) on {', '.join(t)}" for (k, c), (d, t) in groups.items())
+            targets[r["kernel"], r["config"]].append(r["target"])
+        groups = defaultdict(set)
+        for (kernel, config), on in targets.items():
+            dtype, config = config.split(", ", 1)
+            groups[kernel, config, tuple(sorted(on, key=lambda t: int(t[3:])))].add(dtype)
+        return "; ".join(f"{k} {c} ({'/'.join(sorted(d))}) on {', '.join(t)}" for (k, c, t), d in groups.items())
 
     failed = [r for r in records if not r["compiles"]]
     too_big = [r for r in records if r["compiles"] and not r["fits"]]
@@ -114,15 +123,15 @@ def section(result: dict) -> str:
         f"Written by `python benchmarks/bench_gpu_aot.py` on {result['machine']}: **no GPU**, Triton "
         f"{result['triton']}'s own pipeline down to `ptxas` for each target ({n_variants} configurations × "
         f"{len(targets)} targets = {len(records)} compilations in {result['seconds'] / 60:.1f} min, "
-        f"{result['workers']} processes). Configurations: what the wrappers launch for the block linears "
+        f"{result['workers']} processes{''.join(f'; `{k}` recompiled since' for k in result.get('recompiled', []))}). Configurations: what the wrappers launch for the block linears "
         f"(input widths {', '.join(map(str, result['ks']))}) and attention heads ({' and '.join(map(str, result['head_dims']))}) "
-        f"of {', '.join(KERNEL_SHAPES)}, in bf16, fp16 and fp32 (the Hadamard-256 quantize in bf16 only: its "
-        "256×256 fp32 Hadamard alone is 256 KiB of shared memory, whatever the input dtype). A cell: dynamic shared memory (KiB), registers "
+        f"of {', '.join(KERNEL_SHAPES)}, in bf16, fp16 and fp32. A cell: dynamic shared memory (KiB), registers "
         "per thread, spilled bytes (stores + loads) when any, and the tensor-core instruction families in the "
         "PTX where the kernel multiplies (`mma` = `mma.sync`); **✗**: does not compile (the compiler's reason), "
         "exceeds the target's shared memory per block (limit after `>`), or multiplies without tensor cores "
         "where it should. `fp32 on CUDA cores`: an fp32 `tl.dot` with `input_precision=\"ieee\"` (the Hadamard "
-        "rotation, W4A16 on fp32 inputs), FMA by design. Shared-memory limits per block: "
+        "rotation and W4A16 on fp32 inputs), FMA by design; on 16-bit inputs the rotation multiplies the ±1 Hadamard "
+        "in the input's dtype on tensor cores, the exact products summed in fp32. Shared-memory limits per block: "
         + ", ".join(f"sm_{t} {gpu_targets.SMEM_LIMIT[t] // 1024} KiB" for t in targets) + ".",
         "",
         ("**The capability table** (`sixbit.kernels.gpu_targets.TABLE`, what the dispatcher reads) against these "
@@ -152,6 +161,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--from-json", action="store_true",
                         help="write the section from the last run's records (the table rows as the code decides them now)")
+    parser.add_argument("--kernel", choices=("int8_rows", "weight4", "epilogue", "int8_attention"),
+                        help="recompile only this @triton.jit kernel's configurations; the others' records are the last run's")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     results = ROOT / "benchmarks" / "results" / "gpu_aot.json"
@@ -161,7 +172,7 @@ def main(argv=None) -> int:
         for r in result["records"]:
             r["row"] = rows[r["kernel"], r["config"]]
     else:
-        result = measure(args.workers)
+        result = measure(args.workers, args.kernel, json.loads(results.read_text()) if args.kernel else None)
     write_text_atomic(results, json.dumps(result, indent=1))
     text = section(result)
     print(text)

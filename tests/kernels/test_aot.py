@@ -61,8 +61,10 @@ def test_the_capability_table_is_what_the_whole_matrix_recorded():
         if not r["ok"]:
             ok[rows[r["kernel"], r["config"]]].discard(int(r["target"][3:]))
     assert ok == {row: set(gpu_targets.TABLE[row]) for row in ok}
-    # the 256 rotation's fp32 Hadamard and tiles exceed every GPU's shared memory: never chosen
+    # the 256 rotation on fp32 inputs (its fp32 Hadamard and tiles) exceeds every GPU's shared memory: never chosen
     assert not gpu_targets.TABLE["int8_rows_h256"] and not gpu_targets.fused_rotation(256)
+    fp32_h256 = [r for r in records["records"] if r["config"] == "fp32, Hadamard 256"]
+    assert len(fp32_h256) == len(TARGETS) and not any(r["fits"] for r in fp32_h256)
 
 
 def test_six_bit_p_fails_on_ampere_and_everything_else_compiles(compiled):
@@ -83,7 +85,9 @@ def test_the_kernels_that_multiply_do_it_on_tensor_cores(compiled):
                 target == 100 and {"tcgen05 i8", "tcgen05 f16"} <= set(c.mma)), (row, target, c.mma)
         if row == "weight4":  # its 16-row tiles are below wgmma's and tcgen05's 64: mma.sync everywhere
             assert c.mma == ("mma.sync bf16",), (target, c.mma)
-        if row in ("int8_rows", "epilogue"):  # the rotation is an fp32 (ieee) dot: FMA by design
+        if row == "int8_rows":  # the ±1 Hadamard in bf16 times bf16 inputs, fp32 sums
+            assert c.mma == ("mma.sync bf16",) and c.registers <= 255, (target, c.mma)
+        if row == "epilogue":  # scales only: no product
             assert c.mma == () and c.registers and c.registers <= 255
 
 

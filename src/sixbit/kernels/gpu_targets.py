@@ -9,8 +9,9 @@ requirements (FP8 from Ada, FP4 on Blackwell).
 
 =======================  =====================================================================
 ``int8_rows``            fused per-token INT8 quantize (Hadamard rotation fused in, blocks ≤ 128)
-``int8_rows_h256``       the same with a 256 rotation: its fp32 Hadamard and tiles take 272 KiB of
-                         shared memory, more than any GPU has (so such layers quantize in torch ops)
+``int8_rows_h256``       the same with a 256 rotation: 136 KiB of shared memory on 16-bit inputs
+                         (fits sm_80/90/100 only), 272 KiB on fp32 ones (fits none): listed nowhere,
+                         so such layers quantize in torch ops
 ``epilogue``             the INT8 GEMM's scale epilogue
 ``weight4``              NVFP4 / INT4 weights decoded inside the GEMM (W4A16)
 ``int8_attention``       INT8 Q·Kᵀ, FP16 P·V, online softmax
@@ -94,7 +95,7 @@ def int8_rows_row(hadamard_block: int | None) -> str:
 
 def fused_rotation(hadamard_block: int | None) -> bool:
     """Whether the fused quantize takes a rotation of ``hadamard_block`` on some GPU (every block
-    but 256, which fits no GPU's shared memory)."""
+    but 256, which fits no GPU's shared memory at every input dtype)."""
     return bool(TABLE[int8_rows_row(hadamard_block)])
 
 

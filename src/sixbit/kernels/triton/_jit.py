@@ -6,8 +6,21 @@ import triton.language as tl
 
 
 @triton.jit
-def int8_rows(x_ptr, h_ptr, q_ptr, s_ptr, M, K, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-              ROTATE: tl.constexpr):
+def rotated(x, h, h_scale, SIGNS: tl.constexpr):
+    """``x`` (a tile) times ``h``, in fp32 (see :func:`int8_rows`)."""
+    if SIGNS:
+        y = tl.dot(x, h, out_dtype=tl.float32) * h_scale
+    else:
+        y = tl.dot(x.to(tl.float32), h, input_precision="ieee")
+    return y
+
+
+@triton.jit
+def int8_rows(x_ptr, h_ptr, q_ptr, s_ptr, M, K, h_scale, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+              ROTATE: tl.constexpr, SIGNS: tl.constexpr):
+    """Per-token INT8 codes of ``x`` rotated by the Hadamard block ``h``. ``SIGNS``: ``h`` holds
+    ±1 in ``x``'s 16-bit dtype, multiplied on tensor cores with fp32 sums (every product exact),
+    then scaled by ``h_scale``; else ``h`` is the normalized fp32 matrix, multiplied in fp32."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     row_ok = rows[:, None] < M
@@ -16,17 +29,21 @@ def int8_rows(x_ptr, h_ptr, q_ptr, s_ptr, M, K, ROWS: tl.constexpr, BLOCK: tl.co
     amax = tl.zeros((ROWS,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK):
         ok = row_ok & (k0 + cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * K + k0 + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * K + k0 + cols[None, :], mask=ok, other=0.0)
         if ROTATE:
-            x = tl.dot(x, h, input_precision="ieee")
+            x = rotated(x, h, h_scale, SIGNS)
+        else:
+            x = x.to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
     scale = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
     tl.store(s_ptr + rows, scale, mask=rows < M)
     for k0 in range(0, K, BLOCK):
         ok = row_ok & (k0 + cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * K + k0 + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * K + k0 + cols[None, :], mask=ok, other=0.0)
         if ROTATE:
-            x = tl.dot(x, h, input_precision="ieee")
+            x = rotated(x, h, h_scale, SIGNS)
+        else:
+            x = x.to(tl.float32)
         y = tl.math.div_rn(x, scale[:, None])
         y = (y + 12582912.0) - 12582912.0  # 1.5·2^23: rounds |y| < 2^22 to nearest even
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)

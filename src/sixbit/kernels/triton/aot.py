@@ -13,7 +13,8 @@ target and records what a GPU would meet:
 * registers and spilled bytes (``ptxas -v``, the same ``ptxas`` Triton launches with);
 * the tensor-core instructions in its PTX (``mma.sync``, ``wgmma``, ``tcgen05.mma``) against what
   it multiplies: INT8 and 16-bit ``tl.dot`` should land on tensor cores; an fp32 ``tl.dot`` with
-  ``input_precision="ieee"`` (the Hadamard rotation; W4A16 on fp32 inputs) runs on CUDA cores by design.
+  ``input_precision="ieee"`` (the Hadamard rotation and W4A16 on fp32 inputs) runs on CUDA cores by design;
+  on 16-bit inputs the rotation multiplies on tensor cores (:func:`~.quantize.signs_rotation`).
 
 Pointers are compiled 16-byte aligned, as torch allocates them; integer arguments unspecialized
 (at run time Triton also specializes the ones divisible by 16, which can only vectorize more).
@@ -40,14 +41,17 @@ import multiprocessing
 import os
 import re
 
+import torch
+
 from ...transforms.hadamard import BLOCK_SIZES
 from ..gpu_targets import SMEM_LIMIT, int8_rows_row
 from .attention import attention_constants
 from .availability import interpreted, jit
 from .gemm import epilogue_constants, weight4_constants
-from .quantize import int8_rows_constants
+from .quantize import int8_rows_constants, signs_rotation
 
 DTYPES = ("bf16", "fp16", "fp32")  # the activation dtypes a model runs in
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INT4_GROUPS = (16, 32, 64, 128, 256)  # int4-g16 … int4-g256, every group the W4A16 kernel reads
 P_FORMATS = ("fp16", "e2m3", "e3m2")  # P formats the attention kernel takes
 TENSOR_CORES, CUDA_CORES = "tensor cores", "fp32 on CUDA cores"
@@ -116,15 +120,16 @@ def _variant(kernel: str, config: str, signature: dict, constants: dict, warps: 
 
 
 def _int8_rows(dtype: str, ks) -> list[Variant]:
-    signature = {"x_ptr": f"*{dtype}", "h_ptr": "*fp32", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
-    plain = {tuple(int8_rows_constants(k, None).items()) for k in ks}
+    torch_dtype = _TORCH_DTYPES[dtype]
+    signs = signs_rotation(torch_dtype)
+    signature = {"x_ptr": f"*{dtype}", "h_ptr": f"*{dtype if signs else 'fp32'}", "q_ptr": "*i8", "s_ptr": "*fp32",
+                 "M": "i32", "K": "i32", "h_scale": "fp32"}
+    plain = {tuple(int8_rows_constants(k, None, torch_dtype).items()) for k in ks}
     rotations = sorted({b for b in BLOCK_SIZES for k in ks if k % b == 0})
     out = [_variant("int8_rows", f"{dtype}, no rotation, BLOCK {dict(c)['BLOCK']}", signature, dict(c))
            for c in sorted(plain)]
-    # the 256 block: its fp32 Hadamard alone is 256 KiB of shared memory, more than any GPU has, at
-    # any input dtype (and ptxas takes ~25 s over its spills): compiled for bf16 only
-    return out + [_variant("int8_rows", f"{dtype}, Hadamard {b}", signature, int8_rows_constants(b, b), 4, CUDA_CORES)
-                  for b in rotations if b < 256 or dtype == DTYPES[0]]
+    return out + [_variant("int8_rows", f"{dtype}, Hadamard {b}", signature, int8_rows_constants(b, b, torch_dtype), 4,
+                           TENSOR_CORES if signs else CUDA_CORES) for b in rotations]
 
 
 def _weight4(dtype: str, ks) -> list[Variant]:
