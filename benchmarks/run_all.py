@@ -65,7 +65,8 @@ CACHES = ("tdc", "fbcache", "magcache", "taylorseer", "pab", "fastercache")  # m
 ORDER = ["shapes-adherence", "cache-check", "cache-pareto", "bench-shapes-cogvideox", "bench-shapes-wan", "layer-shapes", "static-w8a8", "dmpq", "weights",
          "stabilize-frames", "memory",
          "hot-path-linear", "hot-path-compile", "attention", "tune", "refine", "parallel", "real-size", "cpu-speed", "gpu"]
-# Sections no step here writes (hours of CPU, or a GPU): a full run keeps them from the existing file.
+# Sections of ORDER no step here writes (hours of CPU, or a GPU): a full run keeps them from the existing
+# file, as it keeps every section outside ORDER (written by its own script), after them in the file's order.
 KEPT = ("cache-pareto", "tune", "refine", "parallel", "real-size", "cpu-speed", "gpu")
 # The sections each step writes (``--only`` updates just these).
 SECTIONS_OF = {
@@ -275,7 +276,11 @@ def main(argv=None) -> int:
         "attention": _section(parts / "attention.md", "attention"),
     }
     out = Path(args.out)
-    bodies.update({name: _section(out, name) for name in KEPT})
+    # sections of the existing file that no step here writes (each script that writes its own): kept as they are
+    others = [n for n in re.findall(r"<!-- sixbit:begin ([a-z0-9_-]+) -->", out.read_text() if out.is_file() else "")
+              if n not in ORDER]
+    kept = (*KEPT, *others)
+    bodies.update({name: _section(out, name) for name in kept})
     if args.only:
         names = [n for n in ORDER if any(n in SECTIONS_OF[step] for step in args.only)]
         for name in names:
@@ -299,11 +304,11 @@ def main(argv=None) -> int:
         f"({scripts}); nothing is typed by hand. Total run time: **{total / 60:.1f} min** on 2 CPU cores ({steps}). "
         "Numbers marked PROJECTION come from a peak-throughput model of the counted work, not from a GPU. "
         f"Not run here, kept from the previous file (each names its own script and may predate the shipped "
-        f"weights): {', '.join(f'`{k}`' for k in KEPT)}.\n"
+        f"weights): {', '.join(f'`{k}`' for k in kept)}.\n"
     )
-    for name in ORDER:
+    for name in (*ORDER, *others):
         body = bodies[name]
-        if body is None and name in KEPT:
+        if body is None and name in kept:
             continue
         if body is None:
             body = f"*Section `{name}` was not written: its step failed in this run (see the logs in `benchmarks/results/_parts/`).*"
