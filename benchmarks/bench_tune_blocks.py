@@ -83,7 +83,7 @@ def run_arch(arch: str, args) -> dict:
            "layers": layers, "seconds": dict(tuner.seconds), "generations": generations, "settings": vars(args),
            "machine": machine_description()}
     if args.sensitivity == "blocks":
-        fit = tuner.block_fit
+        fit = tuner.fit
         out["fit"] = {"factor": fit.factor, "points": fit.points, "spearman": fit.spearman, "pearson": fit.pearson}
     return out
 

@@ -140,7 +140,7 @@ def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...
         bar.set_description(f"sensitivity: block {idx + 1}/{len(found)}")
         inside = {n: model.get_submodule(n) for n in [*tuned, *fixed] if where[n] == idx}
         if inside:
-            stats.update(hessians.collect(block, lambda: kept.replay(block, advance=False), inside))
+            stats.update(hessians.collect(block, lambda b=block: kept.replay(b, advance=False), inside))
             which = _spread(len(kept.calls), PRICE_CALLS)
             reference = list(kept.outputs(block, which))
             for name in (n for n in tuned if where[n] == idx and n in stats):

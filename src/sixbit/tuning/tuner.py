@@ -10,7 +10,6 @@ import time
 
 import torch
 
-from ..builder import plan_layers
 from ..convert import calibration_runner, convert_model
 from ..preflight import check_convertible
 from ..models import transformer_of
@@ -29,17 +28,20 @@ from .library import (
     unmeasured_note,
 )
 from .report import TuneReport
-from .search import Constraint, SearchResult, check_size, genetic, greedy, lowest
+from .search import Constraint, SearchResult, check_size, genetic, greedy, lowest, rank_key
 from .targets import candidates as check_candidates
 from .targets import check_plan, check_seed, check_sensitivity, fit_notes, target
 from ..calibration.quality import psnr_bound, psnr_of
-from .sensitivity import Evaluator, Sensitivity, measure
+from .sensitivity import Evaluator, measure
 
 logger = logging.getLogger(__name__)
 
 #: Under ``sensitivity="blocks"``, how many times a ``min_psnr`` pick is checked with whole
 #: generations (and the search's target raised by the shortfall) before it is reported not reached.
 CHECK_ROUNDS = 3
+#: Under ``sensitivity="blocks"``, how many of the assignments the search predicts best are
+#: measured with a whole generation each; the best measured is the pick.
+CHECK_TOP = 3
 
 
 def _base(base) -> ConvertConfig:
@@ -201,15 +203,25 @@ class Tuner:
             described.update(psnr=psnr_of(error), psnr_bound=psnr_bound(error), calibration_inputs="quantized")
         return described
 
+    def _measured_best(self, result: SearchResult, aim: Constraint, constraint: Constraint) -> tuple[int, ...]:
+        """Of the :data:`CHECK_TOP` assignments the search predicted best (under ``aim``), the one
+        whose whole generation scores best under ``constraint``."""
+        top = sorted(result.measured, key=lambda g: rank_key(aim, *result.measured[g]), reverse=True)[:CHECK_TOP]
+        return max(top, key=lambda g: rank_key(constraint, self.library.bits(g), constraint.psnr(self.evaluator(g))))
+
     def _picked(self, constraint: Constraint, **search) -> tuple[SearchResult, dict, dict[str, float]]:
         """The genetic search on :attr:`scorer` and its pick measured (:meth:`_calibrated`), with
-        ``best["checks"]`` the measured PSNR of each round. Under ``"blocks"`` with ``min_psnr`` the
+        ``best["checks"]`` the measured PSNR of each round. Under ``"blocks"`` the pick is the best
+        measured of the search's :data:`CHECK_TOP` best predicted (:meth:`_measured_best`); with ``min_psnr`` the
         pick is checked with whole generations: while it misses, the search runs again with its
-        target on the predictions raised by the shortfall, at most :data:`CHECK_ROUNDS` rounds."""
+        target on the predictions raised by the shortfall — or, where more, to the target plus how
+        much the predictions overrated the pick — at most :data:`CHECK_ROUNDS` rounds."""
         aim, checks, seconds = constraint, [], {"search": 0.0, "pick": 0.0}
         for _ in range(CHECK_ROUNDS if self.fit is not None else 1):
             result = genetic(self.scorer, self.sensitivity, aim, progress=self.progress, **search)
             start = time.perf_counter()
+            if self.fit is not None:
+                result = dataclasses.replace(result, best=self._measured_best(result, aim, constraint))
             best = self._calibrated(result.best, constraint)
             seconds["search"] += result.seconds
             seconds["pick"] += time.perf_counter() - start
@@ -217,7 +229,9 @@ class Tuner:
             shortfall = 0.0 if constraint.budget else constraint.min_psnr - best["psnr_bound"]
             if shortfall <= 0:
                 break
-            aim = Constraint(min_psnr=aim.min_psnr + shortfall)
+            # the predictions were this optimistic about the pick: ask them for the target plus that much
+            optimism = self.scorer.psnr_bound(result.best) - best["psnr_bound"]
+            aim = Constraint(min_psnr=max(aim.min_psnr + shortfall, constraint.min_psnr + optimism))
             logger.info("the pick reached %.2f dB on whole generations, %.2f dB short of %.2f dB: searching again at "
                         "%.2f dB on the predictions", best["psnr_bound"], shortfall, constraint.min_psnr, aim.min_psnr)
         best["checks"] = checks
