@@ -193,8 +193,8 @@ class Tuner:
         Neither wins on every model (BENCHMARKS.md ``tune``); the PSNR is the converted model's
         either way. Without calibration in the recipe the two are the same."""
         described = self._described(genome) | {"calibration_inputs": "full_precision"}
-        if not self.config.weights.needs_calibration:
-            return described
+        if not self.config.weights.needs_calibration or not (self.library.fixed or any(described["formats"].values())):
+            return described  # nothing calibrated (every layer in full precision: nothing to convert)
         genome = tuple(genome)
         if genome not in self._sequential:  # the greedy assignment is often the search's pick
             self._sequential[genome] = self.converted_error(described["formats"], "quantized")
