@@ -82,7 +82,8 @@ def register(sub) -> None:
     p.add_argument("--sensitivity", choices=SENSITIVITY_MODES, default="blocks",
                    help="how stage 1 prices a layer in a format: blocks (default) its block's output error on block "
                    "inputs kept from one calibration run, mapped to video error by a few whole runs, the pick checked "
-                   "with whole runs; generation: a whole calibration run per layer and format (≥ 10x slower, exact)")
+                   "with whole runs; generation: a whole calibration run per layer and format (exact, ~5x slower on the "
+                   "shipped models)")
     p.add_argument("--seed", type=seed_type, default=0, help="the search's seed (default 0)")
     p.add_argument("--time-budget", type=float_in(1.0, 1e7), help="stop the search after about this many seconds")
     p.add_argument("--population", type=int_in(MIN_POPULATION, MAX_POPULATION), default=12,

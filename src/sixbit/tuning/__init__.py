@@ -10,7 +10,7 @@ per weight". :func:`tune` finds a per-layer format map for one of those and retu
    inputs kept from one calibration run: each candidate's block-output error (one replay of its
    block with that layer swapped in), mapped to video error by a factor fitted on a few whole
    generations. With ``sensitivity="generation"`` (:mod:`.sensitivity`) each layer and format is
-   measured with a whole calibration generation: exact, ≥ 10× slower. Beside either, a cheap
+   measured with a whole calibration generation: exact, about 5× slower on the shipped models. Beside either, a cheap
    proxy (output error energy on the calibration inputs) and its rank correlation;
 2. **search** (:mod:`.search`): a greedy assignment from that ranking seeds a genetic search
    whose fitness is the calibration PSNR: predicted under ``"blocks"`` (the pick then checked with
@@ -35,8 +35,8 @@ The weight recipe (Hadamard rotation, scale search, GPTQ, low-rank branch) and t
 come from a base config (default the ``w4a8`` preset: per-token INT8 activations, a real integer
 GEMM on CPUs and GPUs). The model is left as it was given: candidates are swapped in and out.
 Cost under ``"blocks"``: one calibration run (the kept inputs), one block replay per layer and
-format, about eight runs (the fit, the pick's checks and its conversion) — about a minute on the
-shipped models. Under ``"generation"``: one calibration run per block (input statistics), one per
+format, about a dozen runs (the fit, the pick's checks and its conversion) — about 5 minutes on
+the shipped models on a shared 2-core CPU. Under ``"generation"``: one calibration run per block (input statistics), one per
 layer and format, one per assignment the search measures, and a conversion plus a run for the
 pick and for the greedy assignment — tens of minutes on the shipped models
 (BENCHMARKS.md ``tune-blocks``).

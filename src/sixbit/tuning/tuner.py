@@ -351,7 +351,7 @@ def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: fl
             predictions and its pick is checked with whole generations (a ``min_psnr`` pick
             that misses on them is searched again with a raised target, a few rounds at most;
             :mod:`sixbit.tuning.blocks`). ``"generation"``: a whole calibration generation per
-            layer and format and per assignment the search scores — exact, and ≥ 10× slower
+            layer and format and per assignment the search scores — exact, about 5× slower on the shipped models
             (for small models and for checking). Where the kept inputs cannot stand in for the
             generations (e.g. a model with two block lists), ``"blocks"`` measures with
             generations and says so in the report's notes.
