@@ -48,7 +48,7 @@ def test_gptq_calibrates_once_and_beats_round_to_nearest(kept, monkeypatch):
     """The calibration runs once and each block replays the first block's kept inputs; where
     they cannot be kept (here: over the memory budget) it runs once per block instead."""
     if not kept:
-        monkeypatch.setattr("sixbit.builder.in_memory._keep_budget", lambda model: 0)
+        monkeypatch.setattr("sixbit.builder.in_memory.default_budget", lambda model: 0)
     reference = _run(_toy(), seed=100)()
     errors = {}
     for hadamard in (None, 16):  # GPTQ's Hessian must follow the rotation into the stored space
@@ -71,7 +71,7 @@ def test_replayed_calibration_matches_the_block_inputs_a_rerun_would_see():
         model = _toy()
         with pytest.MonkeyPatch.context() as mp:
             if monkeypatch_budget:
-                mp.setattr("sixbit.builder.in_memory._keep_budget", lambda model: 0)
+                mp.setattr("sixbit.builder.in_memory.default_budget", lambda model: 0)
             sixbit.quantize(model, QuantConfig(weight_format="int4-g16", gptq=True, calibration_inputs="full_precision"),
                             calibration=_run(model), progress=False)
         return {n: m.quantized_weight().tensors() for n, m in model.named_modules() if isinstance(m, QuantLinear)}

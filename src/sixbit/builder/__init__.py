@@ -17,7 +17,7 @@
   and :func:`moved_to`, which takes a model there and back.
 """
 
-from .block_inputs import BlockInputs, keeping
+from .block_inputs import BlockInputs, default_budget, keeping
 from .devices import conversion_device, moved_to
 from .in_memory import quantize, quantize_layers
 from .layers import branch_rank, check_plan, format_fits, plan_layers, quantized_linear, selected_layers, stored_bits
@@ -25,5 +25,5 @@ from .spill import spilling
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
 __all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "check_plan", "conversion_device",
-           "format_fits", "keeping", "moved_to", "parts_of", "plan_layers", "quantize", "quantize_layers",
+           "default_budget", "format_fits", "keeping", "moved_to", "parts_of", "plan_layers", "quantize", "quantize_layers",
            "quantized_linear", "selected_layers", "spilling", "stored_bits"]

@@ -34,11 +34,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
 
+from ..memory.devices import total_memory
 from ..models import iter_blocks, spec_for
 from ..nn import QuantLinear
 
@@ -88,6 +89,18 @@ class BlockInputs:
         if advance:
             self.index += 1
 
+    def outputs(self, block: nn.Module, which: Sequence[int] | None = None
+                ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """``block``'s outputs on each kept call (``which``: on those calls only), in call order:
+        its ``(hidden, encoder)`` streams (``None`` where it returns none). The block runs as it is
+        (its quantized layers as they compute in a generation); nothing kept changes."""
+        with torch.no_grad():
+            for i, (args, kwargs) in enumerate(self.calls):
+                if which is not None and i not in which:
+                    continue
+                out = block(*args, **kwargs)
+                yield self.io.stream_output(out, "hidden"), self.io.stream_output(out, "encoder")
+
 
 @contextlib.contextmanager
 def _dense_weights(block: nn.Module) -> Iterator[None]:
@@ -100,6 +113,11 @@ def _dense_weights(block: nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.keep_dense(None)
+
+
+def default_budget(model: nn.Module) -> int:
+    """Bytes of kept block inputs allowed by default: a quarter of the memory of the model's device."""
+    return total_memory(next(model.parameters()).device) // 4
 
 
 @contextlib.contextmanager

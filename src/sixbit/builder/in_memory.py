@@ -28,11 +28,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..calibration import hessians
-from .block_inputs import BlockInputs, keeping
+from .block_inputs import BlockInputs, default_budget, keeping
 from ..config import QuantConfig
 from ..lora import check_no_loras
 from ..memory import allocator
-from ..memory.devices import total_memory
 from ..memory.weights import check_not_offloaded
 from ..models import iter_blocks
 from ..rounding import refine
@@ -95,7 +94,7 @@ class _Calibrated(_Layers):
         recording = refine.recording(self.model, part.index, config.refine_calls) if config.refine_steps \
             else contextlib.nullcontext()
         first = self.passes == 0
-        keep = keeping(self.model, part.index, _keep_budget(self.model)) if first else contextlib.nullcontext()
+        keep = keeping(self.model, part.index, default_budget(self.model)) if first else contextlib.nullcontext()
         with recording as self.recorder, keep as kept:
             stats = hessians.collect(self.model, self.run, layers)
         self.passes += 1
@@ -171,11 +170,6 @@ def quantize_layers(model: nn.Module, plan: Plan, config: QuantConfig, run: Call
         recipe = _Calibrated(model, plan, config, run, bar, parts[-1].index)
         build(model, parts, recipe)
     recipe.log(len(plan), time.perf_counter() - start)
-
-
-def _keep_budget(model: nn.Module) -> int:
-    """Bytes of kept block inputs allowed: a quarter of the memory of the model's device."""
-    return total_memory(next(model.parameters()).device) // 4
 
 
 def quantize(model: nn.Module, config: QuantConfig | None = None, calibration: Callable[[], object] | None = None,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..tuning.search import MAX_GENERATIONS, MAX_POPULATION, MIN_POPULATION
+from ..tuning.targets import SENSITIVITY_MODES
 from .args import calibration, call_kwargs, check_output_file, float_in, int_in, seed_type, steps_type
 
 #: The exit code of a run whose --min-psnr was not reached (the best config found is written all the same).
@@ -37,10 +38,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if isinstance(calib, str):
         raise ValueError("--calib for tuning must be a prompt file: tuning compares generated videos with full precision")
     calib = calib[: args.prompts]
-    print(f"tuning {args.model} on {len(calib)} calibration prompts: stage 1 runs them once per layer and format")
+    print(f"tuning {args.model} on {len(calib)} calibration prompts: " + (
+        "stage 1 runs them once per layer and format" if args.sensitivity == "generation" else
+        "stage 1 prices each layer and format on block inputs kept from one run, checked with a few runs"))
     report = tune_model(pipe, calib, **target, seed=args.seed, time_budget_s=args.time_budget, base=args.base,
                         **({} if formats is None else {"formats": formats}), population=args.population,
-                        generations=args.generations, calibration_kwargs=call_kwargs(args))
+                        generations=args.generations, calibration_kwargs=call_kwargs(args),
+                        sensitivity=args.sensitivity)
     write_text_atomic(args.output, json.dumps(report.config.to_dict(), indent=1) + "\n")
     print(report.summary())
     if args.plot:
@@ -59,9 +63,9 @@ def register(sub) -> None:
     """Add ``tune`` to the ``sixbit`` sub-command parser."""
     p = sub.add_parser(
         "tune", help="find per-layer weight formats for a bit, size or PSNR target; write a config",
-        description="Measure what each attention and feed-forward linear costs the calibration videos in each "
-        "candidate format, then search per-layer formats (greedy, then a genetic search on measured PSNR) for one "
-        "target. Writes a ConvertConfig JSON for `sixbit convert --config`.", epilog=_EPILOG)
+        description="Price what each attention and feed-forward linear costs the calibration videos in each "
+        "candidate format, then search per-layer formats (greedy, then a genetic search) for one target; the pick "
+        "is checked on whole calibration runs. Writes a ConvertConfig JSON for `sixbit convert --config`.", epilog=_EPILOG)
     p.add_argument("--model", required=True, help="shapes-cogvideox, shapes-wan, a save_pretrained folder or a Hub id")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--max-bits", type=float_in(1.0, 32.0), help="best PSNR at ≤ this many average bits per weight")
@@ -75,6 +79,11 @@ def register(sub) -> None:
     p.add_argument("--base", default="w4a8", help="preset or .json whose weight recipe and activations are tuned (default w4a8)")
     p.add_argument("--formats", help="comma-separated candidate formats, 16-bit for full precision "
                    "(default int3-g64,nvfp4,int6,int8,16-bit)")
+    p.add_argument("--sensitivity", choices=SENSITIVITY_MODES, default="blocks",
+                   help="how stage 1 prices a layer in a format: blocks (default) its block's output error on block "
+                   "inputs kept from one calibration run, mapped to video error by a few whole runs, the pick checked "
+                   "with whole runs; generation: a whole calibration run per layer and format (exact, ~5x slower on the "
+                   "shipped models)")
     p.add_argument("--seed", type=seed_type, default=0, help="the search's seed (default 0)")
     p.add_argument("--time-budget", type=float_in(1.0, 1e7), help="stop the search after about this many seconds")
     p.add_argument("--population", type=int_in(MIN_POPULATION, MAX_POPULATION), default=12,

@@ -201,36 +201,78 @@ def build_library(model: nn.Module, config: ConvertConfig, candidates: tuple[str
     the tuned config names no format for), rather than be searched."""
     from tqdm.auto import tqdm
 
-    weights = dataclasses.replace(config.weights, act_mode=config.activations)
     plan = plan_layers(model, config.weights)
     tuned = {name: entry for name, entry in tuned_layers(model, config).items() if name not in unmeasured}
     if not tuned:
         raise ValueError(f"{type(model).__name__}: the base config quantizes no attention or feed-forward linear to tune")
-    use_stats = weights.needs_calibration
     blocks = {name: idx for idx, name, _, _ in iter_blocks(model)}
     layers = []
-    bar = tqdm(total=len(tuned) * len(candidates), desc="building candidates", disable=not progress, leave=False)
+    bar = tqdm(total=len(tuned), desc="building candidates", disable=not progress, leave=False)
     for name, (hb, role) in tuned.items():
-        linear = model.get_submodule(name)
-        numel = features(linear)[0] * features(linear)[1]
-        variants = []
-        for fmt in candidates:
-            bar.update()
-            if fmt is None:
-                variants.append(Variant(None, linear, FULL_PRECISION_BITS))
-            elif format_fits(fmt, features(linear)[0]):
-                q = quantized_linear(linear, fmt, hb, weights, role, stats.get(name) if use_stats else None, name=name)
-                variants.append(Variant(fmt, q, 8 * q.weight_nbytes() / numel))
-        variants.sort(key=lambda v: v.bits)
-        layers.append(Layer(name, role, block_index_of(name, blocks), numel, variants))
-    kept = {**fixed_layers(model, config), **{name: plan[name] for name in unmeasured}}
-    fixed = {name: quantized_linear(model.get_submodule(name), fmt, hb, weights, role,
-                                    stats.get(name) if use_stats else None, name=name)
-             for name, (fmt, hb, role) in kept.items()}
+        layers.append(build_layer(model, config, name, hb, role, candidates, stats.get(name), blocks))
+        bar.update()
     bar.close()
+    kept = {**fixed_layers(model, config), **{name: plan[name] for name in unmeasured}}
+    return assemble(model, config, layers, build_fixed(model, config, kept, stats))
+
+
+def build_layer(model: nn.Module, config: ConvertConfig, name: str, hadamard_block: int | None, role: str,
+                candidates: tuple[str | None, ...], stats: hessians.InputStats | None,
+                blocks: dict[str, int]) -> Layer:
+    """The tuned layer ``name`` in every format of ``candidates`` it fits (``None``: the layer
+    itself), with ``config``'s weight recipe; ``blocks``: ``{block module name: index}``."""
+    weights = dataclasses.replace(config.weights, act_mode=config.activations)
+    linear = model.get_submodule(name)
+    numel = features(linear)[0] * features(linear)[1]
+    variants = []
+    for fmt in candidates:
+        if fmt is None:
+            variants.append(Variant(None, linear, FULL_PRECISION_BITS))
+        elif format_fits(fmt, features(linear)[0]):
+            q = quantized_linear(linear, fmt, hadamard_block, weights, role,
+                                 stats if weights.needs_calibration else None, name=name)
+            variants.append(Variant(fmt, q, 8 * q.weight_nbytes() / numel))
+    variants.sort(key=lambda v: v.bits)
+    return Layer(name, role, block_index_of(name, blocks), numel, variants)
+
+
+def build_fixed(model: nn.Module, config: ConvertConfig, kept: dict[str, tuple[str, int | None, str]],
+                stats: dict[str, hessians.InputStats]) -> dict[str, nn.Module]:
+    """``kept`` (``{name: (format, hadamard block, role)}``: layers left in one format) built."""
+    weights = dataclasses.replace(config.weights, act_mode=config.activations)
+    use_stats = weights.needs_calibration
+    return {name: quantized_linear(model.get_submodule(name), fmt, hb, weights, role,
+                                   stats.get(name) if use_stats else None, name=name)
+            for name, (fmt, hb, role) in kept.items()}
+
+
+def assemble(model: nn.Module, config: ConvertConfig, layers: list[Layer], fixed: dict[str, nn.Module]) -> Library:
+    """The :class:`Library` of built ``layers`` and ``fixed`` ones (their bytes counted)."""
     numel = sum(layer.numel for layer in layers)
-    other = _converted_bytes(model, config, set(tuned)) - 2 * numel  # the tuned layers counted at 16 bits
+    other = _converted_bytes(model, config, {layer.name for layer in layers}) - 2 * numel  # tuned counted at 16 bits
     return Library(model, layers, other, fixed)
+
+
+def unmeasured_layers(transformer, config: ConvertConfig, tuned: list[str], stats: dict) -> dict[str, str]:
+    """``{layer: the base config's format}`` of the tuned layers the calibration run never called
+    (no run can measure them: the search would find them free and give them its fewest bits);
+    every one never called is refused (every assignment would score the same)."""
+    never = [name for name in tuned if name not in stats]
+    if len(never) == len(tuned):
+        raise ValueError("the calibration run never called the tuned model's layers (does it generate with "
+                         "another pipeline or model?): pass a callable that runs this model, e.g. "
+                         "lambda: pipe(prompts, generator=torch.Generator().manual_seed(0))")
+    plan = plan_layers(transformer, config.weights)
+    return {name: plan[name][0] for name in never}
+
+
+def unmeasured_note(unmeasured: dict[str, str], tuned: int) -> str:
+    names = list(unmeasured)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    kept = ", ".join(sorted(set(unmeasured.values())))
+    return (f"{len(names)} of the {tuned} tuned layers never ran on the calibration run ({shown}): they keep the "
+            f"base config's format ({kept}), unmeasured, and the PSNR reported does not cover them; to tune them, "
+            f"calibrate with prompts or inputs that run them")
 
 
 def _converted_bytes(model: nn.Module, config: ConvertConfig, tuned: set[str] | None = None) -> int:
@@ -254,5 +296,6 @@ def _converted_bytes(model: nn.Module, config: ConvertConfig, tuned: set[str] | 
     return total
 
 
-__all__ = ["DEFAULT_FORMATS", "CandidatePlan", "Layer", "Library", "Variant", "build_library", "fixed_layers", "input_stats",
-           "plan_candidates", "tuned_layers"]
+__all__ = ["DEFAULT_FORMATS", "CandidatePlan", "Layer", "Library", "Variant", "assemble", "build_fixed", "build_layer",
+           "build_library", "fixed_layers", "input_stats", "plan_candidates", "tuned_layers", "unmeasured_layers",
+           "unmeasured_note"]

@@ -156,7 +156,7 @@ class SearchResult:
     stopped: str  # "generations" or "time budget"
 
 
-def _key(constraint: Constraint, bits: float, psnr: float) -> tuple:
+def rank_key(constraint: Constraint, bits: float, psnr: float) -> tuple:
     """Larger is better: the PSNR under a budget; under ``min_psnr`` the fewest bits among the
     assignments that reach it, then the closest to reaching it. ``psnr``: :meth:`Constraint.psnr`
     (under ``min_psnr``, the lower bound)."""
@@ -180,10 +180,10 @@ class _Population:
     def score(self, genome: tuple[int, ...]) -> tuple:
         if genome not in self.measured:  # run, or remembered from an earlier search: the same either way
             self.measured[genome] = (self.library.bits(genome), self.constraint.psnr(self.evaluator(genome)))
-        return _key(self.constraint, *self.measured[genome])
+        return rank_key(self.constraint, *self.measured[genome])
 
     def predicted(self, genome: tuple[int, ...]) -> tuple:
-        return _key(self.constraint, self.library.bits(genome), self.constraint.psnr(self.sens.predict(genome)))
+        return rank_key(self.constraint, self.library.bits(genome), self.constraint.psnr(self.sens.predict(genome)))
 
     def legal(self, genome: list[int]) -> tuple[int, ...]:
         if self.constraint.budget:
@@ -285,4 +285,4 @@ def genetic(evaluator: Evaluator, sens: Sensitivity, constraint: Constraint, *, 
 
 
 __all__ = ["MAX_GENERATIONS", "MAX_POPULATION", "MIN_POPULATION", "Constraint", "SearchResult", "check_size",
-           "genetic", "greedy"]
+           "genetic", "greedy", "rank_key"]

@@ -31,12 +31,13 @@ from ..calibration.quality import PSNR_CAP, as_videos, psnr_bound, psnr_of, vide
 from .library import Library
 
 class Evaluator:
-    """Per-video MSE of the calibration videos under an assignment, against full precision."""
+    """Per-video MSE of the calibration videos under an assignment, against full precision
+    (``reference``: the full-precision videos when a run already made them, else one run here)."""
 
-    def __init__(self, library: Library, run: Callable[[], object]):
+    def __init__(self, library: Library, run: Callable[[], object], reference=None):
         self.library, self.run = library, run
         self.library.restore()
-        self.reference = as_videos(run())
+        self.reference = as_videos(run() if reference is None else reference)
         self.results: dict[tuple[int, ...], torch.Tensor] = {}
         self.seconds = 0.0
 

@@ -33,6 +33,19 @@ def check_seed(seed) -> None:
         raise ValueError(f"seed must be a whole number (the same seed gives the same result), got {show(seed)}")
 
 
+#: How stage 1 measures a layer in a format: ``"blocks"`` its block's output error on the kept
+#: block inputs, mapped to video error (:mod:`.blocks`); ``"generation"`` a whole calibration
+#: generation per layer and format (:mod:`.sensitivity`).
+SENSITIVITY_MODES = ("blocks", "generation")
+
+
+def check_sensitivity(mode) -> None:
+    if mode not in SENSITIVITY_MODES:
+        raise ValueError(f"sensitivity must be one of {', '.join(map(repr, SENSITIVITY_MODES))} ('blocks': priced on "
+                         f"the kept block inputs, fast; 'generation': a whole generation per layer and format), "
+                         f"got {show(mode)}")
+
+
 def candidates(formats) -> tuple[str | None, ...]:
     """The candidate formats, full precision (``None``) added: every name known, at least one quantized."""
     if not isinstance(formats, (list, tuple)) or not formats:
@@ -128,4 +141,4 @@ def fit_notes(plan: CandidatePlan) -> list[str]:
     return notes
 
 
-__all__ = ["candidates", "check_plan", "check_seed", "fit_notes", "target"]
+__all__ = ["SENSITIVITY_MODES", "candidates", "check_plan", "check_seed", "check_sensitivity", "fit_notes", "target"]

@@ -7,16 +7,15 @@ import copy
 import dataclasses
 import logging
 import time
-from collections import Counter
 
 import torch
 
-from ..builder import plan_layers
 from ..convert import calibration_runner, convert_model
 from ..preflight import check_convertible
 from ..models import transformer_of
 from ..config import Activations
 from ..presets import ConvertConfig, resolve
+from .blocks import BlockFit, Predictor, fit, price_blocks
 from .library import (
     DEFAULT_FORMATS,
     Library,
@@ -25,81 +24,24 @@ from .library import (
     input_stats,
     plan_candidates,
     tuned_layers,
+    unmeasured_layers,
+    unmeasured_note,
 )
-from .search import Constraint, SearchResult, check_size, genetic, greedy, lowest
+from .report import TuneReport
+from .search import Constraint, SearchResult, check_size, genetic, greedy, lowest, rank_key
 from .targets import candidates as check_candidates
-from .targets import check_plan, check_seed, fit_notes, target
+from .targets import check_plan, check_seed, check_sensitivity, fit_notes, target
 from ..calibration.quality import psnr_bound, psnr_of
-from .sensitivity import Evaluator, Sensitivity, measure
+from .sensitivity import Evaluator, measure
 
 logger = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass
-class TuneReport:
-    """Everything a tuning run found (:func:`tune_model`).
-
-    Attributes:
-        config: the tuned :class:`ConvertConfig` (``weights.layer_formats`` holds the map).
-        constraint: the target it was tuned to.
-        layers: the tuned layers' names; ``variants[i]`` their candidate formats (``None``:
-            full precision), fewest bits first, and ``variant_bits[i]`` their stored bits.
-        sensitivity: stage 1's measured errors and proxy (:class:`~.sensitivity.Sensitivity`).
-        greedy / best: ``{"bits", "psnr", "psnr_bound", "bytes", "formats",
-            "calibration_inputs"}`` of the greedy assignment and of the search's pick: calibration
-            PSNR (dB, the mean over the videos) of the model ``convert_model`` makes from them
-            with that ``calibration_inputs`` (the better of the two: :meth:`Tuner._calibrated`),
-            and that mean minus one standard error (``psnr_bound``, what ``min_psnr`` is checked
-            against: :func:`~sixbit.calibration.quality.psnr_bound`).
-        uniform: ``{format label: {"bits", "psnr", "psnr_bound", "bytes", "formats"}}`` of every uniform
-            assignment, measured with the candidates.
-        search: the genetic search's :class:`~.search.SearchResult`.
-        unmeasured: ``{layer: format}`` of the tuned layers the calibration run never called: not
-            searched (no run measures them), they keep the base config's format; ``notes`` says so.
-        seconds: time per stage (``pick``: converting the pick and the greedy assignment with
-            sequential GPTQ, :meth:`Tuner._calibrated`).
-    """
-
-    config: ConvertConfig
-    constraint: Constraint
-    layers: list[str]
-    variants: list[list[str | None]]
-    variant_bits: list[list[float]]
-    sensitivity: Sensitivity
-    greedy: dict
-    best: dict
-    uniform: dict[str, dict]
-    search: SearchResult
-    seconds: dict[str, float]
-    calibration: dict
-    notes: list[str] = dataclasses.field(default_factory=list)
-    unmeasured: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def reached(self) -> bool:
-        """Whether the target was met: a budget always is (one below every assignment is
-        refused); ``min_psnr`` when the pick's mean PSNR minus one standard error reaches it."""
-        return self.constraint.min_psnr is None or self.best["psnr_bound"] >= self.constraint.min_psnr
-
-    def summary(self) -> str:
-        """A few lines: target, result, the greedy and uniform baselines, the format counts."""
-        counts = Counter("16-bit" if f is None else f for f in self.best["formats"].values())
-        lines = [
-            f"tuned {len(self.layers)} layers to {self.constraint.describe()} "
-            f"(calibration: {' '.join(str(v) for v in (self.calibration.get('count'), self.calibration['source']) if v)})",
-            (f"  search:  {self.best['bits']:.2f} bits, {self.best['psnr']:.2f} dB (mean − 1 SE "
-             f"{self.best['psnr_bound']:.2f} dB; {self.best['calibration_inputs']} calibration inputs), "
-             f"{self.best['bytes'] / 2**20:.2f} MiB  ({self.search.stopped}: {len(self.search.history)} generations, "
-             f"{len(self.search.measured)} assignments scored)"),
-            (f"  greedy:  {self.greedy['bits']:.2f} bits, {self.greedy['psnr']:.2f} dB (mean − 1 SE "
-             f"{self.greedy['psnr_bound']:.2f} dB; {self.greedy['calibration_inputs']} calibration inputs)"),
-        ]
-        lines += [f"  uniform {label}: {u['bits']:.2f} bits, {u['psnr']:.2f} dB" for label, u in self.uniform.items()]
-        lines.append("  formats: " + ", ".join(f"{label} × {n}" for label, n in counts.most_common()))
-        lines.append(f"  sensitivity proxy vs measured error: Spearman {self.sensitivity.spearman:+.2f}")
-        lines.append("  time: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()))
-        lines += [f"  note: {note}" for note in self.notes]
-        return "\n".join(lines)
+#: Under ``sensitivity="blocks"``, how many times a ``min_psnr`` pick is checked with whole
+#: generations (and the search's target raised by the shortfall) before it is reported not reached.
+CHECK_ROUNDS = 3
+#: Under ``sensitivity="blocks"``, how many of the assignments the search predicts best are
+#: measured with a whole generation each; the best measured is the pick.
+CHECK_TOP = 3
 
 
 def _base(base) -> ConvertConfig:
@@ -139,33 +81,11 @@ def _stand_in(model, stand_in):
             model.forward = own
 
 
-def _unmeasured(transformer, config: ConvertConfig, tuned: list[str], stats: dict) -> dict[str, str]:
-    """``{layer: the base config's format}`` of the tuned layers the calibration run never called
-    (no run can measure them: the search would find them free and give them its fewest bits);
-    every one never called is refused (every assignment would score the same)."""
-    never = [name for name in tuned if name not in stats]
-    if len(never) == len(tuned):
-        raise ValueError("the calibration run never called the tuned model's layers (does it generate with "
-                         "another pipeline or model?): pass a callable that runs this model, e.g. "
-                         "lambda: pipe(prompts, generator=torch.Generator().manual_seed(0))")
-    plan = plan_layers(transformer, config.weights)
-    return {name: plan[name][0] for name in never}
-
-
-def _unmeasured_note(unmeasured: dict[str, str], tuned: int) -> str:
-    names = list(unmeasured)
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    kept = ", ".join(sorted(set(unmeasured.values())))
-    return (f"{len(names)} of the {tuned} tuned layers never ran on the calibration run ({shown}): they keep the "
-            f"base config's format ({kept}), unmeasured, and the PSNR reported does not cover them; to tune them, "
-            f"calibrate with prompts or inputs that run them")
-
-
 class Tuner:
     """Stage 1 once, then any number of searches: ``Tuner(...).search(max_bits=5)``.
 
-    Building it records the input statistics, builds every candidate and measures the
-    sensitivity (the expensive part); :meth:`search` runs stage 2 for one target. The model is
+    Building it records the input statistics, builds every candidate and prices the sensitivity
+    (the expensive part; ``sensitivity`` as :func:`tune`); :meth:`search` runs stage 2 for one target. The model is
     unchanged between calls (candidates are swapped in only while a run is measured, and a
     converted copy stands in for it only while it runs). Arguments as :func:`tune`, plus
     ``target``: a :class:`~.search.Constraint` checked against the candidates before stage 1
@@ -176,7 +96,10 @@ class Tuner:
     layers, and kept in ``notes`` (and the report's summary)."""
 
     def __init__(self, model, calibration_data, *, base="w4a8", formats=DEFAULT_FORMATS, pipeline=None,
-                 calibration_kwargs: dict | None = None, progress: bool = True, target: Constraint | None = None):
+                 calibration_kwargs: dict | None = None, progress: bool = True, target: Constraint | None = None,
+                 sensitivity: str = "blocks"):
+        check_sensitivity(sensitivity)
+        self.mode = sensitivity
         transformer = transformer_of(model)
         pipe = model if transformer is not model else None
         self.transformer, self.config = transformer, _base(base)
@@ -190,41 +113,68 @@ class Tuner:
         if self.calibration["source"] == "videos":
             raise ValueError("tuning compares generated videos with full precision: pass prompts or a callable "
                              "that runs the sampling loop and returns the videos, not a folder of videos")
-        self.notes = fit_notes(self.plan)
-        for note in self.notes:
-            logger.warning("%s", note)
+        self.notes = []
+        for note in fit_notes(self.plan):
+            self._note(note)
         self.progress = progress
         self._sequential: dict[tuple[int, ...], torch.Tensor] = {}  # genome → converted_error(…, "quantized")
-        start = time.perf_counter()
         self.library: Library | None = None
+        self.fit: BlockFit | None = None
         try:
             with torch.no_grad():
-                tuned = list(tuned_layers(transformer, self.config))
-                stats = input_stats(transformer, run, [*tuned, *fixed_layers(transformer, self.config)])
-                self.unmeasured = _unmeasured(transformer, self.config, tuned, stats)
-                if self.unmeasured:
-                    self.notes.append(_unmeasured_note(self.unmeasured, len(tuned)))
-                    logger.warning("%s", self.notes[-1])
-                self.library = build_library(transformer, self.config, candidates, stats, progress, self.unmeasured)
-                self.seconds = {"candidates": time.perf_counter() - start}
-                self.evaluator = Evaluator(self.library, run)
-                self.sensitivity = measure(self.evaluator, stats, progress)
+                self._stage1(transformer, candidates, run, progress)
         finally:
             if self.library is not None:
                 self.library.restore()
-        self.seconds["sensitivity"] = self.sensitivity.seconds
+        self.scorer = self.evaluator if self.fit is None else Predictor(self.library, self.sensitivity)
         self.uniform = {}
         for fmt in candidates:
             genome = self.library.uniform(fmt)
             if genome is not None:
-                self.uniform["16-bit" if fmt is None else fmt] = self._described(genome)
+                self.uniform["16-bit" if fmt is None else fmt] = self._described(genome, measured=self.fit is None)
 
-    def _described(self, genome) -> dict:
+    def _note(self, note: str) -> None:
+        self.notes.append(note)
+        logger.warning("%s", note)
+
+    def _stage1(self, transformer, candidates, run, progress: bool) -> None:
+        """The candidates and their sensitivity: priced on kept block inputs (``"blocks"``,
+        :mod:`.blocks`; whole generations where the kept inputs cannot stand in for them) or
+        measured with a whole generation per layer and format (``"generation"``)."""
+        start = time.perf_counter()
+        if self.mode == "blocks":
+            prices = price_blocks(transformer, self.config, candidates, run, progress)
+            if not isinstance(prices, str):
+                self.library, self.unmeasured = prices.library, prices.unmeasured
+                if self.unmeasured:
+                    self._note(unmeasured_note(self.unmeasured, len(self.plan.bits)))
+                self.evaluator = Evaluator(self.library, run, prices.videos)
+                self.sensitivity, self.fit = fit(self.evaluator, prices)
+                self.seconds = {"candidates and block prices": prices.seconds, "fit": self.sensitivity.seconds}
+                return
+            self._note(f"stage 1 measured with a whole generation per layer and format (sensitivity='generation'): "
+                       f"the kept block inputs cannot stand in for the generations: {prices}")
+            self.mode = "generation"
+        tuned = list(tuned_layers(transformer, self.config))
+        stats = input_stats(transformer, run, [*tuned, *fixed_layers(transformer, self.config)])
+        self.unmeasured = unmeasured_layers(transformer, self.config, tuned, stats)
+        if self.unmeasured:
+            self._note(unmeasured_note(self.unmeasured, len(tuned)))
+        self.library = build_library(transformer, self.config, candidates, stats, progress, self.unmeasured)
+        self.seconds = {"candidates": time.perf_counter() - start}
+        self.evaluator = Evaluator(self.library, run)
+        self.sensitivity = measure(self.evaluator, stats, progress)
+        self.seconds["sensitivity"] = self.sensitivity.seconds
+
+    def _described(self, genome, measured: bool = True) -> dict:
+        """Bits, bytes, formats and calibration PSNR of ``genome``: measured (a whole generation)
+        or, under ``"blocks"`` with ``measured=False``, predicted."""
         with torch.no_grad():
-            error = self.evaluator(genome)
+            error = (self.evaluator if measured else self.scorer)(genome)
         library = self.library
         return {"bits": library.bits(genome), "psnr": psnr_of(error), "psnr_bound": psnr_bound(error),
-                "bytes": library.bytes(genome), "formats": library.formats(genome)}
+                "bytes": library.bytes(genome), "formats": library.formats(genome),
+                "measured": measured or self.fit is None}
 
     def converted_error(self, layer_formats: dict, calibration_inputs: str) -> torch.Tensor:
         """Per-video MSE of the calibration videos with the base config and ``layer_formats``
@@ -243,8 +193,8 @@ class Tuner:
         Neither wins on every model (BENCHMARKS.md ``tune``); the PSNR is the converted model's
         either way. Without calibration in the recipe the two are the same."""
         described = self._described(genome) | {"calibration_inputs": "full_precision"}
-        if not self.config.weights.needs_calibration:
-            return described
+        if not self.config.weights.needs_calibration or not (self.library.fixed or any(described["formats"].values())):
+            return described  # nothing calibrated (every layer in full precision: nothing to convert)
         genome = tuple(genome)
         if genome not in self._sequential:  # the greedy assignment is often the search's pick
             self._sequential[genome] = self.converted_error(described["formats"], "quantized")
@@ -252,6 +202,40 @@ class Tuner:
         if constraint.psnr(error) > constraint.psnr(fp):
             described.update(psnr=psnr_of(error), psnr_bound=psnr_bound(error), calibration_inputs="quantized")
         return described
+
+    def _measured_best(self, result: SearchResult, aim: Constraint, constraint: Constraint) -> tuple[int, ...]:
+        """Of the :data:`CHECK_TOP` assignments the search predicted best (under ``aim``), the one
+        whose whole generation scores best under ``constraint``."""
+        top = sorted(result.measured, key=lambda g: rank_key(aim, *result.measured[g]), reverse=True)[:CHECK_TOP]
+        return max(top, key=lambda g: rank_key(constraint, self.library.bits(g), constraint.psnr(self.evaluator(g))))
+
+    def _picked(self, constraint: Constraint, **search) -> tuple[SearchResult, dict, dict[str, float]]:
+        """The genetic search on :attr:`scorer` and its pick measured (:meth:`_calibrated`), with
+        ``best["checks"]`` the measured PSNR of each round. Under ``"blocks"`` the pick is the best
+        measured of the search's :data:`CHECK_TOP` best predicted (:meth:`_measured_best`); with ``min_psnr`` the
+        pick is checked with whole generations: while it misses, the search runs again with its
+        target on the predictions raised by the shortfall — or, where more, to the target plus how
+        much the predictions overrated the pick — at most :data:`CHECK_ROUNDS` rounds."""
+        aim, checks, seconds = constraint, [], {"search": 0.0, "pick": 0.0}
+        for _ in range(CHECK_ROUNDS if self.fit is not None else 1):
+            result = genetic(self.scorer, self.sensitivity, aim, progress=self.progress, **search)
+            start = time.perf_counter()
+            if self.fit is not None:
+                result = dataclasses.replace(result, best=self._measured_best(result, aim, constraint))
+            best = self._calibrated(result.best, constraint)
+            seconds["search"] += result.seconds
+            seconds["pick"] += time.perf_counter() - start
+            checks.append(best["psnr"] if constraint.budget else best["psnr_bound"])
+            shortfall = 0.0 if constraint.budget else constraint.min_psnr - best["psnr_bound"]
+            if shortfall <= 0:
+                break
+            # the predictions were this optimistic about the pick: ask them for the target plus that much
+            optimism = self.scorer.psnr_bound(result.best) - best["psnr_bound"]
+            aim = Constraint(min_psnr=max(aim.min_psnr + shortfall, constraint.min_psnr + optimism))
+            logger.info("the pick reached %.2f dB on whole generations, %.2f dB short of %.2f dB: searching again at "
+                        "%.2f dB on the predictions", best["psnr_bound"], shortfall, constraint.min_psnr, aim.min_psnr)
+        best["checks"] = checks
+        return result, best, seconds
 
     def search(self, *, max_bits: float | None = None, min_psnr: float | None = None, max_bytes: int | None = None,
                seed: int = 0, time_budget_s: float | None = None, population: int = 12,
@@ -275,17 +259,21 @@ class Tuner:
                              f"{library.bits(fewest):.2f} bits, {library.bytes(fewest) / 2**20:.2f} MiB; give a larger "
                              "budget, or calibrate with prompts or inputs that run those layers")
         with torch.no_grad():
-            result = genetic(self.evaluator, self.sensitivity, constraint, seed=seed, population=population,
-                             generations=generations, time_budget_s=time_budget_s, progress=self.progress)
-        start = time.perf_counter()
-        greedy_found = self._calibrated(greedy(library, self.sensitivity, constraint), constraint)
-        best = self._calibrated(result.best, constraint)
+            result, best, seconds = self._picked(constraint, seed=seed, population=population,
+                                                 generations=generations, time_budget_s=time_budget_s)
+            start = time.perf_counter()
+            found = greedy(library, self.sensitivity, constraint)
+            greedy_found = (self._calibrated(found, constraint) if self.fit is None else
+                            self._described(found, measured=False) | {"calibration_inputs": "full_precision"})
+        seconds["pick"] += time.perf_counter() - start
         missed = constraint.min_psnr is not None and best["psnr_bound"] < constraint.min_psnr
         if missed:
+            rounds = (f" after {len(best['checks'])} check rounds (whole generations; the search's target raised on "
+                      f"the predictions each time it missed)" if self.fit is not None else "")
             logger.warning("no assignment reached %.2f dB on the calibration videos (their mean PSNR minus one "
-                           "standard error); the best reached %.2f dB (mean %.2f dB). Add calibration prompts (a "
+                           "standard error)%s; the best reached %.2f dB (mean %.2f dB). Add calibration prompts (a "
                            "smaller margin), 16-bit or 8-bit candidates, or lower min_psnr",
-                           constraint.min_psnr, best["psnr_bound"], best["psnr"])
+                           constraint.min_psnr, rounds, best["psnr_bound"], best["psnr"])
         calibrated = (f"; calibrated on {best['calibration_inputs'].replace('_', '-')} inputs"
                       if config.weights.needs_calibration else "")
         if self.unmeasured:
@@ -299,16 +287,15 @@ class Tuner:
         return TuneReport(tuned, constraint, [layer.name for layer in library.layers],
                           [[v.format for v in layer.variants] for layer in library.layers],
                           [[v.bits for v in layer.variants] for layer in library.layers],
-                          self.sensitivity, greedy_found, best, self.uniform, result,
-                          {**self.seconds, "search": result.seconds, "pick": time.perf_counter() - start},
-                          self.calibration, list(self.notes), dict(self.unmeasured))
+                          self.sensitivity, greedy_found, best, self.uniform, result, {**self.seconds, **seconds},
+                          self.calibration, list(self.notes), dict(self.unmeasured), self.mode, self.fit)
 
 
 def tune_model(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
                max_bytes: int | None = None, seed: int = 0, time_budget_s: float | None = None,
                base="w4a8", formats=DEFAULT_FORMATS, population: int = 12, generations: int = 8,
                pipeline=None, calibration_kwargs: dict | None = None,
-               progress: bool = True) -> TuneReport:
+               progress: bool = True, sensitivity: str = "blocks") -> TuneReport:
     """Tune per-layer weight formats; the :class:`TuneReport` (its ``.config`` is what
     :func:`tune` returns). Arguments as :func:`tune`, plus ``population`` (4…1000) and
     ``generations`` (1…1000): the search's size, about ``population × generations`` assignments run.
@@ -321,8 +308,9 @@ def tune_model(model, calibration_data, *, max_bits: float | None = None, min_ps
     constraint = target(max_bits, min_psnr, max_bytes, time_budget_s)  # bad arguments fail before the expensive part
     check_size(population, generations)
     check_seed(seed)
+    check_sensitivity(sensitivity)
     tuner = Tuner(model, calibration_data, base=base, formats=formats, pipeline=pipeline,
-                  calibration_kwargs=calibration_kwargs, progress=progress, target=constraint)
+                  calibration_kwargs=calibration_kwargs, progress=progress, target=constraint, sensitivity=sensitivity)
     return tuner.search(max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
                         time_budget_s=time_budget_s, population=population, generations=generations)
 
@@ -330,7 +318,7 @@ def tune_model(model, calibration_data, *, max_bits: float | None = None, min_ps
 def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
          max_bytes: int | None = None, seed: int = 0, time_budget_s: float | None = None, base="w4a8",
          formats=DEFAULT_FORMATS, pipeline=None, calibration_kwargs: dict | None = None,
-         progress: bool = True) -> ConvertConfig:
+         progress: bool = True, sensitivity: str = "blocks") -> ConvertConfig:
     """A :class:`ConvertConfig` with per-layer weight formats tuned to one target.
 
     Args:
@@ -357,13 +345,23 @@ def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: fl
             fits only some is logged as a warning naming the others (and kept in the report's notes).
         pipeline, calibration_kwargs: as for :func:`sixbit.convert_model`.
         progress: show progress bars.
+        sensitivity: how stage 1 prices a layer in a format. ``"blocks"`` (default): its block's
+            output error on block inputs kept from one calibration run, mapped to video error
+            by a factor fitted on a few whole generations; the search runs on these
+            predictions and its pick is checked with whole generations (a ``min_psnr`` pick
+            that misses on them is searched again with a raised target, a few rounds at most;
+            :mod:`sixbit.tuning.blocks`). ``"generation"``: a whole calibration generation per
+            layer and format and per assignment the search scores — exact, about 5× slower on the shipped models
+            (for small models and for checking). Where the kept inputs cannot stand in for the
+            generations (e.g. a model with two block lists), ``"blocks"`` measures with
+            generations and says so in the report's notes.
 
     See :mod:`sixbit.tuning` for the method and an example; :func:`tune_model` returns the full
     report (baselines, sensitivity, history).
     """
     return tune_model(model, calibration_data, max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
                       time_budget_s=time_budget_s, base=base, formats=formats, pipeline=pipeline,
-                      calibration_kwargs=calibration_kwargs, progress=progress).config
+                      calibration_kwargs=calibration_kwargs, progress=progress, sensitivity=sensitivity).config
 
 
 __all__ = ["DEFAULT_FORMATS", "Constraint", "TuneReport", "Tuner", "tune", "tune_model"]

@@ -1,0 +1,236 @@
+"""Stage 1 priced on kept block inputs: what a layer in a format costs, without a generation per
+layer and format (``sixbit.tune(..., sensitivity="blocks")``, the default).
+
+One calibration run keeps every call's inputs to the first block (:func:`~sixbit.builder.keeping`,
+as the streamed GPTQ does). Then, block by block: the block's input Hessians come from a replay of
+the kept inputs (GPTQ's statistics, the same as a run's: the blocks see the full-precision
+trajectory), its tuned layers are built in every candidate format, and each candidate is priced
+by its **block-output error**: the block replayed on the kept inputs with that one layer swapped
+in, against the full-precision replay (mean squared error over :data:`PRICE_CALLS` of the kept
+calls spread over the sampling steps, hidden and encoder streams). The full-precision outputs then become the next block's inputs. One block's inputs are
+held at a time.
+
+A block-output error is mapped to video error by one factor fitted on a few whole generations
+(:func:`fit`: a handful of layer × format points spread over the ranking, each measured alone as
+:mod:`.sensitivity` measures it), ``video MSE ≈ factor × block error``, spread over the videos as
+those points spread (their per-video profile). The genetic search then scores assignments on
+these predictions (:class:`Predictor`: no run), and its pick is checked with whole generations
+(:meth:`~.tuner.Tuner.search`). Cost: one calibration run to keep the inputs, one replay per block
+and candidate, a few generations for the fit and the checks: on the shipped models 11 whole
+generations instead of 146–212, 4.9–5.9× less wall time, the candidates' GPTQ (the same in both
+modes) now most of it (BENCHMARKS.md ``tune-blocks``).
+
+Where the kept inputs cannot stand in for the generations (:attr:`~sixbit.builder.BlockInputs.problem`:
+more than one block list, hidden states changed between blocks, past the memory budget), or a
+tuned layer lies outside the blocks, :func:`price_blocks` says why and the tuner measures with
+whole generations instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import torch
+
+from ..builder import default_budget, keeping, plan_layers
+from ..calibration import hessians
+from ..calibration.quality import PSNR_CAP, psnr_bound, psnr_of
+from ..models import block_index_of, iter_blocks, swap_layers
+from ..presets import ConvertConfig
+from .library import Layer, Library, assemble, build_fixed, build_layer, fixed_layers, tuned_layers, unmeasured_layers
+from .sensitivity import Evaluator, Sensitivity, proxy_error, spearman
+
+#: Layer × format points measured with whole generations to fit the factor, and the share of the
+#: ranking (largest block error first) they are spread over: the smallest errors are left out,
+#: where a video's error is float noise rather than the layer's.
+FIT_POINTS, FIT_SPREAD = 4, 0.75
+#: Kept calls a candidate is priced on, spread evenly over the calls (the first and the last among
+#: them): the ranking of block-output errors holds across the sampling steps, and the factor
+#: absorbs the scale, so pricing on every step would cost steps / this many times as much.
+PRICE_CALLS = 3
+
+
+@dataclasses.dataclass
+class BlockPrices:
+    """What :func:`price_blocks` found: the candidates (``library``), each tuned layer's block-output
+    error per variant (``errors[i][j]``, 0 for full precision), the input statistics, the
+    full-precision calibration videos of the run that kept the inputs, the tuned layers no call
+    ran (``{name: base format}``), and the seconds it took."""
+
+    library: Library
+    errors: list[list[float]]
+    stats: dict[str, hessians.InputStats]
+    videos: object
+    unmeasured: dict[str, str]
+    seconds: float
+
+
+@dataclasses.dataclass
+class BlockFit:
+    """The map from block-output error to video error: ``factor`` (video MSE per unit of block
+    MSE), the ``points`` measured to fit it (``{"layer", "format", "block_error", "video_mse"}``,
+    the video MSE summed over the calibration videos), and how well block error ranks and
+    predicts them (Spearman, Pearson)."""
+
+    factor: float
+    points: list[dict]
+    spearman: float
+    pearson: float
+
+
+def _block_error(outputs, reference) -> tuple[float, int]:
+    """Squared error summed over both streams of every call, and the element count."""
+    total, count = 0.0, 0
+    for out, ref in zip(outputs, reference):
+        for o, r in zip(out, ref):
+            if r is not None:
+                total += float((o.double() - r.double()).pow(2).sum())
+                count += r.numel()
+    return total, count
+
+
+def _spread(count: int, wanted: int) -> list[int]:
+    """``wanted`` indices spread evenly over ``range(count)``, the first and the last included."""
+    if count <= wanted:
+        return list(range(count))
+    return sorted({round(k * (count - 1) / (wanted - 1)) for k in range(wanted)}) if wanted > 1 else [0]
+
+
+def _price_layer(model, block, kept, layer: Layer, reference, which: list[int]) -> list[float]:
+    """``layer``'s block-output MSE in each variant: ``block`` replayed with it swapped in."""
+    original, errors = model.get_submodule(layer.name), []
+    for variant in layer.variants:
+        if variant.module is original:
+            errors.append(0.0)
+            continue
+        swap_layers(model, {layer.name: variant.module})
+        try:
+            total, count = _block_error(kept.outputs(block, which), reference)
+        finally:
+            swap_layers(model, {layer.name: original})
+        errors.append(total / max(count, 1))
+    return errors
+
+
+def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...], run,
+                 progress: bool = True) -> BlockPrices | str:
+    """Build and price every candidate block by block on kept inputs (the module docstring), or
+    the reason the kept inputs cannot stand in for the generations."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    tuned, fixed = tuned_layers(model, config), fixed_layers(model, config)
+    found = list(iter_blocks(model))
+    blocks = {name: idx for idx, name, _, _ in found}
+    where = {name: block_index_of(name, blocks) for name in [*tuned, *fixed]}
+    outside = [name for name in tuned if where[name] is None]
+    if outside:
+        return f"{len(outside)} tuned layers lie outside the transformer blocks (e.g. {outside[0]})"
+    videos = []
+    with keeping(model, 0, default_budget(model)) as kept:
+        stats = hessians.collect(model, lambda: videos.append(run()),
+                                 {n: model.get_submodule(n) for n in fixed if where[n] is None})
+    if kept.problem is not None:
+        return kept.problem
+    layers, errors = [], []
+    bar = tqdm(total=len(found), desc="sensitivity", disable=not progress, leave=False)
+    for idx, _, block, _ in found:
+        bar.set_description(f"sensitivity: block {idx + 1}/{len(found)}")
+        inside = {n: model.get_submodule(n) for n in [*tuned, *fixed] if where[n] == idx}
+        if inside:
+            stats.update(hessians.collect(block, lambda b=block: kept.replay(b, advance=False), inside))
+            which = _spread(len(kept.calls), PRICE_CALLS)
+            reference = list(kept.outputs(block, which))
+            for name in (n for n in tuned if where[n] == idx and n in stats):
+                hb, role = tuned[name]
+                layers.append(build_layer(model, config, name, hb, role, candidates, stats[name], blocks))
+                errors.append(_price_layer(model, block, kept, layers[-1], reference, which))
+            del reference
+        if idx + 1 < len(found):
+            kept.replay(block, advance=True)
+        bar.update()
+    bar.close()
+    kept.calls.clear()
+    unmeasured = unmeasured_layers(model, config, list(tuned), stats)
+    plan = plan_layers(model, config.weights)
+    library = assemble(model, config, layers, build_fixed(model, config, {**fixed, **{n: plan[n] for n in unmeasured}},
+                                                          stats))
+    return BlockPrices(library, errors, stats, videos[0], unmeasured, time.perf_counter() - start)
+
+
+def _fit_points(errors: list[list[float]], points: int) -> list[tuple[float, int, int]]:
+    """``points`` (block error, layer, variant) spread over the first :data:`FIT_SPREAD` of the
+    ranking, largest error first."""
+    ranked = sorted(((e, i, j) for i, row in enumerate(errors) for j, e in enumerate(row) if e > 0), reverse=True)
+    if not ranked:
+        raise ValueError("no candidate changes its block's outputs on the kept calibration inputs: the tuned "
+                         "layers are not used by this model's blocks (or every format is exact)")
+    last = (len(ranked) - 1) * FIT_SPREAD
+    return [ranked[k] for k in sorted({round(k * last / max(points - 1, 1)) for k in range(points)})]
+
+
+def fit(evaluator: Evaluator, prices: BlockPrices, points: int = FIT_POINTS) -> tuple[Sensitivity, BlockFit]:
+    """The factor from a few whole generations (the module docstring), and every layer ×
+    format's predicted per-video MSE: a :class:`~.sensitivity.Sensitivity` as
+    :func:`~.sensitivity.measure` returns, whose ``mse`` are predictions."""
+    start = time.perf_counter()
+    library = evaluator.library
+    full = library.uniform(None)
+    again = evaluator.error(evaluator.run()) if library.fixed else evaluator(full)
+    if psnr_of(again) < PSNR_CAP:  # the same model twice: the runs must agree
+        raise ValueError("two calibration runs of the unchanged model generated different videos: make the run "
+                         "repeatable (a fixed generator or seed per video) so that errors can be measured")
+    base = evaluator(full)  # the fixed layers' error
+    measured = []
+    for e, i, j in _fit_points(prices.errors, points):
+        measured.append((e, i, j, (evaluator(full[:i] + (j,) + full[i + 1:]) - base).clamp_min(0)))
+    usable = [(e, m) for e, _, _, m in measured if float(m.sum()) > 0]
+    if not usable:
+        raise ValueError("the calibration videos do not change when any tuned layer is quantized: the run's "
+                         "output does not depend on this model (does it return another model's videos?)")
+    factor = math.exp(float(np.mean([math.log(float(m.mean()) / e) for e, m in usable])))
+    profile = torch.stack([m / m.mean() for _, m in usable]).mean(0)
+    mse = [[torch.zeros_like(base) if e == 0 else factor * e * profile for e in row] for row in prices.errors]
+    proxy = [[proxy_error(v.module, prices.library.originals[layer.name], prices.stats.get(layer.name))
+              for v in layer.variants] for layer in library.layers]
+    pairs = [(p, float(m.sum())) for row_p, row_m in zip(proxy, mse) for p, m in zip(row_p, row_m) if p == p and p > 0]
+    sens = Sensitivity(mse, proxy, spearman([p for p, _ in pairs], [m for _, m in pairs]),
+                       time.perf_counter() - start, base)
+    block_errors, video = [e for e, _, _, _ in measured], [float(m.sum()) for *_, m in measured]
+    pearson = float(np.corrcoef(block_errors, video)[0, 1]) if len(measured) > 2 else math.nan
+    points_out = [{"layer": library.layers[i].name, "format": library.layers[i].variants[j].label, "block_error": e,
+                   "video_mse": float(m.sum())} for e, i, j, m in measured]
+    return sens, BlockFit(factor, points_out, spearman(block_errors, video), pearson)
+
+
+class Predictor:
+    """What the genetic search scores assignments with under ``sensitivity="blocks"``: the
+    predicted per-video MSE (:meth:`~.sensitivity.Sensitivity.predict`), as an
+    :class:`~.sensitivity.Evaluator` would return the measured one; nothing runs."""
+
+    def __init__(self, library: Library, sensitivity: Sensitivity):
+        self.library, self.sensitivity = library, sensitivity
+        self.results: dict[tuple[int, ...], torch.Tensor] = {}
+        self.seconds = 0.0
+
+    def __call__(self, genome: tuple[int, ...]) -> torch.Tensor:
+        genome = tuple(genome)
+        if genome not in self.results:
+            self.results[genome] = self.sensitivity.predict(genome)
+        return self.results[genome]
+
+    def psnr(self, genome: tuple[int, ...]) -> float:
+        return psnr_of(self(genome))
+
+    def psnr_bound(self, genome: tuple[int, ...]) -> float:
+        return psnr_bound(self(genome))
+
+    @property
+    def count(self) -> int:
+        return len(self.results)
+
+
+__all__ = ["FIT_POINTS", "PRICE_CALLS", "BlockFit", "BlockPrices", "Predictor", "fit", "price_blocks"]
