@@ -174,8 +174,8 @@ def attention_seconds(model, batch: int, rows: dict, gpu: dict, density: float) 
 
 def step(name: str, entry: dict | None, model, rows: dict, gpu: dict, linear_kernels, skips: dict) -> dict:
     """One step of ``model`` (``rows``: tokens per sample, ``"joint"`` or ``"video"``) under preset
-    ``name`` as ``entry`` (from :func:`plan`; None: bf16), in seconds: linears, attention, rotation
-    (as compiled, and as an fp32 ``tl.dot``), and the mean step with the delta cache's skips."""
+    ``name`` as ``entry`` (from :func:`plan`; None: bf16), in milliseconds: linears, attention, rotation
+    shares (as compiled, and as an fp32 ``tl.dot``), and the mean step with the delta cache's skips."""
     config = None if entry is None else entry["config"]
     kept = config is not None and int8_copies_kept(config, model, gpu["memory"])
     boundary = 0 if config is None or config.weights is None else config.weights.boundary_blocks
