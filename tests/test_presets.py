@@ -138,7 +138,7 @@ def test_balanced_runs_the_fastest_real_path_of_the_device(monkeypatch):
     for name in ("w4a6-dynamic", "aggressive", "w8a8"):
         assert presets.for_device(resolve(name), "cpu") == (resolve(name), None)
     # with FP4 GEMMs (Blackwell), DMPQ keeps NVFP4
-    monkeypatch.setattr(presets, "fp4_supported", lambda device: True)
+    monkeypatch.setattr(presets, "fp4_supported", lambda device, capability=None: True)
     assert presets.for_device(resolve("balanced"), "cuda") == (resolve("balanced"), None)
 
 

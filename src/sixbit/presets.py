@@ -57,8 +57,11 @@ __all__ = [
 ]
 
 
-def for_device(config: ConvertConfig, device: torch.device | str) -> tuple[ConvertConfig, str | None]:
+def for_device(config: ConvertConfig, device: torch.device | str,
+               capability: tuple[int, int] | None = None) -> tuple[ConvertConfig, str | None]:
     """``config`` as it runs on ``device``, and a note saying what changed (``None``: nothing).
+    ``capability``: answer for a CUDA GPU of that compute capability (e.g. ``(9, 0)``) instead of
+    the one present, as :func:`sixbit.kernels.available` does.
 
     A preset names an intent; its low-bit arithmetic takes the device's fastest real path.
     DMPQ with ``low="auto"`` (the ``balanced`` preset) chooses NVFP4 activations for speed, which
@@ -70,9 +73,11 @@ def for_device(config: ConvertConfig, device: torch.device | str) -> tuple[Conve
         >>> config, note = for_device(resolve("balanced"), "cpu")
         >>> config.activations, note.startswith("DMPQ")
         ('int8', True)
+        >>> for_device(resolve("balanced"), "cuda", capability=(9, 0))[0].activations   # H100: no FP4 GEMM
+        'int8'
     """
     device = torch.device(device)
-    if config.activations != Activations.DYNAMIC or config.dmpq.low != "auto" or fp4_supported(device):
+    if config.activations != Activations.DYNAMIC or config.dmpq.low != "auto" or fp4_supported(device, capability):
         return config, None
     note = (f"DMPQ's low precision is NVFP4, which has no real GEMM on {device.type} "
             "(sixbit.kernels.available()): every call runs at INT8, the fastest real low-bit GEMM here")
