@@ -75,6 +75,7 @@ logger = logging.getLogger(__name__)
 
 VIDEO_TARGETS = ("video", "steps")  # the error_at values that price NVFP4 by the videos it changes
 
+
 def _line(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Least-squares ``y ≈ α·x + β`` (a flat line when x does not vary)."""
     if x.numel() < 2 or float(x.var()) == 0:
