@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import torch
-
-from bench_dmpq import GUIDANCE, _RECIPE, _measure, _quantized
+from bench_dmpq import _RECIPE, GUIDANCE, _measure, _quantized
 from report import machine_description, update_section
+
 from sixbit.methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq
 from sixbit.zoo.shapes import all_prompts, heldout_pairs, load_pipeline
 from sixbit.zoo.shapes.judge import generate_heldout
@@ -44,7 +44,11 @@ def run_arch(arch: str, args) -> dict:
     for error_at in PRICINGS:
         pipe = _quantized(arch, "nvfp4", 128, "int8")
         runs = []
-        calib = lambda: runs.append(1) or generate_heldout(pipe, calib_pairs, args.steps, GUIDANCE)[0]  # noqa: E731
+
+        def calib(pipe=pipe, runs=runs):
+            runs.append(1)
+            return generate_heldout(pipe, calib_pairs, args.steps, GUIDANCE)[0]
+
         t0 = time.perf_counter()
         predictor = fit_dmpq(pipe.transformer, calib, DMPQConfig(target_bits=args.target_bits, error_at=error_at))
         fit_s = time.perf_counter() - t0
@@ -63,10 +67,10 @@ def section(results: list[dict]) -> str:
     lines = [
         "## DMPQ's cost map: per cell vs per step range (issue 63)",
         "",
-        f"Written by `python benchmarks/bench_dmpq_pricing.py --pairs {s['pairs']} --calib {s['calib']} --steps "
-        f"{s['steps']} --target-bits {s['target_bits']:g}` (each model in its own process, then `--merge`). Machine: "
-        f"{results[0]['machine']}; wall times on a machine other jobs shared, so compare the two fits of a model "
-        "(same process, back to back), not absolute seconds. NVFP4 activations are EMULATED.",
+        (f"Written by `python benchmarks/bench_dmpq_pricing.py --pairs {s['pairs']} --calib {s['calib']} --steps "
+         f"{s['steps']} --target-bits {s['target_bits']:g}` (each model in its own process, then `--merge`). Machine: "
+         f"{results[0]['machine']}; wall times on a machine other jobs shared, so compare the two fits of a model "
+         "(same process, back to back), not absolute seconds. NVFP4 activations are EMULATED."),
         "",
         "| model | pricing | calibration runs | fit s | act bits | PSNR dB | gap closed |",
         "|---|---|---:|---:|---:|---:|---:|",

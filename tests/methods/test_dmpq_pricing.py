@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from fixtures.toy import ToyTransformer
 
 import sixbit
 from sixbit.methods.dmpq import DMPQConfig, apply_dmpq, fit_dmpq
-from fixtures.toy import ToyTransformer
 
 TIMESTEPS = [900, 750, 600, 450, 300, 150]
 
