@@ -115,8 +115,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if hardware:
         print(hardware)
     calib = calibration(args, pipe) if runs_as.needs_calibration else None
-    if runs_as.dmpq is not None and runs_as.dmpq.error_at == "video" and isinstance(calib, list):  # not a video folder
-        runs = 3 + runs_as.dmpq.step_groups * runs_as.dmpq.block_groups
+    if runs_as.dmpq is not None and runs_as.dmpq.error_at in ("video", "steps") and isinstance(calib, list):  # not videos
+        runs = 3 + runs_as.dmpq.step_groups * (1 if runs_as.dmpq.error_at == "steps" else runs_as.dmpq.block_groups)
         print(f"fitting DMPQ to what NVFP4 costs the videos: the calibration prompts run up to {runs} times")
     t0 = time.perf_counter()
     convert_model(pipe, calib, config, stabilize_frames=args.stabilize_frames, calibration_kwargs=call_kwargs(args),

@@ -24,12 +24,15 @@ class DMPQConfig(Serializable):
             ``"video"`` (default): what NVFP4 activations in a block and step cost the final
             video, measured by re-running the calibration with NVFP4 in one cell of a
             ``step_groups`` × ``block_groups`` grid at a time (that many extra runs; ``run``
-            must return the videos). ``"block"``: the error at the block's own output (the
+            must return the videos). ``"steps"``: the same cost measured once per step range
+            with NVFP4 in all its blocks (``step_groups`` extra runs instead of
+            ``step_groups × block_groups``), split among the range's blocks by their own
+            output error. ``"block"``: the error at the block's own output (the
             paper's target; two runs, but a small early error can cost the video more than a
             large late one).
-        step_groups: contiguous step ranges of the ``"video"`` grid (default 5).
+        step_groups: contiguous step ranges of the ``"video"`` and ``"steps"`` grids (default 5).
         block_groups: contiguous block ranges of the ``"video"`` grid (default 4; models with
-            fewer blocks use one per block).
+            fewer blocks use one per block; ``"steps"`` prices all blocks of a range at once).
         low: ``"nvfp4"`` (default): the low precision is NVFP4 on every device (emulated where
             there is no FP4 GEMM). ``"auto"``: NVFP4 where the device has an FP4 GEMM; elsewhere
             DMPQ's choice would be emulated, slower than INT8, so the conversion runs every call
@@ -53,8 +56,8 @@ class DMPQConfig(Serializable):
             problems.append(f"target_bits must be within [4.5, 8], got {self.target_bits!r}")
         if self.threshold is not None and not self.threshold >= 0:
             problems.append(f"threshold must be ≥ 0 or None, got {self.threshold!r}")
-        if self.error_at not in ("video", "block"):
-            problems.append(f'error_at must be "video" or "block", got {self.error_at!r}')
+        if self.error_at not in ("video", "steps", "block"):
+            problems.append(f'error_at must be "video", "steps" or "block", got {self.error_at!r}')
         for name in ("step_groups", "block_groups"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -18,6 +18,10 @@ What the predictor learns depends on ``DMPQConfig.error_at``:
   first step on: the steps before are the base run's, recorded (:mod:`.prefix`; bit-identical,
   checked), which saves 45 % of the transformer's work over the default 5 step ranges. While
   fitting, each quantized layer keeps its weight's INT8 copy after the first conversion.
+- ``"steps"``: the same video cost, measured once per step range with NVFP4 activations in
+  all blocks of that range (``step_groups`` runs instead of ``step_groups × block_groups``);
+  each call's share of its range's cost is scaled by its block-output error, so the blocks of
+  a range are priced by their own error and the step ranges by what they cost the video.
 - ``"block"``: ``e`` itself (one run, no video needed).
 
 Pairs ``(Γ_{t−1}, E_t)`` of consecutive steps of one sample feed a least-squares line per
@@ -68,6 +72,9 @@ from .method import (
 )
 
 logger = logging.getLogger(__name__)
+
+VIDEO_TARGETS = ("video", "steps")  # the error_at values that price NVFP4 by the videos it changes
+
 
 def _line(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Least-squares ``y ≈ α·x + β`` (a flat line when x does not vary)."""
@@ -124,7 +131,8 @@ def fit_dmpq(
 
     With ``error_at="video"`` (the default) ``run()`` must return the generated videos — a
     pipeline output with ``.frames``, a tensor or an array, or a list of those — and is called
-    ``2 + step_groups × block_groups`` times (plus one with ``refine``). Every call must
+    ``2 + step_groups × block_groups`` times (plus one with ``refine``); with ``"steps"``,
+    ``2 + step_groups`` times (plus one). Every call must
     generate the same videos: each runs under ``torch.manual_seed(0)`` in a forked RNG (your
     RNG state is left as it was), and one that feeds the model other inputs at its first step
     than the first call did raises ``ValueError``. A DMPQ already installed on ``model`` is
@@ -156,7 +164,7 @@ def _fit(model: nn.Module, run: Repeatable, config: DMPQConfig, refine: bool, n_
         )
     step_starts = [0]
     num_steps = 1 + max(c["step"] for c in calls)
-    if config.error_at == "video":
+    if config.error_at in VIDEO_TARGETS:
         cell_of, cost, step_starts = _video_costs(model, run, n_blocks, num_steps, config)
         targets = _shares(pairs, cell_of, cost)
     else:
@@ -256,12 +264,14 @@ def _fit_lines(names: list[str], pairs: list, targets: list[torch.Tensor], step_
 
 def _video_costs(model: nn.Module, run, n_blocks: int, n_steps: int, config: DMPQConfig):
     """Cost of NVFP4 activations per grid cell: the calibration videos' relative squared change.
+    With ``error_at="steps"`` a cell is a whole step range (every block).
 
     Returns ``cell_of[(block, step)] = cell`` for every block and every step after the first,
     ``cost[cell]``, and the first step of each step range (the first range also holds step 0).
     """
     step_sets = [r.tolist() for r in torch.arange(1, n_steps).tensor_split(min(config.step_groups, n_steps - 1))]
-    block_sets = [r.tolist() for r in torch.arange(n_blocks).tensor_split(min(config.block_groups, n_blocks))]
+    block_groups = 1 if config.error_at == "steps" else min(config.block_groups, n_blocks)
+    block_sets = [r.tolist() for r in torch.arange(n_blocks).tensor_split(block_groups)]
     prefix = Prefix(model, total_memory(next(model.parameters()).device) // 4)
     with prefix.recording():
         base = _videos(_run_with(model, run, FixedAssignment(()))[0])

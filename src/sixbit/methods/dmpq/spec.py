@@ -14,7 +14,7 @@ from ...models import iter_blocks
 from ...nn import QuantLinear
 from ...runtime import blocks
 from ..registry import MethodSpec, register_method
-from .fit import fit_dmpq
+from .fit import VIDEO_TARGETS, fit_dmpq
 from .method import (
     DMPQ,
     DMPQPredictor,
@@ -29,7 +29,7 @@ def _fit(model: nn.Module, config: DMPQConfig, run: Callable[[], object], calibr
     """The predictor of a conversion. Calibration videos are replayed along their noising path,
     so no error reaches a final video: there the fit measures the blocks' output error."""
     logger.info("fitting the DMPQ predictor")
-    if calibration is not None and calibration.get("source") == "videos" and config.error_at == "video":
+    if calibration is not None and calibration.get("source") == "videos" and config.error_at in VIDEO_TARGETS:
         logger.warning(
             "calibration videos are replayed along their noising path, so no error reaches a final "
             "video: DMPQ is fitted to the blocks' output error (error_at='block')"
