@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import torch
 
-from . import gemm_shapes
+from . import gemm_shapes, isa
 from .cuda import unswizzle_block_scales
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes of the 3 low bits of an E2M1 code
 
 
 def strict_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``torch._int_mm`` on CPU, refusing what CUDA refuses (the messages of ``_int_mm_out_cuda``)."""
+    """``torch._int_mm`` on CPU, refusing what CUDA refuses (the messages of ``_int_mm_out_cuda``),
+    exact as CUDA's: where the CPU's own kernel saturates (no VNNI), in float64 (exact integers)."""
     if a.size(0) <= 16:
         raise RuntimeError(f"self.size(0) needs to be greater than 16, but got {a.size(0)}")
     if a.size(1) % gemm_shapes.INT_MM_ALIGN:
         raise RuntimeError(f"self.size(1) needs to be greater than 0 and a multiple of 8, but got {a.size(1)}")
     if b.size(1) % gemm_shapes.INT_MM_ALIGN:
         raise RuntimeError(f"mat2.size(1) needs to be greater than 0 and a multiple of 8, but got {b.size(1)}")
+    if not isa.int_mm_exact():  # oneDNN's s8 GEMM saturates in int16 without VNNI
+        return (a.double() @ b.double()).to(torch.int32)
     return _CPU_OPS["int_mm"](a, b)
 
 
