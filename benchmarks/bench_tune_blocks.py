@@ -84,8 +84,15 @@ def run_arch(arch: str, args) -> dict:
            "machine": machine_description()}
     if args.sensitivity == "blocks":
         fit = tuner.fit
-        out["fit"] = {"factor": fit.factor, "points": fit.points, "spearman": fit.spearman, "pearson": fit.pearson}
+        out["fit"] = {"factors": fit.factors, "points": fit.points, "spearman": fit.spearman, "pearson": fit.pearson}
     return out
+
+
+def _factors(fit: dict) -> str:
+    """The fitted factors (one per role; results from before issue 63's per-role fit hold one)."""
+    if "factor" in fit:
+        return f"{fit['factor']:.3g} (all roles)"
+    return ", ".join(f"{v:.3g} ({role})" for role, v in fit["factors"].items())
 
 
 def _correlations(predicted: list[float], measured: list[float]) -> tuple[float, float, float]:
@@ -130,8 +137,8 @@ def section(results: list[dict]) -> str:
         if blk is not None:
             f = blk["fit"]
             lines.append(f"- Blocks mode: stage 1 {blk['stage1_s']:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in blk['seconds'].items())}); "
-                         f"factor fitted on {len(f['points'])} whole generations: {f['factor']:.3g} (their block vs video "
-                         f"error: Spearman {f['spearman']:+.2f}, Pearson {f['pearson']:+.2f}).")
+                         f"factors fitted on {len(f['points'])} whole generations: {_factors(f)} (their predicted vs "
+                         f"measured video error: Spearman {f['spearman']:+.2f}, Pearson {f['pearson']:+.2f}).")
             for r in blk["rows"]:
                 if r["target"].startswith("≥"):
                     met = r["calib_real_psnr_bound"] >= s["min_psnr"]

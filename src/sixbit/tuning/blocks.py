@@ -10,15 +10,19 @@ in, against the full-precision replay (mean squared error over :data:`PRICE_CALL
 calls spread over the sampling steps, hidden and encoder streams). The full-precision outputs then become the next block's inputs. One block's inputs are
 held at a time.
 
-A block-output error is mapped to video error by one factor fitted on a few whole generations
-(:func:`fit`: a handful of layer × format points spread over the ranking, each measured alone as
-:mod:`.sensitivity` measures it), ``video MSE ≈ factor × block error``, spread over the videos as
-those points spread (their per-video profile). The genetic search then scores assignments on
+A block-output error is mapped to video error by a factor per layer role fitted on a few whole
+generations (:func:`fit`: a handful of layer × format points spread over each role's ranking, each
+measured alone as :mod:`.sensitivity` measures it), ``video MSE ≈ factor[role] × block error``,
+spread over the videos as those points spread (their per-video profile). One factor per role, not
+one for all: on the shipped models a feed-forward layer's block error reaches the video 2.4–4.6×
+less than an attention layer's (measured against a generation per layer × format; the block index
+explains little beyond it), and one shared factor, fitted on whichever role its points fell on,
+mispriced the other (BENCHMARKS.md ``tune-blocks``). The genetic search then scores assignments on
 these predictions (:class:`Predictor`: no run), and its pick is checked with whole generations
 (:meth:`~.tuner.Tuner.search`). Cost: one calibration run to keep the inputs, one replay per block
 and candidate, a few generations for the fit and the checks: on the shipped models 11 whole
-generations instead of 146–212, 4.9–5.9× less wall time, the candidates' GPTQ (the same in both
-modes) now most of it (BENCHMARKS.md ``tune-blocks``).
+generations instead of 146–212, 3.8–5.9× less wall time (contended runs), the candidates' GPTQ
+(the same in both modes) now most of it (BENCHMARKS.md ``tune-blocks``).
 
 Where the kept inputs cannot stand in for the generations (:attr:`~sixbit.builder.BlockInputs.problem`:
 more than one block list, hidden states changed between blocks, past the memory budget), or a
@@ -43,9 +47,10 @@ from ..presets import ConvertConfig
 from .library import Layer, Library, assemble, build_fixed, build_layer, fixed_layers, tuned_layers, unmeasured_layers
 from .sensitivity import Evaluator, Sensitivity, proxy_error, spearman
 
-#: Layer × format points measured with whole generations to fit the factor, and the share of the
-#: ranking (largest block error first) they are spread over: the smallest errors are left out,
-#: where a video's error is float noise rather than the layer's.
+#: Layer × format points measured with whole generations to fit the factors (shared evenly by the
+#: roles the tuned layers have), and the share of each role's ranking (largest block error first)
+#: they are spread over: the smallest errors are left out, where a video's error is float noise
+#: rather than the layer's.
 FIT_POINTS, FIT_SPREAD = 4, 0.75
 #: Kept calls a candidate is priced on, spread evenly over the calls (the first and the last among
 #: them): the ranking of block-output errors holds across the sampling steps, and the factor
@@ -70,12 +75,12 @@ class BlockPrices:
 
 @dataclasses.dataclass
 class BlockFit:
-    """The map from block-output error to video error: ``factor`` (video MSE per unit of block
-    MSE), the ``points`` measured to fit it (``{"layer", "format", "block_error", "video_mse"}``,
-    the video MSE summed over the calibration videos), and how well block error ranks and
-    predicts them (Spearman, Pearson)."""
+    """The map from block-output error to video error: ``factors`` (``{role: video MSE per unit of
+    block MSE}``), the ``points`` measured to fit them (``{"layer", "role", "format", "block_error",
+    "video_mse"}``, the video MSE summed over the calibration videos), and how well the block
+    errors times their role's factor rank and predict them (Spearman, Pearson)."""
 
-    factor: float
+    factors: dict[str, float]
     points: list[dict]
     spearman: float
     pearson: float
@@ -161,19 +166,35 @@ def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...
     return BlockPrices(library, errors, stats, videos[0], unmeasured, time.perf_counter() - start)
 
 
-def _fit_points(errors: list[list[float]], points: int) -> list[tuple[float, int, int]]:
-    """``points`` (block error, layer, variant) spread over the first :data:`FIT_SPREAD` of the
-    ranking, largest error first."""
+def _fit_points(errors: list[list[float]], roles: list[str], points: int) -> list[tuple[float, int, int]]:
+    """``points`` (block error, layer, variant) shared evenly by the roles (``roles[i]``: layer
+    ``i``'s), each role's spread over the first :data:`FIT_SPREAD` of its ranking, largest error
+    first."""
     ranked = sorted(((e, i, j) for i, row in enumerate(errors) for j, e in enumerate(row) if e > 0), reverse=True)
     if not ranked:
         raise ValueError("no candidate changes its block's outputs on the kept calibration inputs: the tuned "
                          "layers are not used by this model's blocks (or every format is exact)")
-    last = (len(ranked) - 1) * FIT_SPREAD
-    return [ranked[k] for k in sorted({round(k * last / max(points - 1, 1)) for k in range(points)})]
+    present = list(dict.fromkeys(roles[i] for _, i, _ in ranked))
+    chosen = []
+    for n, role in enumerate(present):
+        own = [r for r in ranked if roles[r[1]] == role]
+        wanted = points // len(present) + (n < points % len(present))
+        last = (len(own) - 1) * FIT_SPREAD
+        chosen += [own[k] for k in sorted({round(k * last / max(wanted - 1, 1)) for k in range(wanted)})]
+    return sorted(chosen, reverse=True)
+
+
+def _factors(usable: list[tuple[str, float, torch.Tensor]], roles: list[str]) -> dict[str, float]:
+    """Each role's factor: the geometric mean of its points' video (per video) over block error;
+    a role without a point that changed the videos takes all the points' one."""
+    def mean(points):
+        return math.exp(float(np.mean([math.log(float(m.mean()) / e) for _, e, m in points])))
+
+    return {role: mean([p for p in usable if p[0] == role] or usable) for role in dict.fromkeys(roles)}
 
 
 def fit(evaluator: Evaluator, prices: BlockPrices, points: int = FIT_POINTS) -> tuple[Sensitivity, BlockFit]:
-    """The factor from a few whole generations (the module docstring), and every layer ×
+    """The factors from a few whole generations (the module docstring), and every layer ×
     format's predicted per-video MSE: a :class:`~.sensitivity.Sensitivity` as
     :func:`~.sensitivity.measure` returns, whose ``mse`` are predictions."""
     start = time.perf_counter()
@@ -184,26 +205,27 @@ def fit(evaluator: Evaluator, prices: BlockPrices, points: int = FIT_POINTS) -> 
         raise ValueError("two calibration runs of the unchanged model generated different videos: make the run "
                          "repeatable (a fixed generator or seed per video) so that errors can be measured")
     base = evaluator(full)  # the fixed layers' error
-    measured = []
-    for e, i, j in _fit_points(prices.errors, points):
+    roles, measured = [layer.role for layer in library.layers], []
+    for e, i, j in _fit_points(prices.errors, roles, points):
         measured.append((e, i, j, (evaluator(full[:i] + (j,) + full[i + 1:]) - base).clamp_min(0)))
-    usable = [(e, m) for e, _, _, m in measured if float(m.sum()) > 0]
+    usable = [(roles[i], e, m) for e, i, _, m in measured if float(m.sum()) > 0]
     if not usable:
         raise ValueError("the calibration videos do not change when any tuned layer is quantized: the run's "
                          "output does not depend on this model (does it return another model's videos?)")
-    factor = math.exp(float(np.mean([math.log(float(m.mean()) / e) for e, m in usable])))
-    profile = torch.stack([m / m.mean() for _, m in usable]).mean(0)
-    mse = [[torch.zeros_like(base) if e == 0 else factor * e * profile for e in row] for row in prices.errors]
+    factors = _factors(usable, roles)
+    profile = torch.stack([m / m.mean() for _, _, m in usable]).mean(0)
+    mse = [[torch.zeros_like(base) if e == 0 else factors[role] * e * profile for e in row]
+           for row, role in zip(prices.errors, roles)]
     proxy = [[proxy_error(v.module, prices.library.originals[layer.name], prices.stats.get(layer.name))
               for v in layer.variants] for layer in library.layers]
     pairs = [(p, float(m.sum())) for row_p, row_m in zip(proxy, mse) for p, m in zip(row_p, row_m) if p == p and p > 0]
     sens = Sensitivity(mse, proxy, spearman([p for p, _ in pairs], [m for _, m in pairs]),
                        time.perf_counter() - start, base)
-    block_errors, video = [e for e, _, _, _ in measured], [float(m.sum()) for *_, m in measured]
-    pearson = float(np.corrcoef(block_errors, video)[0, 1]) if len(measured) > 2 else math.nan
-    points_out = [{"layer": library.layers[i].name, "format": library.layers[i].variants[j].label, "block_error": e,
-                   "video_mse": float(m.sum())} for e, i, j, m in measured]
-    return sens, BlockFit(factor, points_out, spearman(block_errors, video), pearson)
+    predicted, video = [factors[roles[i]] * e for e, i, _, _ in measured], [float(m.sum()) for *_, m in measured]
+    pearson = float(np.corrcoef(predicted, video)[0, 1]) if len(measured) > 2 else math.nan
+    points_out = [{"layer": library.layers[i].name, "role": roles[i], "format": library.layers[i].variants[j].label,
+                   "block_error": e, "video_mse": float(m.sum())} for e, i, j, m in measured]
+    return sens, BlockFit(factors, points_out, spearman(predicted, video), pearson)
 
 
 class Predictor:

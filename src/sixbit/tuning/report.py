@@ -83,7 +83,8 @@ class TuneReport:
         lines.append("  formats: " + ", ".join(f"{label} × {n}" for label, n in counts.most_common()))
         if self.fit is not None:
             checks = ", ".join(f"{c:.2f}" for c in self.best.get("checks", []))
-            lines.append(f"  sensitivity: priced on kept block inputs, × {self.fit.factor:.3g} to video error (fitted on "
+            factors = ", ".join(f"{v:.3g} ({role})" for role, v in self.fit.factors.items())
+            lines.append(f"  sensitivity: priced on kept block inputs, × {factors} to video error (fitted on "
                          f"{len(self.fit.points)} generations: Spearman {self.fit.spearman:+.2f}); the pick checked "
                          f"with whole generations ({checks} dB)")
         kind = "measured" if self.mode == "generation" else "predicted"

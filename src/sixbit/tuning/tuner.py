@@ -347,7 +347,7 @@ def tune(model, calibration_data, *, max_bits: float | None = None, min_psnr: fl
         progress: show progress bars.
         sensitivity: how stage 1 prices a layer in a format. ``"blocks"`` (default): its block's
             output error on block inputs kept from one calibration run, mapped to video error
-            by a factor fitted on a few whole generations; the search runs on these
+            by a factor per layer role fitted on a few whole generations; the search runs on these
             predictions and its pick is checked with whole generations (a ``min_psnr`` pick
             that misses on them is searched again with a raised target, a few rounds at most;
             :mod:`sixbit.tuning.blocks`). ``"generation"``: a whole calibration generation per
