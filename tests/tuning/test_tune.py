@@ -95,7 +95,10 @@ def test_search_is_deterministic_and_respects_its_budget(tiny, tuner):
     assert [dict(h, seconds=0) for h in a.search.history] == [dict(h, seconds=0) for h in b.search.history]
     assert a.best["bits"] <= budget
     assert b.search.measured and all(bits <= budget + 1e-9 for bits, _ in b.search.measured.values())
-    assert a.best["psnr"] >= a.greedy["psnr"]  # the greedy assignment seeds the population
+    # the greedy assignment seeds the population: the search scores it or better, on the same scale
+    # (sensitivity="blocks": predictions for both; the pick itself is then measured, greedy's is not)
+    scored = max(psnr for _, psnr in a.search.measured.values())
+    assert scored >= a.greedy["psnr"] - 1e-9 and (not a.greedy["measured"] or a.best["psnr"] >= a.greedy["psnr"])
 
 
 def test_min_psnr_reaches_the_target_at_fewer_bits_than_int8(tuner):
