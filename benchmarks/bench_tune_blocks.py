@@ -112,7 +112,7 @@ def section(results: list[dict]) -> str:
              f"Written by `python benchmarks/bench_tune_blocks.py` (per model and mode: `--arch A --sensitivity M "
              f"--pairs {s['pairs']} --calib {s['calib']} --steps {s['steps']} --population {s['population']} "
              f"--generations {s['generations']}`, then `--merge`). Machine: {results[0]['machine']}; each run in its "
-             "own process, other engineers' jobs sharing the 2 CPUs (wall times are contended). *tune s*: "
+             "own process, one at a time, a model's two modes back to back at the same thread count (the machine otherwise quiet). *tune s*: "
              "`Tuner(...)` (candidates, stage 1) plus both searches with their picks' conversions and check "
              "generations; held-out scoring not included. *blocks*: each layer × format priced by its block's "
              "output error on the kept block inputs (one replay per block and variant), mapped to video error by a "

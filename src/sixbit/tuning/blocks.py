@@ -21,7 +21,7 @@ mispriced the other (BENCHMARKS.md ``tune-blocks``). The genetic search then sco
 these predictions (:class:`Predictor`: no run), and its pick is checked with whole generations
 (:meth:`~.tuner.Tuner.search`). Cost: one calibration run to keep the inputs, one replay per block
 and candidate, a few generations for the fit and the checks: on the shipped models 11 whole
-generations instead of 146–212, 3.8–5.9× less wall time (contended runs), the candidates' GPTQ
+generations instead of 146–212, 3.8–6.0× less wall time, the candidates' GPTQ
 (the same in both modes) now most of it (BENCHMARKS.md ``tune-blocks``).
 
 Where the kept inputs cannot stand in for the generations (:attr:`~sixbit.builder.BlockInputs.problem`:
