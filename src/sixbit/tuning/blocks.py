@@ -41,11 +41,11 @@ import torch
 
 from ..builder import default_budget, keeping, plan_layers
 from ..calibration import hessians
-from ..calibration.quality import PSNR_CAP, psnr_bound, psnr_of
+from ..calibration.quality import PSNR_CAP, psnr_of
 from ..models import block_index_of, iter_blocks, swap_layers
 from ..presets import ConvertConfig
 from .library import Layer, Library, assemble, build_fixed, build_layer, fixed_layers, tuned_layers, unmeasured_layers
-from .sensitivity import Evaluator, Sensitivity, proxy_error, spearman
+from .sensitivity import Evaluator, Scores, Sensitivity, proxy_error, spearman
 
 #: Layer × format points measured with whole generations to fit the factors (shared evenly by the
 #: roles the tuned layers have), and the share of each role's ranking (largest block error first)
@@ -228,7 +228,7 @@ def fit(evaluator: Evaluator, prices: BlockPrices, points: int = FIT_POINTS) -> 
     return sens, BlockFit(factors, points_out, spearman(predicted, video), pearson)
 
 
-class Predictor:
+class Predictor(Scores):
     """What the genetic search scores assignments with under ``sensitivity="blocks"``: the
     predicted per-video MSE (:meth:`~.sensitivity.Sensitivity.predict`), as an
     :class:`~.sensitivity.Evaluator` would return the measured one; nothing runs."""
@@ -243,16 +243,6 @@ class Predictor:
         if genome not in self.results:
             self.results[genome] = self.sensitivity.predict(genome)
         return self.results[genome]
-
-    def psnr(self, genome: tuple[int, ...]) -> float:
-        return psnr_of(self(genome))
-
-    def psnr_bound(self, genome: tuple[int, ...]) -> float:
-        return psnr_bound(self(genome))
-
-    @property
-    def count(self) -> int:
-        return len(self.results)
 
 
 __all__ = ["FIT_POINTS", "PRICE_CALLS", "BlockFit", "BlockPrices", "Predictor", "fit", "price_blocks"]

@@ -30,7 +30,24 @@ from ..nn.precision import ActMode
 from ..calibration.quality import PSNR_CAP, as_videos, psnr_bound, psnr_of, video_mse
 from .library import Library
 
-class Evaluator:
+class Scores:
+    """What the search reads of a scorer called on an assignment (per-video MSE, kept in
+    ``results``): its PSNR, its PSNR bound (mean − 1 SE), how many assignments were scored."""
+
+    results: dict
+
+    def psnr(self, genome: tuple[int, ...]) -> float:
+        return psnr_of(self(genome))
+
+    def psnr_bound(self, genome: tuple[int, ...]) -> float:
+        return psnr_bound(self(genome))
+
+    @property
+    def count(self) -> int:
+        return len(self.results)
+
+
+class Evaluator(Scores):
     """Per-video MSE of the calibration videos under an assignment, against full precision
     (``reference``: the full-precision videos when a run already made them, else one run here)."""
 
@@ -58,15 +75,6 @@ class Evaluator:
         """Per-video MSE of a calibration run's videos against the full-precision ones."""
         return video_mse(result, self.reference, "a tuned assignment")
 
-    def psnr(self, genome: tuple[int, ...]) -> float:
-        return psnr_of(self(genome))
-
-    def psnr_bound(self, genome: tuple[int, ...]) -> float:
-        return psnr_bound(self(genome))
-
-    @property
-    def count(self) -> int:
-        return len(self.results)
 
 
 @dataclasses.dataclass
@@ -155,4 +163,4 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-__all__ = ["Evaluator", "Sensitivity", "measure", "proxy_error", "spearman"]
+__all__ = ["Evaluator", "Scores", "Sensitivity", "measure", "proxy_error", "spearman"]
