@@ -16,9 +16,12 @@ lowers ``‖W − Q‖²``. Details (the paper's, with the choices for low-bit b
 - **Unused inputs.** A channel whose inputs were all zero in calibration gets ``H_jj = 1`` and
   is rounded to nearest; unlike the reference code its weight is kept (not zeroed), since
   calibration may simply not have exercised it.
-- **Blocks of 128 columns with lazy updates.** Within a block, errors update the block's
-  columns one by one; the rest of the weight is updated once per block (one GEMM). Each block is
-  worked on transposed, so that its columns are contiguous rows (the same products and sums).
+- **Blocks of 128 columns with lazy updates, two levels.** Within a sub-block of 16 columns,
+  errors update its columns one by one (rank-1 updates in place); the block's later columns
+  are updated once per sub-block and the rest of the weight once per block (GEMMs). The same
+  sums as updating column by column, grouped: equal to fp32 rounding (the one-by-one updates of
+  a 128-column block were most of GPTQ's time: 8× less elementwise work). Each block is worked
+  on transposed, so that its columns are contiguous rows.
 
 Everything runs in fp32 on the weight's device; peak memory is about three weight-sized fp32
 tensors plus two ``K × K`` matrices.
@@ -31,6 +34,7 @@ import torch
 from .grid import Grid
 
 BLOCK = 128
+_INNER = 16  # columns updated one by one inside a block; the block's later columns once per 16 (a GEMM)
 DAMP = 0.01
 _RETRIES = 4
 _SOLVE_BELOW = 512
@@ -117,10 +121,13 @@ def gptq(
         w1, hinv1 = w[:, i1:i2].T.contiguous(), hinv[i1:i2, i1:i2]
         rows = grid.rows(perm[i1:i2])
         q1, err1 = torch.empty_like(w1), torch.empty_like(w1)
-        for j in range(i2 - i1):
-            q1[j] = rows(j, w1[j])
-            e = err1[j] = (w1[j] - q1[j]) / hinv1[j, j]
-            w1[j + 1:] -= torch.outer(hinv1[j, j + 1:], e)
+        for s1 in range(0, i2 - i1, _INNER):
+            s2 = min(s1 + _INNER, i2 - i1)
+            for j in range(s1, s2):
+                q1[j] = rows(j, w1[j])
+                e = err1[j] = (w1[j] - q1[j]) / hinv1[j, j]
+                w1[j + 1:s2].addr_(hinv1[j, j + 1:s2], e, alpha=-1.0)
+            w1[s2:] -= hinv1[s1:s2, s2:].T @ err1[s1:s2]  # the sub-block's errors on the block's later columns
         q[:, i1:i2] = q1.T
         w[:, i2:] -= err1.T.contiguous() @ hinv[i1:i2, i2:]
     out = torch.empty_like(q)
