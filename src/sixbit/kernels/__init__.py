@@ -52,6 +52,7 @@ from .cuda import (
     nvfp4_linear_reference,
     weight4_fused,
 )
+from .threads import one_thread
 from .triton.gemm import weight4_linear, weight4_linear_reference, weight4_supported
 
 __all__ = [
@@ -90,6 +91,7 @@ __all__ = [
     "nvfp4_linear_reference",
     "nvfp4_to_int8",
     "nvfp4_to_int8_reference",
+    "one_thread",
     "pack_int8_weight",
     "packed_int8_matmul",
     "packed_int8_matmul_reference",

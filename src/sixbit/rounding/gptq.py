@@ -21,7 +21,8 @@ lowers ``‖W − Q‖²``. Details (the paper's, with the choices for low-bit b
   are updated once per sub-block and the rest of the weight once per block (GEMMs). The same
   sums as updating column by column, grouped: equal to fp32 rounding (the one-by-one updates of
   a 128-column block were most of GPTQ's time: 8× less elementwise work). Each block is worked
-  on transposed, so that its columns are contiguous rows.
+  on transposed, so that its columns are contiguous rows; the column loop runs on one CPU
+  thread (:mod:`sixbit.kernels.threads`), the GEMMs between blocks on all of them.
 
 Everything runs in fp32 on the weight's device; peak memory is about three weight-sized fp32
 tensors plus two ``K × K`` matrices.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from .grid import Grid
 
 BLOCK = 128
@@ -121,15 +123,24 @@ def gptq(
         w1, hinv1 = w[:, i1:i2].T.contiguous(), hinv[i1:i2, i1:i2]
         rows = grid.rows(perm[i1:i2])
         q1, err1 = torch.empty_like(w1), torch.empty_like(w1)
-        for s1 in range(0, i2 - i1, _INNER):
-            s2 = min(s1 + _INNER, i2 - i1)
-            for j in range(s1, s2):
-                q1[j] = rows(j, w1[j])
-                e = err1[j] = (w1[j] - q1[j]) / hinv1[j, j]
-                w1[j + 1:s2].addr_(hinv1[j, j + 1:s2], e, alpha=-1.0)
-            w1[s2:] -= hinv1[s1:s2, s2:].T @ err1[s1:s2]  # the sub-block's errors on the block's later columns
+        with kernels.one_thread(w.device):  # small ops in a loop: one thread (kernels.threads says why)
+            _columns(w1, q1, err1, hinv1, rows)
         q[:, i1:i2] = q1.T
         w[:, i2:] -= err1.T.contiguous() @ hinv[i1:i2, i2:]
     out = torch.empty_like(q)
     out[:, perm] = q
     return out
+
+
+def _columns(w1: torch.Tensor, q1: torch.Tensor, err1: torch.Tensor, hinv1: torch.Tensor, rows) -> None:
+    """One block's columns (the rows of the transposed ``w1``) rounded one by one into ``q1``,
+    their scaled errors into ``err1``, each spread over the block's later columns: one by one
+    inside a sub-block of 16, then on the block's later columns once per sub-block."""
+    b = w1.shape[0]
+    for s1 in range(0, b, _INNER):
+        s2 = min(s1 + _INNER, b)
+        for j in range(s1, s2):
+            q1[j] = rows(j, w1[j])
+            e = err1[j] = (w1[j] - q1[j]) / hinv1[j, j]
+            w1[j + 1:s2].addr_(hinv1[j, j + 1:s2], e, alpha=-1.0)
+        w1[s2:] -= hinv1[s1:s2, s2:].T @ err1[s1:s2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import formats
+from .. import formats, kernels
 from ..transforms import lowrank
 from .gptq import DAMP, gptq
 from .grid import grid_for
@@ -64,7 +64,8 @@ def quantize_weight(
 
 
 def _branch(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    up, down = lowrank.split(w, rank)
+    with kernels.one_thread(w.device):  # eigh / svd_lowrank: many small LAPACK steps
+        up, down = lowrank.split(w, rank)
     return up.to(BRANCH_DTYPE), down.to(BRANCH_DTYPE)
 
 
