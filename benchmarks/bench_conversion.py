@@ -135,7 +135,7 @@ def child_block(folder: str, preset: str, output: str) -> dict:
                               recipe.gptq_damp, 16, recipe.lowrank_iterations)
     base = _rss_gib()
     result = sixbit.convert_pretrained(folder, spec, output, calibration, progress=False)
-    peak = _peak_gib()
+    peak, load = _peak_gib(), os.getloadavg()[1]  # the 5-minute load average: other processes on the cores
     blocks = [s for p, s in result.part_seconds.items() if p not in ("outside blocks", "calibration runs")]
     reference = diffusers.WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch.bfloat16)
     converted = sixbit.load_pretrained(output, folder)
@@ -146,7 +146,7 @@ def child_block(folder: str, preset: str, output: str) -> dict:
     return {"seconds": result.seconds, "block_s": blocks[0], "last_block_s": blocks[-1], "blocks": len(blocks),
             "compile_s": compile_s,
             "calibration_s": result.part_seconds.get("calibration runs", 0.0), "relative_mse": error,
-            "peak_gib": peak, "base_gib": base, "threads": torch.get_num_threads()}
+            "peak_gib": peak, "base_gib": base, "threads": torch.get_num_threads(), "load": load}
 
 
 def child_memory(preset: str) -> dict:
@@ -292,22 +292,25 @@ def section_block(results: dict) -> str:
         "the first block's inputs. "
         "*output error*: mean squared error of the converted 2-block model's output against bf16 on a held-out call, "
         "relative to the output's mean square; *vs RTN*: its ratio to the round-to-nearest layout's. *before*: the "
-        "`--before` checkout, measured by the same script on the same machine (quiet both times).",
+        "`--before` checkout, measured by the same script on the same machine, each child after the other. *load*: "
+        "the machine's 5-minute load average when the conversion ended (above the core count: other processes "
+        "shared the cores, and every time is longer than on a quiet machine).",
         "",
-        "| code | preset | s / block | last block s | compile s | calibration s | total s | output error | vs RTN | peak GiB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| code | preset | s / block | last block s | compile s | calibration s | total s | output error | vs RTN | peak GiB | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for code in ("before", "after"):
         got = rows.get(code, {})
         rtn = got.get("w4a8 (layout)", {}).get("relative_mse")
         for preset, r in got.items():
             if "error" in r:
-                lines.append(f"| {code} | `{preset}` | {r['error']} | | | | | | | |")
+                lines.append(f"| {code} | `{preset}` | {r['error']} | | | | | | | | |")
                 continue
             ratio = f"{r['relative_mse'] / rtn:.2f}×" if rtn else "–"
+            load = f"{r['load']:.1f}" if "load" in r else "–"
             lines.append(f"| {code} | `{preset}` | {_s(r['block_s'])} | {_s(r['last_block_s'])} | {_s(r['compile_s'])} | "
                          f"{_s(r['calibration_s'])} | {_s(r['seconds'])} | "
-                         f"{r['relative_mse']:.3g} | {ratio} | {r['peak_gib']:.2f} |")
+                         f"{r['relative_mse']:.3g} | {ratio} | {r['peak_gib']:.2f} | {load} |")
     return "\n".join(lines)
 
 

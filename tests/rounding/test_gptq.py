@@ -31,7 +31,8 @@ def _reference(w, hessian, grid, damp, order):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4-g32", "int4"])
 @pytest.mark.parametrize("act_order", [True, False])
-def test_gptq_matches_the_reference(fmt, act_order):
+@pytest.mark.parametrize("block", [16, 48])  # 48: lazy blocks of three sub-blocks of 16, the last block shorter
+def test_gptq_matches_the_reference(fmt, act_order, block):
     g = torch.Generator().manual_seed(0)
     k = 64
     mix = torch.randn(k, k, generator=g) / k**0.5 + torch.eye(k)
@@ -41,7 +42,7 @@ def test_gptq_matches_the_reference(fmt, act_order):
     grid = grid_for(w, fmt, "mse")
     order = torch.argsort(hessian.diagonal(), descending=True) if act_order else torch.arange(k)
     ref = _reference(w, hessian, grid, 0.01, order)
-    got = gptq(w, hessian, grid, block=16, damp=0.01, act_order=act_order)  # several lazy blocks
+    got = gptq(w, hessian, grid, block=block, damp=0.01, act_order=act_order)  # several lazy blocks
     same = (got == ref).float().mean()
     assert same > 0.99, f"only {same:.3f} of the codes agree"  # float reassociation may flip a tie or two
     assert torch.allclose(got, ref, atol=float(grid_for(w, fmt).round(w, torch.arange(k)).abs().max()) / 2)
