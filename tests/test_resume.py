@@ -57,10 +57,11 @@ def _interrupt_after(monkeypatch, k: int) -> None:
     real, done = resume.Progress.add_part, []
 
     def add_part(self, *args, **kwargs):
-        real(self, *args, **kwargs)
+        seconds = real(self, *args, **kwargs)
         done.append(1)
         if len(done) == k:
             raise KeyboardInterrupt
+        return seconds
 
     monkeypatch.setattr(resume.Progress, "add_part", add_part)
 
@@ -92,6 +93,10 @@ def test_an_interrupted_conversion_resumes_bit_identical(preset, k, tiny, folder
     result = sixbit.convert_pretrained(folder, preset, out, calibration, progress=False)
     assert result.resumed_parts == k
     assert list(result.part_seconds) == [f"blocks.{i}" for i in range(k - 1, BLOCKS)]  # only those not finished
+    # the interrupted run's parts keep the times it recorded (and its calibration's): every part's time is known
+    finished = ["outside blocks"] + [f"blocks.{i}" for i in range(k - 1)]
+    assert sorted(result.resumed_seconds) == sorted(finished + (["calibration runs"] if preset == "w4a8" else []))
+    assert all(t > 0 for t in result.resumed_seconds.values())
     assert runs == ([1] if preset == "w4a8" else [])  # the kept inputs came from disk: no calibration again
     assert _files(result.path) == uninterrupted[preset]
     assert not progress.exists()
@@ -117,6 +122,7 @@ def test_a_corrupted_finished_part_is_converted_again(preset, tiny, folder, unin
     else:  # block 1 saw block 0's outputs: the calibration runs again and every block is redone
         assert result.resumed_parts == 1 and runs == [1, 1]
         assert list(result.part_seconds) == ["calibration runs"] + [f"blocks.{i}" for i in range(BLOCKS)]
+        assert list(result.resumed_seconds) == ["outside blocks"]  # the calibration ran again: its new time counts
 
 
 def test_kept_inputs_are_read_back_exactly_and_only_while_they_verify(tmp_path):
@@ -208,10 +214,11 @@ folder, out, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 real, done = resume.Progress.add_part, []
 
 def add_part(self, *args, **kwargs):
-    real(self, *args, **kwargs)
+    seconds = real(self, *args, **kwargs)
     done.append(1)
     if len(done) == k:
         os.kill(os.getpid(), signal.SIGKILL)  # nothing runs after it: no handler, no cleanup
+    return seconds
 
 resume.Progress.add_part = add_part
 sixbit.convert_pretrained(folder, "w8a8", out, progress=False)

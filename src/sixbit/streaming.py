@@ -109,6 +109,9 @@ class StreamedConversion:
             blocks"`` and each block's module name (those converted by this call).
         resumed_parts: parts an interrupted conversion had finished, verified and not converted
             again (0: a conversion from the start).
+        resumed_seconds: ``{part: seconds}`` of those parts (and ``"calibration runs"`` where
+            this call did not run them again), as the interrupted runs recorded them: with
+            ``part_seconds``, every part's time.
     """
 
     path: Path
@@ -118,6 +121,7 @@ class StreamedConversion:
     seconds: float
     part_seconds: dict[str, float]
     resumed_parts: int = 0
+    resumed_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _materialize(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
@@ -248,8 +252,8 @@ class _StreamedParts(Recipe):
         number = self.numbers[part.name]
         if part.name == OUTSIDE:  # the blocks are still on the meta device: everything else
             kept = (self.kept.index, self.kept.calls) if self.kept is not None else None
-            self.progress.add_part(number, part.name, net, model_class, keys=set(net.state_dict()) - self.in_blocks,
-                                   inputs=kept)
+            seconds = self.progress.add_part(number, part.name, net, model_class,
+                                             keys=set(net.state_dict()) - self.in_blocks, inputs=kept, started=self.started)
             swap.forget(part.layers)
         else:
             if self.kept is not None and self.weights.refine_steps:
@@ -263,10 +267,11 @@ class _StreamedParts(Recipe):
             if self.kept is not None and part.name != self.last:
                 self.kept.replay(part.module, advance=True)  # the quantized block's outputs feed the next one
                 kept = (self.kept.index, self.kept.calls)  # saved with the block: a resume starts from them
-            self.progress.add_part(number, part.name, part.module, model_class, f"{part.name}.", inputs=kept)
+            seconds = self.progress.add_part(number, part.name, part.module, model_class, f"{part.name}.", inputs=kept,
+                                             started=self.started)
             swap.forget(part.layers)  # written: its full-precision layers are freed with the block
             _release(part.module)
-        self.seconds[part.name] = seconds = time.perf_counter() - self.started
+        self.seconds[part.name] = seconds
         self.bar.update()
         self.bar.set_postfix_str(f"{seconds:.1f} s/part")
         logger.info("%s: %.1f s", part.name, seconds)
@@ -299,6 +304,7 @@ def _resume(progress: Progress, parts: list[Part], config, streamed: _Streamed, 
     runs: list[BlockInputs] = []
     outside_stats = hessians.collect(net, lambda: runs.append(_first_calls(streamed, parts, calibration)), outside)
     seconds["calibration runs"] = time.perf_counter() - start
+    progress.calibrated(seconds["calibration runs"])
     return runs[0], outside_stats, parts[0 if OUTSIDE not in done else 1:]
 
 
@@ -370,6 +376,8 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     with checkpoint_writer(output, model, folder, net, max_shard_size) as writer:
         kept, outside_stats, todo = _resume(journal, parts, config, streamed, calibration, seconds, start)
         skipped = len(parts) - len(todo)
+        converting = {part.name for part in todo}
+        earlier = {name: t for name, t in journal.part_seconds().items() if name not in converting and name not in seconds}
         desc = f"converting {type(net).__name__}" + (f" ({skipped} parts verified, skipped)" if skipped else "")
         with tqdm(total=len(parts), initial=skipped, desc=desc, unit="part", disable=not progress) as bar:
             recipe = _StreamedParts(streamed, plan, config, journal, parts, kept, outside_stats, bar)
@@ -381,7 +389,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     total = time.perf_counter() - start
     logger.info("converted %s on %s in %.1f s into %s", type(net).__name__, device, total, path)
     written = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in model_folder(path).glob("*.safetensors"))
-    return StreamedConversion(path, type(net).__name__, shards.nbytes(), written, total, seconds, skipped)
+    return StreamedConversion(path, type(net).__name__, shards.nbytes(), written, total, seconds, skipped, earlier)
 
 
 def load_pretrained(checkpoint_path: str | os.PathLike, model: str | os.PathLike, *, layout: str | None = None) -> nn.Module:

@@ -9,8 +9,10 @@ The progress folder ``<output>.sixbit-progress`` (beside the output) holds:
   its tensors and its layers' header entries);
 - ``inputs-NNNNN.safetensors``: for calibrated presets (GPTQ), the kept calls' inputs to block
   ``NNNNN``, the next one to convert (only the latest is kept);
-- ``progress.json``: the conversion's arguments and the sha256 of every file above, rewritten
-  atomically after each part, once that part's files are in place.
+- ``progress.json``: the conversion's arguments, the sha256 of every file above and the seconds
+  each part took (and the calibration runs), rewritten atomically after each part, once that
+  part's files are in place: a resumed conversion reports every part's time, the interrupted
+  runs' included.
 
 On a resume every recorded file is hashed again and used only if its bytes match: a finished
 part is verified, not trusted, and one that does not match is converted again. Arguments that
@@ -32,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -118,6 +121,7 @@ class Progress:
         self.folder, self.arguments, self.restart = folder, json.loads(json.dumps(arguments)), restart
         self.parts: dict[str, dict] = {}
         self.inputs: dict | None = None  # {"index", "file", "sha256"} of the latest kept inputs
+        self.calibration_seconds: float | None = None  # of the run that made the latest kept inputs' first
         record = self._read()
         if record is not None and not restart:
             differ = _differences(record.get("arguments", {}), self.arguments)
@@ -128,6 +132,7 @@ class Progress:
                     f"start over (restart=True, `sixbit convert --restart`), which discards its "
                     f"{len(record.get('parts', {}))} finished parts")
             self.parts, self.inputs = dict(record.get("parts", {})), record.get("inputs")
+            self.calibration_seconds = record.get("calibration seconds")
 
     def _read(self) -> dict | None:
         path = self.folder / _PROGRESS
@@ -148,12 +153,13 @@ class Progress:
         if self.restart and self.folder.exists():
             logger.info("restart: discarding %s", self.folder)
             shutil.rmtree(self.folder)
-            self.parts, self.inputs = {}, None
+            self.parts, self.inputs, self.calibration_seconds = {}, None, None
         self.folder.mkdir(parents=True, exist_ok=True)
         self._save()
 
     def _save(self) -> None:
-        record = {"version": VERSION, "arguments": self.arguments, "parts": self.parts, "inputs": self.inputs}
+        record = {"version": VERSION, "arguments": self.arguments, "parts": self.parts, "inputs": self.inputs,
+                  "calibration seconds": self.calibration_seconds}
         write_text_atomic(self.folder / _PROGRESS, json.dumps(record, indent=1) + "\n")
 
     def _matches(self, entry: dict | None) -> bool:
@@ -173,11 +179,25 @@ class Progress:
         self.parts = {name: self.parts[name] for name in names if name in good}
         return good
 
+    def part_seconds(self) -> dict[str, float]:
+        """``{part: seconds}`` of the finished parts recorded (after :meth:`verified`: those that
+        verified), and ``"calibration runs"`` where the calibration that led to them is recorded."""
+        seconds = {name: entry["seconds"] for name, entry in self.parts.items() if "seconds" in entry}
+        if self.calibration_seconds is not None:
+            seconds["calibration runs"] = self.calibration_seconds
+        return seconds
+
+    def calibrated(self, seconds: float) -> None:
+        """Record that the calibration runs (of the parts from here on) took ``seconds``."""
+        self.calibration_seconds = round(seconds, 3)
+        self._save()
+
     def add_part(self, number: int, name: str, module: nn.Module, model_class: str, prefix: str = "",
-                 keys=None, inputs: tuple[int, list] | None = None) -> None:
+                 keys=None, inputs: tuple[int, list] | None = None, started: float | None = None) -> float:
         """Write part ``name`` (``module``'s state under ``prefix``, only ``keys`` if given) and,
         for calibrated presets, ``inputs`` = ``(block index, kept calls)``: the next block's
-        inputs; then record both."""
+        inputs; then record both, with the seconds since ``started`` (``time.perf_counter()`` when
+        the part began: its writing included), which are returned."""
         file = f"part-{number:05d}.safetensors"
         with CheckpointWriter(self.folder / file, model_class) as writer:
             writer.add(module, prefix, keys)
@@ -189,10 +209,14 @@ class Progress:
             new_inputs = None
         old = self.inputs
         self.parts[name] = {"file": file, "sha256": file_sha256(self.folder / file)}
+        seconds = 0.0 if started is None else time.perf_counter() - started
+        if started is not None:
+            self.parts[name]["seconds"] = round(seconds, 3)
         self.inputs = new_inputs
         self._save()
         if old is not None and (new_inputs is None or old["file"] != new_inputs["file"]):
             (self.folder / old["file"]).unlink(missing_ok=True)  # no longer recorded
+        return seconds
 
     def _write_inputs(self, index: int, calls: list) -> dict:
         tensors: dict[str, torch.Tensor] = {}
