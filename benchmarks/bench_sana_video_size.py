@@ -81,7 +81,7 @@ def child_convert(folder: str, dtype_name: str, variant: str, output: str) -> di
     import sixbit
     from sixbit.nn.pointwise_conv import is_unfoldable_conv
     from sixbit.presets import resolve
-    from sixbit.streaming import empty_model
+    from sixbit.integrations.diffusers.reading import empty_model
 
     torch.set_num_threads(1)
     dtype = getattr(torch, dtype_name)

@@ -3,10 +3,10 @@ folder, and loading a checkpoint into a model that never holds full-precision we
 
 :func:`convert_pretrained` builds the transformer on the meta device from its ``config.json``,
 then, for the layers outside the blocks and for each block in turn, maps that part's tensors
-from the safetensors shards, quantizes its linears (the one build path every conversion runs,
-:func:`sixbit.builder.build`), writes the result to a part file and frees it. Peak memory is one block in full precision plus the quantizer's temporaries, whatever
-the model's size (a 28 GB Wan2.1-14B converts on a 24 GB machine). The parts are then written as
-the diffusers folder ``save_pretrained`` writes, or as the file :func:`sixbit.save` writes.
+from the safetensors shards, quantizes its linears (:func:`sixbit.builder.build`, the one build
+path), writes the result to a part file and frees it. Peak memory is one block in full precision
+plus the quantizer's temporaries, whatever the model's size (a 28 GB Wan2.1-14B converts on a
+24 GB machine). The parts are then written as ``save_pretrained``'s folder or :func:`sixbit.save`'s file.
 
 **Calibrated weights (GPTQ: ``"w4a8"``, ``"w4a4"``, ``"w4a16"``, ``"aggressive"``).** The
 calibration generations run once on the full-precision model streamed from disk (each block
@@ -16,13 +16,13 @@ recorded by replaying the kept calls, its layers are quantized (GPTQ), and the *
 block's outputs become the next block's kept inputs — so, as in the in-memory conversion (the
 same :mod:`sixbit.builder.block_inputs`), GPTQ sees the error the blocks before it pass on,
 along the full-precision sampling trajectory. Kept inputs cost ``calls × tokens × width``
-floats: calibrate with few, short generations. Presets that fit runtime methods on generations of the
-converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
+floats: calibrate with few, short generations. Presets that fit runtime methods on generations
+of the converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
 
-**Resumable.** Each finished part waits in ``<output>.sixbit-progress`` (with, for GPTQ presets,
-the next block's kept inputs) until the output is written: run an interrupted conversion again
-with the same arguments and it goes on after its last finished block, each finished one verified
-by its sha256 (:mod:`sixbit.checkpoint.resume`); the output is bit-identical to an uninterrupted run's.
+**Resumable.** Each finished part (with its time, and for GPTQ the next block's kept inputs) waits
+in ``<output>.sixbit-progress``: run again with the same arguments, an interrupted conversion goes
+on after its last finished block, each verified by its sha256 (:mod:`sixbit.checkpoint.resume`),
+into an output bit-identical to an uninterrupted run's.
 
 :func:`load_pretrained` builds the model on the meta device and loads a checkpoint into it:
 the packed weights map the file (read when used), and no full-precision copy of a quantized
@@ -33,15 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import logging
 import os
 import time
 from pathlib import Path
 from typing import Callable
 
-import accelerate
-import diffusers
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -54,6 +51,7 @@ from .calibration import hessians
 from .methods.record import Conversion, conversion_state
 from .models import iter_blocks
 from .integrations.diffusers.folder import checkpoint_writer
+from .integrations.diffusers.reading import check_layout, empty_model, model_folder
 from .files.safetensors import SafetensorsFolder, check_can_write
 from .memory import allocator
 from .preflight import check_convertible, check_streamable
@@ -61,36 +59,6 @@ from .presets import resolve
 from .rounding import refine
 
 logger = logging.getLogger(__name__)
-
-
-def model_folder(path: str | os.PathLike) -> Path:
-    """The transformer's folder in ``path``: a diffusers model folder (``config.json`` and
-    safetensors weights) or a pipeline folder with a ``transformer/`` subfolder."""
-    path = Path(path)
-    for folder in (path / "transformer", path):
-        if (folder / "config.json").is_file():
-            return folder
-    raise ValueError(
-        f"{str(path)!r} is neither a diffusers model folder (config.json + *.safetensors) nor a pipeline "
-        "folder with a transformer/ subfolder: write one with save_pretrained"
-    )
-
-
-def empty_model(path: str | os.PathLike) -> nn.Module:
-    """The transformer of ``path`` (see :func:`model_folder`) built on the meta device from its
-    ``config.json``: no weights are read or allocated (buffers computed at construction, such as
-    positional tables, are real)."""
-    folder = model_folder(path)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{str(folder / 'config.json')!r} is not valid JSON: {e}") from None
-    name = config.get("_class_name")
-    cls = getattr(diffusers, str(name), None)
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "from_config")):
-        raise ValueError(f"{str(folder / 'config.json')!r} names class {name!r}, which is not a diffusers model class")
-    with accelerate.init_empty_weights():
-        return cls.from_config(config)
 
 
 @dataclasses.dataclass
@@ -109,9 +77,8 @@ class StreamedConversion:
             blocks"`` and each block's module name (those converted by this call).
         resumed_parts: parts an interrupted conversion had finished, verified and not converted
             again (0: a conversion from the start).
-        resumed_seconds: ``{part: seconds}`` of those parts (and ``"calibration runs"`` where
-            this call did not run them again), as the interrupted runs recorded them: with
-            ``part_seconds``, every part's time.
+        resumed_seconds: ``{part: seconds}`` of those parts (and ``"calibration runs"`` where not
+            run again), as the interrupted runs recorded them: with ``part_seconds``, every part's.
     """
 
     path: Path
@@ -150,24 +117,6 @@ def _release(module: nn.Module) -> None:
     module.to("meta")
     gc.collect()
     allocator.trim()
-
-
-def _check_layout(folder: Path, model: nn.Module, shards: SafetensorsFolder) -> list[str]:
-    """The state keys of ``model``, checked against the shards (names and shapes)."""
-    state = model.state_dict()
-    missing = sorted(set(state) - set(shards.layout))
-    unexpected = sorted(set(shards.layout) - set(state))
-    wrong = [f"{k}: file {shards.layout[k][0]} vs model {tuple(state[k].shape)}"
-             for k in state if k in shards.layout and shards.layout[k][0] != tuple(state[k].shape)]
-    peft = [k for k in unexpected if ".base_layer." in k or ".lora_A." in k]  # PEFT's wrapped names
-    if peft:
-        raise ValueError(f"the weights in {str(folder)!r} were saved with a PEFT LoRA loaded (e.g. {peft[0]!r}): "
-                         "save the full-precision model again after fusing the LoRA into it (fuse_lora(), then "
-                         "unload_lora()) or after removing it (unload_lora()), and convert that folder")
-    if missing or unexpected or wrong:
-        problems = [f"missing {k}" for k in missing[:5]] + [f"unexpected {k}" for k in unexpected[:5]] + wrong[:5]
-        raise ValueError(f"the weights in {str(folder)!r} do not fit its config.json: {problems}")
-    return list(state)
 
 
 class _Streamed:
@@ -308,6 +257,13 @@ def _resume(progress: Progress, parts: list[Part], config, streamed: _Streamed, 
     return runs[0], outside_stats, parts[0 if OUTSIDE not in done else 1:]
 
 
+def _check_output(output: str | os.PathLike) -> None:
+    """Refuse an output where nothing can be written before any block is read, not when the
+    checkpoint is moved into place (a file where a folder goes is the folder writer's to refuse)."""
+    if Path(output).suffix == ".safetensors" or not Path(output).is_file():
+        check_can_write(output if Path(output).suffix == ".safetensors" else Path(output) / "diffusion_pytorch_model.safetensors")
+
+
 def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.PathLike,
                        calibration: Callable[[nn.Module], object] | None = None, *,
                        torch_dtype: torch.dtype | None = None, device: str | torch.device | None = None,
@@ -361,11 +317,9 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     net = empty_model(folder)
     check_convertible(config, net, empty=True)  # the one pre-flight check (sixbit.preflight), before any work
     device = conversion_device(device)
-    # before any block is read, not when the checkpoint is moved into place (a folder's writer refuses a file)
-    if Path(output).suffix == ".safetensors" or not Path(output).is_file():
-        check_can_write(output if Path(output).suffix == ".safetensors" else Path(output) / "diffusion_pytorch_model.safetensors")
+    _check_output(output)
     shards = SafetensorsFolder(folder)
-    names = _check_layout(folder, net, shards)
+    names = check_layout(folder, net, shards)
     plan = plan_layers(net, config.weights) if config.weights is not None else {}
     parts = parts_of(net, plan, names)
     arguments = conversion_arguments(folder, set(shards.weight_map.values()), config.to_dict(), calibration, output,
@@ -376,8 +330,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     with checkpoint_writer(output, model, folder, net, max_shard_size) as writer:
         kept, outside_stats, todo = _resume(journal, parts, config, streamed, calibration, seconds, start)
         skipped = len(parts) - len(todo)
-        converting = {part.name for part in todo}
-        earlier = {name: t for name, t in journal.part_seconds().items() if name not in converting and name not in seconds}
+        earlier = journal.part_seconds(exclude={part.name for part in todo} | set(seconds))
         desc = f"converting {type(net).__name__}" + (f" ({skipped} parts verified, skipped)" if skipped else "")
         with tqdm(total=len(parts), initial=skipped, desc=desc, unit="part", disable=not progress) as bar:
             recipe = _StreamedParts(streamed, plan, config, journal, parts, kept, outside_stats, bar)

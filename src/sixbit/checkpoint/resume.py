@@ -179,13 +179,14 @@ class Progress:
         self.parts = {name: self.parts[name] for name in names if name in good}
         return good
 
-    def part_seconds(self) -> dict[str, float]:
+    def part_seconds(self, exclude: set[str] = frozenset()) -> dict[str, float]:
         """``{part: seconds}`` of the finished parts recorded (after :meth:`verified`: those that
-        verified), and ``"calibration runs"`` where the calibration that led to them is recorded."""
+        verified), and ``"calibration runs"`` where the calibration that led to them is recorded;
+        none named in ``exclude``."""
         seconds = {name: entry["seconds"] for name, entry in self.parts.items() if "seconds" in entry}
         if self.calibration_seconds is not None:
             seconds["calibration runs"] = self.calibration_seconds
-        return seconds
+        return {name: t for name, t in seconds.items() if name not in exclude}
 
     def calibrated(self, seconds: float) -> None:
         """Record that the calibration runs (of the parts from here on) took ``seconds``."""

@@ -1,5 +1,7 @@
-"""A converted diffusers folder read back outside diffusers' loading: its checkpoint header
-(``sixbit info``) and its transformer (``sixbit generate --quantized FOLDER``).
+"""Diffusers folders read outside diffusers' loading: a source model folder's transformer built on
+the meta device and its shards checked against it (:func:`sixbit.convert_pretrained`), and a
+converted folder's checkpoint header (``sixbit info``) and transformer (``sixbit generate
+--quantized FOLDER``).
 
 A converted folder is a model folder whose ``config.json`` holds a sixbit
 ``quantization_config`` (:mod:`.folder`), or a pipeline folder whose ``transformer/`` is one.
@@ -11,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+import accelerate
 import diffusers
 from torch import nn
 
@@ -18,6 +21,54 @@ from ...checkpoint import check_header
 from ...files.safetensors import SafetensorsFolder
 from ..guards import packed_names
 from .config import QuantMethod
+
+
+def model_folder(path: str | os.PathLike) -> Path:
+    """The transformer's folder in ``path``: a diffusers model folder (``config.json`` and
+    safetensors weights) or a pipeline folder with a ``transformer/`` subfolder."""
+    path = Path(path)
+    for folder in (path / "transformer", path):
+        if (folder / "config.json").is_file():
+            return folder
+    raise ValueError(
+        f"{str(path)!r} is neither a diffusers model folder (config.json + *.safetensors) nor a pipeline "
+        "folder with a transformer/ subfolder: write one with save_pretrained"
+    )
+
+
+def empty_model(path: str | os.PathLike) -> nn.Module:
+    """The transformer of ``path`` (see :func:`model_folder`) built on the meta device from its
+    ``config.json``: no weights are read or allocated (buffers computed at construction, such as
+    positional tables, are real)."""
+    folder = model_folder(path)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{str(folder / 'config.json')!r} is not valid JSON: {e}") from None
+    name = config.get("_class_name")
+    cls = getattr(diffusers, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "from_config")):
+        raise ValueError(f"{str(folder / 'config.json')!r} names class {name!r}, which is not a diffusers model class")
+    with accelerate.init_empty_weights():
+        return cls.from_config(config)
+
+
+def check_layout(folder: Path, model: nn.Module, shards: SafetensorsFolder) -> list[str]:
+    """The state keys of ``model``, checked against the shards (names and shapes)."""
+    state = model.state_dict()
+    missing = sorted(set(state) - set(shards.layout))
+    unexpected = sorted(set(shards.layout) - set(state))
+    wrong = [f"{k}: file {shards.layout[k][0]} vs model {tuple(state[k].shape)}"
+             for k in state if k in shards.layout and shards.layout[k][0] != tuple(state[k].shape)]
+    peft = [k for k in unexpected if ".base_layer." in k or ".lora_A." in k]  # PEFT's wrapped names
+    if peft:
+        raise ValueError(f"the weights in {str(folder)!r} were saved with a PEFT LoRA loaded (e.g. {peft[0]!r}): "
+                         "save the full-precision model again after fusing the LoRA into it (fuse_lora(), then "
+                         "unload_lora()) or after removing it (unload_lora()), and convert that folder")
+    if missing or unexpected or wrong:
+        problems = [f"missing {k}" for k in missing[:5]] + [f"unexpected {k}" for k in unexpected[:5]] + wrong[:5]
+        raise ValueError(f"the weights in {str(folder)!r} do not fit its config.json: {problems}")
+    return list(state)
 
 
 def converted_folder(path: str | os.PathLike) -> tuple[Path, dict]:
