@@ -397,6 +397,7 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
                          f"{'yes' if id(r) in on_front and r['family'] != 'reference' else ''} | {', '.join(r['twins'])} |")
         for r in res["failed"]:
             lines.append(f"| {r['method']} | {r['family']} | — | — | — | — | {r['status']}: {r['note']} | |")
+        lines += [f"\n- `{r['method']}` rerun: {r['rerun']}" for r in res["rows"] if r.get("rerun")]
         lines += ["", f"**The check** (issue 23's done-when): each cache-dit point at {lo}×–{hi}× against the best "
                       "`tdc` point at equal or greater speedup; beside it, the same by skipped share (exact).", "",
                   "| cache-dit point | speedup | skipped | PSNR dB | best tdc at ≥ its speedup | tdc higher PSNR? | margin "
