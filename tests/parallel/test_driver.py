@@ -86,12 +86,14 @@ def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size,
         sixbit.convert_model(pipe, None, dataclasses.replace(resolve("tdc"), cache=DeltaCacheConfig(threshold=0.4)))
     elif preset is not None:
         sixbit.convert_model(pipe, None, preset)
-    steps = 10 if preset == "tdc" else 4
+    # the cache needs steps to skip within, and steps in its second generation to meet a stale state
+    # in; Wan has no state across calls, so one step shows a second generation (and its steps cost most)
+    steps, second = (10, 3) if preset == "tdc" else (2, 1)
     skipped = lambda w: sum(d == "skip" for cache in blocks.attached(w.transformer, DeltaCache)  # noqa: E731
                             for d in cache.report().decisions.values())
     want = [video(pipe, steps)]
     skips_here = skipped(types.SimpleNamespace(transformer=pipe.transformer))
-    want.append(video(pipe, steps=3))
+    want.append(video(pipe, steps=second))
     wrapped = TensorParallelWrapper(pipe, device_ids=[0, 1], mode=mode, chunk_size=chunk_size)
     try:
         workers = pids_of(wrapped)
@@ -100,7 +102,7 @@ def test_the_seed_call_gives_the_unwrapped_video(arch, preset, mode, chunk_size,
         got = [video(wrapped, steps)]
         if preset == "tdc":  # the cache ran in the workers, and skipped there as here
             assert wrapped.on_workers(skipped) == [skips_here] * 2 and skips_here > 0
-        got.append(video(wrapped, steps=3))  # a second generation: the end of the first reached the workers
+        got.append(video(wrapped, steps=second))  # a second generation: the end of the first reached the workers
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
         if mode == "tensor":
             whole = sum(t.numel() * t.element_size() for t in (*pipe.transformer.parameters(), *pipe.transformer.buffers()))
@@ -317,7 +319,7 @@ def test_changes_after_wrapping_are_refused_and_dropping_the_wrapper_stops_the_w
     name, layer = next((n, m) for n, m in pipe.transformer.named_modules() if isinstance(m, QuantLinear))
     sixbit.load_lora(pipe, {f"{name}.lora_A.weight": torch.randn(2, layer.in_features) / 8,
                             f"{name}.lora_B.weight": torch.randn(layer.out_features, 2) / 8})
-    want = video(pipe, steps=2)
+    want = video(pipe, steps=1)
     wrapped = TensorParallelWrapper(pipe, device_ids=[0, 1])
     workers = pids_of(wrapped)
     refuse_changes(pipe, wrapped)
@@ -327,7 +329,7 @@ def test_changes_after_wrapping_are_refused_and_dropping_the_wrapper_stops_the_w
     gc.collect()
     assert gone(workers)  # the model did not keep the wrapper, nor its workers
     assert sixbit.parallel.wrapper_of(pipe.transformer) is None
-    assert np.array_equal(video(pipe, steps=2), want)  # it runs here again, unchanged
+    assert np.array_equal(video(pipe, steps=1), want)  # it runs here again, unchanged
 
 
 def test_a_cast_after_wrapping_is_refused_and_a_killed_worker_raises_worker_error(tmp_path):
