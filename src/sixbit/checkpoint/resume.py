@@ -121,7 +121,7 @@ class Progress:
         self.folder, self.arguments, self.restart = folder, json.loads(json.dumps(arguments)), restart
         self.parts: dict[str, dict] = {}
         self.inputs: dict | None = None  # {"index", "file", "sha256"} of the latest kept inputs
-        self.calibration_seconds: float | None = None  # of the run that made the latest kept inputs' first
+        self.calibration_seconds: float | None = None  # of the calibration runs the recorded blocks came from
         record = self._read()
         if record is not None and not restart:
             differ = _differences(record.get("arguments", {}), self.arguments)
