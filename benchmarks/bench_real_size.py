@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -301,6 +302,8 @@ def _run_child(args: list[str], limit_gib: float, log, script: str = __file__, s
     out, err = proc.communicate()
     if killed:
         return {"error": f"killed at {killed['rss']:.1f} GiB RSS (limit {limit_gib} GiB)"}
+    if proc.returncode < 0:  # killed from outside (SIGTERM, SIGKILL): its last line is not why it stopped
+        return {"error": f"stopped by {signal.Signals(-proc.returncode).name}"}
     if proc.returncode != 0:
         log(err[-2000:])
         return {"error": (err.strip().splitlines() or ["?"])[-1][:200]}
