@@ -57,7 +57,9 @@ def child_convert(folder: str, output: str, log_file: str) -> dict:
 
 
 def _finished_parts(output: Path) -> int:
-    record = output.with_name(output.name + ".sixbit-progress") / "progress.json"
+    from sixbit.checkpoint.resume import progress_folder
+
+    record = progress_folder(output) / "progress.json"
     try:
         return len(json.loads(record.read_text()).get("parts", {}))
     except (OSError, ValueError):
