@@ -222,14 +222,14 @@ def child_block(name: str, folder: str, precision: str, tokens: int, repeats: in
     from sixbit.builder import quantized_linear
     from sixbit.files.safetensors import SafetensorsFolder
     from sixbit.models import iter_blocks
-    from sixbit.streaming import _materialize
+    from sixbit.builder import materialize
 
     torch.set_num_threads(1)
     model = _empty(name)
     _, block_name, block, _ = next(iter(iter_blocks(model)))
     shards = SafetensorsFolder(folder)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    _materialize(model, shards.read([k for k in shards.layout if k.startswith(f"{block_name}.")]), dtype)
+    materialize(model, shards.read([k for k in shards.layout if k.startswith(f"{block_name}.")]), dtype)
     if precision in ("w8a8", "w4a8 (layout)"):
         from sixbit.builder import plan_layers
 

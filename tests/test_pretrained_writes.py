@@ -14,6 +14,7 @@ import pytest
 
 import sixbit
 from sixbit import checkpoint, streaming
+from sixbit.builder import ShardedModel
 from sixbit.files import safetensors as io, tempfiles
 from fixtures.tiny_models import build_tiny
 
@@ -29,7 +30,7 @@ def _no_block_read(monkeypatch):
     def load(self, keys):
         raise AssertionError("the output should have been refused before any block is read")
 
-    monkeypatch.setattr(streaming._Streamed, "load", load)
+    monkeypatch.setattr(ShardedModel, "load", load)
 
 
 def _deny_creating_files_in(monkeypatch, locked):

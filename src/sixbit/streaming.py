@@ -32,7 +32,6 @@ layer is ever made, so peak memory is about the checkpoint's size.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import os
 import time
@@ -44,8 +43,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint
-from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, build, conversion_device, keeping, parts_of,
-                      plan_layers, quantized_linear)
+from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, ShardedModel, build, conversion_device, keeping,
+                      parts_of, plan_layers, quantized_linear, release)
 from .checkpoint.resume import Progress, conversion_arguments, progress_folder
 from .calibration import hessians
 from .methods.record import Conversion, conversion_state
@@ -53,7 +52,6 @@ from .models import iter_blocks
 from .integrations.diffusers.folder import checkpoint_writer
 from .integrations.diffusers.reading import check_layout, empty_model, model_folder
 from .files.safetensors import SafetensorsFolder, check_can_write
-from .memory import allocator
 from .preflight import check_convertible, check_streamable
 from .presets import resolve
 from .rounding import refine
@@ -91,59 +89,7 @@ class StreamedConversion:
     resumed_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _materialize(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                 device: torch.device | None = None) -> None:
-    """Put the file's tensors in place of the meta ones, in ``dtype`` (``None``: the file's), on
-    ``device`` (``None``: the CPU).
-
-    Copied out of the file's mapping: a mapped tensor starts wherever the file puts it, and CPU
-    kernels round differently on unaligned inputs (the streamed and the in-memory conversion
-    must compute the same); the mapping is released as soon as the copies are made."""
-    for key, t in tensors.items():
-        t = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype, copy=True)
-        owner, _, attr = key.rpartition(".")
-        module = model.get_submodule(owner)
-        if attr in module._parameters:
-            module._parameters[attr] = nn.Parameter(t, requires_grad=False)
-        else:
-            module._buffers[attr] = t
-
-
-def _release(module: nn.Module) -> None:
-    """Back to the meta device: the part's tensors are freed, and the allocator's free pages
-    given back to the system. (Measured on CogVideoX-2B: without the trim, glibc keeps ~0.1 GB
-    more per block — 3 GB over 30 blocks; with it, memory returns to the same level after
-    every block.)"""
-    module.to("meta")
-    gc.collect()
-    allocator.trim()
-
-
-class _Streamed:
-    """The model on the meta device and its shards: parts materialized on demand."""
-
-    def __init__(self, shards: SafetensorsFolder, net: nn.Module, dtype: torch.dtype | None,
-                 device: torch.device | None = None):
-        self.shards, self.net, self.dtype, self.device = shards, net, dtype, device
-        for module in net.modules() if device is not None else ():  # buffers computed at construction
-            for name, buffer in module._buffers.items():  # (positional tables) join the weights there
-                if buffer is not None and buffer.device.type != "meta":
-                    module._buffers[name] = buffer.to(device)
-
-    def load(self, keys: list[str]) -> None:
-        _materialize(self.net, self.shards.read(keys), self.dtype, self.device)
-
-    def running_from_disk(self, parts):
-        """Hooks that map each block from the shards just before it computes and free it after:
-        the full-precision model runs with one block in memory. Returns the hook handles."""
-        handles = []
-        for part in parts[1:]:
-            handles.append(part.module.register_forward_pre_hook(lambda m, a, keys=part.keys: self.load(keys)))
-            handles.append(part.module.register_forward_hook(lambda m, a, o: _release(m)))
-        return handles
-
-
-def _first_calls(streamed: _Streamed, parts, calibration: Callable[[nn.Module], object]) -> BlockInputs:
+def _first_calls(streamed: ShardedModel, parts, calibration: Callable[[nn.Module], object]) -> BlockInputs:
     """Run the calibration generations on the full-precision model streamed from disk and keep
     the first block's inputs (:mod:`sixbit.builder.block_inputs`)."""
     net = streamed.net
@@ -168,7 +114,7 @@ class _StreamedParts(Recipe):
     shards (its input statistics replayed from the kept calls), then refined, written to its
     part file (:class:`~sixbit.checkpoint.resume.Progress`) and freed: one block is resident at a time."""
 
-    def __init__(self, streamed: _Streamed, plan: dict, config, progress: Progress, parts: list[Part],
+    def __init__(self, streamed: ShardedModel, plan: dict, config, progress: Progress, parts: list[Part],
                  kept: BlockInputs | None, outside_stats: dict, bar):
         self.streamed, self.plan, self.weights, self.progress = streamed, plan, config.weights, progress
         self.in_blocks = {k for part in parts[1:] for k in part.keys}
@@ -219,14 +165,14 @@ class _StreamedParts(Recipe):
             seconds = self.progress.add_part(number, part.name, part.module, model_class, f"{part.name}.", inputs=kept,
                                              started=self.started)
             swap.forget(part.layers)  # written: its full-precision layers are freed with the block
-            _release(part.module)
+            release(part.module)
         self.seconds[part.name] = seconds
         self.bar.update()
         self.bar.set_postfix_str(f"{seconds:.1f} s/part")
         logger.info("%s: %.1f s", part.name, seconds)
 
 
-def _resume(progress: Progress, parts: list[Part], config, streamed: _Streamed, calibration,
+def _resume(progress: Progress, parts: list[Part], config, streamed: ShardedModel, calibration,
             seconds: dict, start: float) -> tuple[BlockInputs | None, dict, list[Part]]:
     """``(kept calls, statistics of the layers outside the blocks, parts to convert)``, given the
     parts an interrupted run finished (verified here). Calibration-free: every part not done.
@@ -325,7 +271,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     arguments = conversion_arguments(folder, set(shards.weight_map.values()), config.to_dict(), calibration, output,
                                      max_shard_size, torch_dtype, device)
     journal = Progress(progress_folder(output), arguments, restart)  # refuses other arguments, changing nothing
-    streamed = _Streamed(shards, net, torch_dtype, device)
+    streamed = ShardedModel(shards, net, torch_dtype, device)
     start, seconds = time.perf_counter(), {}
     with checkpoint_writer(output, model, folder, net, max_shard_size) as writer:
         kept, outside_stats, todo = _resume(journal, parts, config, streamed, calibration, seconds, start)

@@ -13,6 +13,8 @@
   for a rollback instead of in memory;
 - :mod:`.block_inputs`: :func:`keeping`, the first block's inputs kept from one calibration run,
   which calibrated builds (in memory and streamed) replay block by block;
+- :mod:`.sharded`: :class:`ShardedModel`, a model on the meta device whose blocks are read from
+  its safetensors shards when they compute (the streamed conversion and tuning run on it);
 - :mod:`.devices`: :func:`conversion_device`, where a conversion computes (CUDA where there is one),
   and :func:`moved_to`, which takes a model there and back.
 """
@@ -21,9 +23,10 @@ from .block_inputs import BlockInputs, default_budget, keeping
 from .devices import conversion_device, moved_to
 from .in_memory import quantize, quantize_layers
 from .layers import branch_rank, check_plan, format_fits, plan_layers, quantized_linear, selected_layers, stored_bits
+from .sharded import ShardedModel, materialize, release
 from .spill import spilling
 from .swap import OUTSIDE, LayerSwap, Part, Recipe, build, parts_of
 
-__all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "branch_rank", "build", "check_plan", "conversion_device",
-           "default_budget", "format_fits", "keeping", "moved_to", "parts_of", "plan_layers", "quantize", "quantize_layers",
-           "quantized_linear", "selected_layers", "spilling", "stored_bits"]
+__all__ = ["OUTSIDE", "BlockInputs", "LayerSwap", "Part", "Recipe", "ShardedModel", "branch_rank", "build", "check_plan", "conversion_device",
+           "default_budget", "format_fits", "keeping", "materialize", "moved_to", "parts_of", "plan_layers", "quantize",
+           "quantize_layers", "quantized_linear", "release", "selected_layers", "spilling", "stored_bits"]
