@@ -41,7 +41,7 @@ _EXPORTS = {
     "methods.static_w8a8": ["StaticW8A8Config", "apply_static_w8a8", "range_parameters", "static_w8a8_info"],
     "nn": ["ActMode", "QuantLinear", "debug_checks"],
     "presets": ["PRESETS", "ConvertConfig"],
-    "streaming": ["StreamedConversion", "convert_pretrained", "load_pretrained"],
+    "streaming": ["StreamedConversion", "convert_pretrained", "load_pretrained", "tune_pretrained"],
     "runtime": ["track_steps"],
     "tuning": ["tune", "tune_model"],
 }
@@ -87,7 +87,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; mirrors _EXPORTS (tests
     from .methods.static_w8a8 import StaticW8A8Config, apply_static_w8a8, range_parameters, static_w8a8_info
     from .nn import ActMode, QuantLinear, debug_checks
     from .presets import PRESETS, ConvertConfig
-    from .streaming import StreamedConversion, convert_pretrained, load_pretrained
+    from .streaming import StreamedConversion, convert_pretrained, load_pretrained, tune_pretrained
     from .runtime import track_steps
     from .tuning import tune, tune_model
 

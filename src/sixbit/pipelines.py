@@ -35,6 +35,17 @@ def is_transformer_folder(model: str) -> bool:
     return (path / "config.json").is_file() and not (path / "model_index.json").is_file()
 
 
+def local_folder(model: str) -> Path:
+    """The folder ``model`` (a shipped name or a local pipeline folder) is read from; a hub id is
+    refused: what streams from the files needs them on disk."""
+    if model in SHIPPED:
+        return shapes.WEIGHTS_DIR / SHIPPED[model]
+    if not Path(model).is_dir():
+        raise ValueError(f"{model!r} is not a local folder: streaming reads the model's files from disk; download it "
+                         f"first (huggingface-cli download {model} --local-dir DIR) and pass DIR")
+    return Path(model)
+
+
 def load_pipeline(model: str, dtype: torch.dtype = torch.float32, progress_bar: bool = False, **components):
     """A diffusers pipeline for ``model`` (a shipped name, a ``save_pretrained`` folder or a hub id).
 

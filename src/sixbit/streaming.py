@@ -1,5 +1,6 @@
-"""Real-size models from their files: conversion streamed block by block from a diffusers model
-folder, and loading a checkpoint into a model that never holds full-precision weights.
+"""Real-size models from their files: conversion and tuning streamed block by block from a
+diffusers model folder, and loading a checkpoint into a model that never holds full-precision
+weights.
 
 :func:`convert_pretrained` builds the transformer on the meta device from its ``config.json``,
 then, for the layers outside the blocks and for each block in turn, maps that part's tensors
@@ -18,6 +19,20 @@ same :mod:`sixbit.builder.block_inputs`), GPTQ sees the error the blocks before 
 along the full-precision sampling trajectory. Kept inputs cost ``calls × tokens × width``
 floats: calibrate with few, short generations. Presets that fit runtime methods on generations
 of the converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
+
+**Tuning, streamed (:func:`tune_pretrained`).** :func:`sixbit.tuning.tune_model`'s
+``sensitivity="blocks"`` on the transformer read from its files: the calibration run that keeps
+the first block's inputs streams as above; then each block is held in memory while its Hessians
+are replayed, its candidates built and priced, and its full-precision replay feeds the next block
+(one block's Hessians at a time); the fit's and the checks' whole generations stream too, the
+candidates swapped in (a swapped layer's own weights are not read). Every candidate stays in
+memory (about 1.4× the blocks' bf16 bytes with the default formats: 3.5 + 4.5 + 6 + 8 bits per
+weight), so a model whose candidates pass the memory cannot be tuned yet. The pick is measured as
+the candidates were built, GPTQ on the full-precision model's inputs (the tuned config's
+``calibration_inputs="full_precision"``): converting it again with GPTQ on the quantized blocks'
+outputs, which the in-memory tuning also tries, would take a streamed conversion per check.
+Otherwise the in-memory tuning's stage 1, fit and pick, to the bit
+(``tests/test_pretrained_tune.py``).
 
 **Resumable.** Each finished part (with its time, and for GPTQ the next block's kept inputs) waits
 in ``<output>.sixbit-progress``: run again with the same arguments, an interrupted conversion goes
@@ -55,6 +70,9 @@ from .files.safetensors import SafetensorsFolder, check_can_write
 from .preflight import check_convertible, check_streamable
 from .presets import resolve
 from .rounding import refine
+from .tuning import DEFAULT_FORMATS, Tuner, TuneReport
+from .tuning.search import check_size
+from .tuning.targets import check_seed, target
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +307,55 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     logger.info("converted %s on %s in %.1f s into %s", type(net).__name__, device, total, path)
     written = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in model_folder(path).glob("*.safetensors"))
     return StreamedConversion(path, type(net).__name__, shards.nbytes(), written, total, seconds, skipped, earlier)
+
+
+def tune_pretrained(model: str | os.PathLike, calibration: Callable[[nn.Module], object], *,
+                    max_bits: float | None = None, min_psnr: float | None = None, max_bytes: int | None = None,
+                    seed: int = 0, time_budget_s: float | None = None, base="w4a8", formats=DEFAULT_FORMATS,
+                    population: int = 12, generations: int = 8, torch_dtype: torch.dtype | None = None,
+                    device: str | torch.device | None = None, progress: bool = True) -> TuneReport:
+    """Tune per-layer weight formats of a diffusers transformer streamed from its files, one block
+    in memory (the module docstring); the :class:`~sixbit.tuning.TuneReport` (its ``.config`` is
+    the tuned config, for :func:`convert_pretrained`).
+
+    Args:
+        model: a diffusers model folder (``config.json`` + ``*.safetensors``) or a pipeline folder
+            with ``transformer/``.
+        calibration: ``calibration(transformer)`` runs a few generations with the transformer it
+            is given and **returns the videos** (as :func:`sixbit.tune`'s callable does); every call
+            must generate the same videos. Put its inputs on ``transformer.device``.
+        torch_dtype, device: as :func:`convert_pretrained` takes them (default: the weights'
+            stored dtype; CUDA where there is one, else the CPU).
+        Other arguments: as :func:`sixbit.tuning.tune_model` (``sensitivity`` is always ``"blocks"``).
+
+    Example:
+        >>> report = sixbit.tune_pretrained("Wan2.1-T2V-1.3B-Diffusers", my_loop, max_bits=5,
+        ...                                 torch_dtype=torch.bfloat16)                     # doctest: +SKIP
+        >>> sixbit.convert_pretrained("Wan2.1-T2V-1.3B-Diffusers", report.config, "wan-tuned",
+        ...                           my_loop)                                               # doctest: +SKIP
+    """
+    constraint = target(max_bits, min_psnr, max_bytes, time_budget_s)  # bad arguments fail before any file is read
+    check_size(population, generations)
+    check_seed(seed)
+    if not callable(calibration):
+        raise ValueError(f"calibration must be a callable calibration(transformer) that runs generations with the "
+                         f"transformer it is given and returns the videos, got {type(calibration).__name__}")
+    folder = model_folder(model)
+    net = empty_model(folder)
+    shards = SafetensorsFolder(folder)
+    parts = parts_of(net, [], check_layout(folder, net, shards))
+    sharded = ShardedModel(shards, net, torch_dtype, conversion_device(device))
+    sharded.load(parts[0].keys)  # the layers outside the blocks stay in memory
+    held = {id(part.module): part for part in parts[1:]}
+    handles = sharded.running_from_disk(parts)
+    try:
+        tuner = Tuner(net, lambda: calibration(net), base=base, formats=formats, progress=progress, target=constraint,
+                      sensitivity="blocks", hold=lambda block: sharded.held(held[id(block)]))
+        return tuner.search(max_bits=max_bits, min_psnr=min_psnr, max_bytes=max_bytes, seed=seed,
+                            time_budget_s=time_budget_s, population=population, generations=generations)
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def load_pretrained(checkpoint_path: str | os.PathLike, model: str | os.PathLike, *, layout: str | None = None) -> nn.Module:

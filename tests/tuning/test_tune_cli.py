@@ -34,6 +34,27 @@ def test_tune_writes_a_config_that_convert_takes(tmp_path, capsys):
     assert json.loads(config.read_text())["activations"] == "int8"
 
 
+def test_streamed_tune_writes_the_in_memory_config(tmp_path, capsys):
+    """``--streamed``: the shipped model's transformer read from its folder one block at a time,
+    the same config written."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle moving right\n")
+    common = ["tune", "--model", "shapes-wan", "--base", "w4a8-rtn", "--formats", "int4-g64,int8,16-bit", "--calib",
+              str(prompts), "--steps", "1", "--max-bits", "6", "--population", "4", "--generations", "1"]
+    assert main(common + ["-o", str(tmp_path / "memory.json")]) == 0
+    assert main(common + ["--streamed", "-o", str(tmp_path / "streamed.json")]) == 0
+    assert "one block in memory" in capsys.readouterr().out
+    assert (tmp_path / "streamed.json").read_text() == (tmp_path / "memory.json").read_text()
+
+
+def test_streamed_tune_needs_a_local_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "--model", "owner/name", "--streamed", "--max-bits", "5", "-o", "tuned.json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not a local folder" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "tuned.json").exists()
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--max-bits", "5", "--min-psnr", "30"], "not allowed with argument"),
     (["--max-bits", "5", "-o", "tuned.txt"], "written as a .json file"),

@@ -19,11 +19,44 @@ _EPILOG = (f"exit codes: 0 the target was met and the config written; {NOT_REACH
            "(nothing written); 1 an unexpected error.")
 
 
+def _tuned(args: argparse.Namespace, target: dict, formats: list | None):
+    """The :class:`~sixbit.tuning.TuneReport` of the run ``args`` ask for, in memory or streamed."""
+    import torch
+
+    from ..convert import calibration_runner
+    from ..pipelines import load_pipeline, local_folder
+    from ..streaming import tune_pretrained
+    from ..tuning import tune_model
+
+    folder = local_folder(args.model) if args.streamed else None  # a hub id refused before anything loads
+    pipe = load_pipeline(args.model, progress_bar=False, **({"transformer": None} if args.streamed else {}))
+    calib = calibration(args, pipe)
+    if isinstance(calib, str):
+        raise ValueError("--calib for tuning must be a prompt file: tuning compares generated videos with full precision")
+    calib = calib[: args.prompts]
+    print(f"tuning {args.model} on {len(calib)} calibration prompts: " + (
+        "stage 1 runs them once per layer and format" if args.sensitivity == "generation" else
+        "stage 1 prices each layer and format on block inputs kept from one run, checked with a few runs") + (
+        "; the transformer streamed from its files, one block in memory" if args.streamed else ""))
+    search = dict(**target, seed=args.seed, time_budget_s=args.time_budget, base=args.base,
+                  **({} if formats is None else {"formats": formats}), population=args.population,
+                  generations=args.generations)
+    if not args.streamed:
+        return tune_model(pipe, calib, **search, calibration_kwargs=call_kwargs(args), sensitivity=args.sensitivity)
+    if args.sensitivity != "blocks":
+        raise ValueError("--streamed prices on kept block inputs: it takes --sensitivity blocks (the default) only")
+    run, _ = calibration_runner(calib, pipe, call_kwargs(args))
+
+    def generate(transformer):
+        pipe.register_modules(transformer=transformer)
+        return run()
+
+    return tune_pretrained(folder, generate, **search, torch_dtype=torch.float32)
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     from ..files.atomic import write_text_atomic
-    from ..pipelines import load_pipeline
     from ..eval.plots import plot_tuned_formats
-    from ..tuning import tune_model
 
     if Path(args.output).suffix != ".json":
         raise ValueError(f"-o {args.output!r}: the tuned config is written as a .json file")
@@ -33,18 +66,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     target = dict(max_bits=args.max_bits, min_psnr=args.min_psnr,
                   max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
     formats = None if args.formats is None else [None if f in ("16-bit", "fp") else f for f in args.formats.split(",")]
-    pipe = load_pipeline(args.model, progress_bar=False)
-    calib = calibration(args, pipe)
-    if isinstance(calib, str):
-        raise ValueError("--calib for tuning must be a prompt file: tuning compares generated videos with full precision")
-    calib = calib[: args.prompts]
-    print(f"tuning {args.model} on {len(calib)} calibration prompts: " + (
-        "stage 1 runs them once per layer and format" if args.sensitivity == "generation" else
-        "stage 1 prices each layer and format on block inputs kept from one run, checked with a few runs"))
-    report = tune_model(pipe, calib, **target, seed=args.seed, time_budget_s=args.time_budget, base=args.base,
-                        **({} if formats is None else {"formats": formats}), population=args.population,
-                        generations=args.generations, calibration_kwargs=call_kwargs(args),
-                        sensitivity=args.sensitivity)
+    report = _tuned(args, target, formats)
     write_text_atomic(args.output, json.dumps(report.config.to_dict(), indent=1) + "\n")
     print(report.summary())
     if args.plot:
@@ -84,6 +106,10 @@ def register(sub) -> None:
                    "inputs kept from one calibration run, mapped to video error by a few whole runs, the pick checked "
                    "with whole runs; generation: a whole calibration run per layer and format (exact, ~5x slower on the "
                    "shipped models)")
+    p.add_argument("--streamed", action="store_true",
+                   help="read the transformer from the model's folder one block at a time, for models larger than "
+                   "memory (the candidates stay in memory: ~1.4x the blocks' bf16 size with the default formats); "
+                   "the pick is measured with GPTQ on the full-precision model's inputs")
     p.add_argument("--seed", type=seed_type, default=0, help="the search's seed (default 0)")
     p.add_argument("--time-budget", type=float_in(1.0, 1e7), help="stop the search after about this many seconds")
     p.add_argument("--population", type=int_in(MIN_POPULATION, MAX_POPULATION), default=12,

@@ -41,6 +41,9 @@ layer and format, one per assignment the search measures, and a conversion plus 
 pick and for the greedy assignment — tens of minutes on the shipped models
 (BENCHMARKS.md ``tune-blocks``).
 
+A transformer too large to hold in memory is tuned from its files, one block in memory at a
+time: :func:`sixbit.tune_pretrained` (:mod:`sixbit.streaming`), which prices as above.
+
 Example:
     >>> import sixbit
     >>> from sixbit.zoo.shapes import all_prompts, load_pipeline

@@ -32,12 +32,15 @@ whole generations instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..builder import default_budget, keeping, plan_layers
 from ..calibration import hessians
@@ -61,13 +64,14 @@ PRICE_CALLS = 3
 @dataclasses.dataclass
 class BlockPrices:
     """What :func:`price_blocks` found: the candidates (``library``), each tuned layer's block-output
-    error per variant (``errors[i][j]``, 0 for full precision), the input statistics, the
-    full-precision calibration videos of the run that kept the inputs, the tuned layers no call
-    ran (``{name: base format}``), and the seconds it took."""
+    error per variant (``errors[i][j]``, 0 for full precision) and its weight-error proxy
+    (``proxies[i][j]``, :func:`~.sensitivity.proxy_error`), the full-precision calibration videos
+    of the run that kept the inputs, the tuned layers no call ran (``{name: base format}``), and
+    the seconds it took."""
 
     library: Library
     errors: list[list[float]]
-    stats: dict[str, hessians.InputStats]
+    proxies: list[list[float]]
     videos: object
     unmeasured: dict[str, str]
     seconds: float
@@ -120,14 +124,20 @@ def _price_layer(model, block, kept, layer: Layer, reference, which: list[int]) 
     return errors
 
 
-def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...], run,
-                 progress: bool = True) -> BlockPrices | str:
+def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...], run, progress: bool = True,
+                 hold: Callable[[nn.Module], contextlib.AbstractContextManager] | None = None) -> BlockPrices | str:
     """Build and price every candidate block by block on kept inputs (the module docstring), or
-    the reason the kept inputs cannot stand in for the generations."""
+    the reason the kept inputs cannot stand in for the generations. ``hold(block)``: a context in
+    which ``block`` keeps its weights (a model streamed from its files,
+    :class:`~sixbit.builder.ShardedModel`; default: the model is in memory). One block's input
+    Hessians are held at a time: each block's candidates, fixed layers and proxies are built from
+    them before the next block's are recorded."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
+    hold = hold or (lambda block: contextlib.nullcontext())
     tuned, fixed = tuned_layers(model, config), fixed_layers(model, config)
+    plan = plan_layers(model, config.weights)
     found = list(iter_blocks(model))
     blocks = {name: idx for idx, name, _, _ in found}
     where = {name: block_index_of(name, blocks) for name in [*tuned, *fixed]}
@@ -140,30 +150,35 @@ def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...
                                  {n: model.get_submodule(n) for n in fixed if where[n] is None})
     if kept.problem is not None:
         return kept.problem
-    layers, errors = [], []
+    built = build_fixed(model, config, {n: fixed[n] for n in fixed if where[n] is None}, stats)
+    layers, errors, proxies, ran = [], [], [], set(stats)
     bar = tqdm(total=len(found), desc="sensitivity", disable=not progress, leave=False)
     for idx, _, block, _ in found:
         bar.set_description(f"sensitivity: block {idx + 1}/{len(found)}")
         inside = {n: model.get_submodule(n) for n in [*tuned, *fixed] if where[n] == idx}
-        if inside:
-            stats.update(hessians.collect(block, lambda b=block: kept.replay(b, advance=False), inside))
-            which = _spread(len(kept.calls), PRICE_CALLS)
-            reference = list(kept.outputs(block, which))
-            for name in (n for n in tuned if where[n] == idx and n in stats):
-                hb, role = tuned[name]
-                layers.append(build_layer(model, config, name, hb, role, candidates, stats[name], blocks))
-                errors.append(_price_layer(model, block, kept, layers[-1], reference, which))
-            del reference
-        if idx + 1 < len(found):
-            kept.replay(block, advance=True)
+        with hold(block):
+            if inside:
+                stats = hessians.collect(block, lambda b=block: kept.replay(b, advance=False), inside)
+                ran.update(stats)
+                which = _spread(len(kept.calls), PRICE_CALLS)
+                reference = list(kept.outputs(block, which))
+                for name in (n for n in tuned if where[n] == idx and n in stats):
+                    hb, role = tuned[name]
+                    layers.append(build_layer(model, config, name, hb, role, candidates, stats[name], blocks))
+                    errors.append(_price_layer(model, block, kept, layers[-1], reference, which))
+                    proxies.append([proxy_error(v.module, inside[name], stats[name]) for v in layers[-1].variants])
+                never = {n: plan[n] for n in tuned if where[n] == idx and n not in stats}  # built in the base format
+                built.update(build_fixed(model, config, {**{n: fixed[n] for n in fixed if where[n] == idx}, **never},
+                                         stats))
+                del reference, stats
+            if idx + 1 < len(found):
+                kept.replay(block, advance=True)
         bar.update()
     bar.close()
     kept.calls.clear()
-    unmeasured = unmeasured_layers(model, config, list(tuned), stats)
-    plan = plan_layers(model, config.weights)
-    library = assemble(model, config, layers, build_fixed(model, config, {**fixed, **{n: plan[n] for n in unmeasured}},
-                                                          stats))
-    return BlockPrices(library, errors, stats, videos[0], unmeasured, time.perf_counter() - start)
+    unmeasured = unmeasured_layers(model, config, list(tuned), ran)
+    library = assemble(model, config, layers, built)
+    return BlockPrices(library, errors, proxies, videos[0], unmeasured, time.perf_counter() - start)
 
 
 def _fit_points(errors: list[list[float]], roles: list[str], points: int) -> list[tuple[float, int, int]]:
@@ -216,10 +231,9 @@ def fit(evaluator: Evaluator, prices: BlockPrices, points: int = FIT_POINTS) -> 
     profile = torch.stack([m / m.mean() for _, _, m in usable]).mean(0)
     mse = [[torch.zeros_like(base) if e == 0 else factors[role] * e * profile for e in row]
            for row, role in zip(prices.errors, roles)]
-    proxy = [[proxy_error(v.module, prices.library.originals[layer.name], prices.stats.get(layer.name))
-              for v in layer.variants] for layer in library.layers]
-    pairs = [(p, float(m.sum())) for row_p, row_m in zip(proxy, mse) for p, m in zip(row_p, row_m) if p == p and p > 0]
-    sens = Sensitivity(mse, proxy, spearman([p for p, _ in pairs], [m for _, m in pairs]),
+    pairs = [(p, float(m.sum())) for row_p, row_m in zip(prices.proxies, mse)
+             for p, m in zip(row_p, row_m) if p == p and p > 0]
+    sens = Sensitivity(mse, prices.proxies, spearman([p for p, _ in pairs], [m for _, m in pairs]),
                        time.perf_counter() - start, base)
     predicted, video = [factors[roles[i]] * e for e, i, _, _ in measured], [float(m.sum()) for *_, m in measured]
     pearson = float(np.corrcoef(predicted, video)[0, 1]) if len(measured) > 2 else math.nan

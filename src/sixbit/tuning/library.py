@@ -253,9 +253,10 @@ def assemble(model: nn.Module, config: ConvertConfig, layers: list[Layer], fixed
     return Library(model, layers, other, fixed)
 
 
-def unmeasured_layers(transformer, config: ConvertConfig, tuned: list[str], stats: dict) -> dict[str, str]:
+def unmeasured_layers(transformer, config: ConvertConfig, tuned: list[str], stats: Collection[str]) -> dict[str, str]:
     """``{layer: the base config's format}`` of the tuned layers the calibration run never called
-    (no run can measure them: the search would find them free and give them its fewest bits);
+    (``stats``: the layers it called, or their statistics; no run can measure the others: the
+    search would find them free and give them its fewest bits);
     every one never called is refused (every assignment would score the same)."""
     never = [name for name in tuned if name not in stats]
     if len(never) == len(tuned):

@@ -93,18 +93,23 @@ class Tuner:
 
     A candidate format that fits none of the tuned layers (its block does not divide their
     ``in_features``) is refused; one that fits only some is logged as a warning naming the
-    layers, and kept in ``notes`` (and the report's summary)."""
+    layers, and kept in ``notes`` (and the report's summary).
+
+    ``hold``: for a model whose blocks are read from its files as they compute
+    (:func:`~.pretrained.tune_pretrained`), ``hold(block)`` keeps a block's weights in memory for
+    the body of a ``with``; such a model is priced on kept block inputs only, and its pick is
+    measured as the candidates were built (``calibration_inputs="full_precision"``)."""
 
     def __init__(self, model, calibration_data, *, base="w4a8", formats=DEFAULT_FORMATS, pipeline=None,
                  calibration_kwargs: dict | None = None, progress: bool = True, target: Constraint | None = None,
-                 sensitivity: str = "blocks"):
+                 sensitivity: str = "blocks", hold=None):
         check_sensitivity(sensitivity)
-        self.mode = sensitivity
+        self.mode, self.hold = sensitivity, hold
         transformer = transformer_of(model)
         pipe = model if transformer is not model else None
         self.transformer, self.config = transformer, _base(base)
         candidates = check_candidates(formats)
-        check_convertible(self.config, transformer)
+        check_convertible(self.config, transformer, empty=hold is not None)
         self.plan = plan_candidates(transformer, self.config, candidates)  # shapes only: nothing runs
         check_plan(self.plan, target)
         run, self.calibration = calibration_runner(calibration_data, pipe if pipe is not None else pipeline,
@@ -143,7 +148,10 @@ class Tuner:
         measured with a whole generation per layer and format (``"generation"``)."""
         start = time.perf_counter()
         if self.mode == "blocks":
-            prices = price_blocks(transformer, self.config, candidates, run, progress)
+            prices = price_blocks(transformer, self.config, candidates, run, progress, self.hold)
+            if isinstance(prices, str) and self.hold is not None:
+                raise ValueError(f"a streamed tuning prices each layer on kept block inputs, and here they cannot stand "
+                                 f"in for the generations: {prices}. Load the model and tune it in memory (sixbit.tune)")
             if not isinstance(prices, str):
                 self.library, self.unmeasured = prices.library, prices.unmeasured
                 if self.unmeasured:
@@ -193,6 +201,8 @@ class Tuner:
         Neither wins on every model (BENCHMARKS.md ``tune``); the PSNR is the converted model's
         either way. Without calibration in the recipe the two are the same."""
         described = self._described(genome) | {"calibration_inputs": "full_precision"}
+        if self.hold is not None:  # streamed: no copy of the model to convert for real (the class doc)
+            return described
         if not self.config.weights.needs_calibration or not (self.library.fixed or any(described["formats"].values())):
             return described  # nothing calibrated (every layer in full precision: nothing to convert)
         genome = tuple(genome)
