@@ -115,6 +115,18 @@ def _held_out(config: dict):
                 timestep=torch.tensor([500]), return_dict=False)
 
 
+def _compile_kernels(recipe) -> float:
+    """Seconds to compile the CPU kernels of the scale search (once per process, not per block):
+    spent here so that no block's time holds them."""
+    import torch
+
+    from sixbit.rounding import quantize_weight
+
+    _, seconds = _timed(quantize_weight, torch.randn(256, 4096), "nvfp4", recipe.scale_rule, torch.eye(4096), True,
+                        recipe.gptq_damp, 16, recipe.lowrank_iterations)
+    return seconds
+
+
 def child_block(folder: str, preset: str, output: str) -> dict:
     """Convert the 2-block folder with ``preset`` (streamed), then the converted model's output
     error against the bf16 one on a held-out call."""
@@ -123,16 +135,10 @@ def child_block(folder: str, preset: str, output: str) -> dict:
 
     import sixbit
 
-    from sixbit.rounding import quantize_weight
-
     config = json.loads((Path(folder) / "config.json").read_text())
     spec = _config(preset)
     calibration = _calibration(folder, 4, "60x104") if spec.needs_calibration else None
-    compile_s = 0.0
-    if spec.weights.needs_calibration:  # compile the CPU kernels once, apart (once per process, not per block)
-        recipe = spec.weights
-        _, compile_s = _timed(quantize_weight, torch.randn(256, 4096), "nvfp4", recipe.scale_rule, torch.eye(4096), True,
-                              recipe.gptq_damp, 16, recipe.lowrank_iterations)
+    compile_s = _compile_kernels(spec.weights) if spec.weights.needs_calibration else 0.0
     base = _rss_gib()
     result = sixbit.convert_pretrained(folder, spec, output, calibration, progress=False)
     peak, load = _peak_gib(), os.getloadavg()[1]  # the 5-minute load average: other processes on the cores
@@ -147,6 +153,35 @@ def child_block(folder: str, preset: str, output: str) -> dict:
             "compile_s": compile_s,
             "calibration_s": result.part_seconds.get("calibration runs", 0.0), "relative_mse": error,
             "peak_gib": peak, "base_gib": base, "threads": torch.get_num_threads(), "load": load}
+
+
+def child_tune(folder: str, max_bits: str) -> dict:
+    """``sixbit.tune_pretrained`` on the 2-block folder (the ``w4a8`` recipe, the default candidate
+    formats), calibrated on ``_calibration``'s two calls, their outputs standing in for videos."""
+    import torch
+
+    import sixbit
+
+    calls = _calibration(folder, 4, "60x104")
+
+    def calibration(transformer):  # the tuner compares what a run returns: the two calls' outputs
+        outputs = []
+        hook = transformer.register_forward_hook(lambda m, a, out: outputs.append(out[0].float()))
+        try:
+            calls(transformer)
+        finally:
+            hook.remove()
+        return torch.cat(outputs)
+
+    compile_s = _compile_kernels(_config("w4a8").weights)
+    base = _rss_gib()
+    report = sixbit.tune_pretrained(folder, calibration, max_bits=float(max_bits), base="w4a8",
+                                    torch_dtype=torch.bfloat16, progress=False)
+    peak, load = _peak_gib(), os.getloadavg()[1]
+    return {"seconds": report.seconds, "block_s": report.block_seconds, "layers": len(report.layers),
+            "formats": sorted({v or "16-bit" for row in report.variants for v in row}), "compile_s": compile_s,
+            "bits": report.best["bits"], "peak_gib": peak, "base_gib": base, "threads": torch.get_num_threads(),
+            "load": load}
 
 
 def child_memory(preset: str) -> dict:
@@ -277,7 +312,7 @@ def section_profile(results: dict) -> str:
 def section_block(results: dict) -> str:
     from report import machine_description
 
-    rows = results["block"]
+    rows = results.get("block", {})
     lines = [
         "## Conversion time per block at Wan2.1-1.3B's width, streamed",
         "",
@@ -311,7 +346,36 @@ def section_block(results: dict) -> str:
             lines.append(f"| {code} | `{preset}` | {_s(r['block_s'])} | {_s(r['last_block_s'])} | {_s(r['compile_s'])} | "
                          f"{_s(r['calibration_s'])} | {_s(r['seconds'])} | "
                          f"{r['relative_mse']:.3g} | {ratio} | {r['peak_gib']:.2f} | {load} |")
+    if "tune" in results:
+        lines += ["", *_tune_table(results["tune"])]
     return "\n".join(lines)
+
+
+def _tune_table(r: dict) -> list[str]:
+    """The streamed tuning's row of ``conversion-block`` (``--parts tune``)."""
+    if "error" in r:
+        return [f"`sixbit.tune_pretrained` on the same folder: {r['error']}"]
+    s, blocks = r["seconds"], r["block_s"]
+    formats = ", ".join(f"`{f}`" for f in r["formats"])
+    return [
+        f"**Tuning, streamed** (`python benchmarks/bench_conversion.py --parts tune`): `sixbit.tune_pretrained` on the "
+        f"same 2-block folder, the `w4a8` recipe, candidates {formats} for each of the {r['layers']} attention and "
+        f"feed-forward linears, `max_bits={r['max_bits']:g}`, calibrated on the same two calls (their outputs stand in "
+        "for the videos), one block in memory. *s / block*: stage 1 per block (its Hessians replayed from the kept "
+        "inputs, every candidate built with GPTQ and priced by the block's output error on up to 3 kept calls (both "
+        "calls here: one block replay per candidate), the "
+        "full-precision replay that feeds the next block; block 0, then the last block, which has no replay); "
+        "*calibration*: the streamed run that keeps the first block's inputs; *fit*: the whole runs that map block "
+        "error to output error; *search + checks*: the genetic search on the predictions and the whole runs that "
+        "check its pick. Same machine; *load* as above.",
+        "",
+        "| job | s / block | last block s | compile s | calibration s | fit s | search + checks s | total s | bits | "
+        "peak GiB | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| tune | {_s(blocks[0])} | {_s(blocks[-1])} | {_s(r['compile_s'])} | {_s(s['calibration run'])} | "
+        f"{_s(s['fit'])} | {_s(s['search'] + s['pick'])} | {_s(sum(s.values()))} | {r['bits']:.2f} | "
+        f"{r['peak_gib']:.2f} | {r['load']:.1f} |",
+    ]
 
 
 def section_memory(results: dict) -> str:
@@ -452,7 +516,8 @@ def section_shipped(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="profile,block,memory,real,shipped")
+    parser.add_argument("--parts", default="profile,block,tune,memory,real,shipped")
+    parser.add_argument("--max-bits", type=float, default=5.0, help="the streamed tuning's target (--parts tune)")
     parser.add_argument("--shipped-presets", default="w4a8,w4a16,w4a6-dynamic")
     parser.add_argument("--pairs", type=int, default=8, help="held-out pairs per shipped model")
     parser.add_argument("--calib-sets", type=int, default=3, help="calibration prompt sets per shipped conversion "
@@ -466,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return run_child_mode({"profile": child_profile, "block": child_block, "memory": child_memory, "shipped": child_shipped,
+        return run_child_mode({"profile": child_profile, "block": child_block, "tune": child_tune,
+                               "memory": child_memory, "shipped": child_shipped,
               "real": child_real, "write": child_write}, args.child)
 
     from report import update_section
@@ -491,11 +557,18 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{r}")
                 save()
         update_section(args.output, "conversion-profile", section_profile(results))
+    folder = Path(args.workdir) / "Wan2_1-1_3B-2blocks"
+    if ("block" in parts or "tune" in parts) and not (folder / "config.json").exists():
+        log(f"writing 2 random Wan2.1-1.3B blocks to {folder}")
+        log(f"{run(['write', 'Wan2.1-1.3B', str(folder), '2'], codes['after'])}")
+    if "tune" in parts:
+        log(f"tune: max_bits {args.max_bits:g}")
+        results["tune"] = r = {**run(["tune", str(folder), str(args.max_bits)], codes["after"]), "max_bits": args.max_bits}
+        log(f"{r}")
+        save()
     if "block" in parts:
-        folder = Path(args.workdir) / "Wan2_1-1_3B-2blocks"
-        if not (folder / "config.json").exists():
-            log(f"writing 2 random Wan2.1-1.3B blocks to {folder}")
-            log(f"{run(['write', 'Wan2.1-1.3B', str(folder), '2'], codes['after'])}")
+        if "before" not in codes:  # rows measured now are not set beside a before measured elsewhere
+            results.get("block", {}).pop("before", None)
         for code, src in codes.items():
             for preset in ("w4a8 (layout)", "w4a8"):
                 output = Path(args.workdir) / f"block-{code}-{preset.replace(' ', '_')}.safetensors"
@@ -505,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{r}")
                 output.unlink(missing_ok=True)
                 save()
+    if "block" in parts or "tune" in parts:
         update_section(args.output, "conversion-block", section_block(results))
     if "memory" in parts:
         for code, src in codes.items():

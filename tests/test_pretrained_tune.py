@@ -66,6 +66,8 @@ def test_streamed_tune_is_the_in_memory_tune(tiny, folder, monkeypatch):
     assert max(resident) == 1 and len(resident) > 20  # one block at a time, read again for every run
 
     assert streamed.mode == "blocks"
+    blocks = len(list(iter_blocks(tiny.model)))
+    assert len(streamed.block_seconds) == len(expected.block_seconds) == blocks and min(streamed.block_seconds) > 0
     for row, row_expected in zip(streamed.sensitivity.mse, expected.sensitivity.mse, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(row, row_expected, strict=True))
     assert streamed.sensitivity.proxy == expected.sensitivity.proxy

@@ -66,8 +66,8 @@ class BlockPrices:
     """What :func:`price_blocks` found: the candidates (``library``), each tuned layer's block-output
     error per variant (``errors[i][j]``, 0 for full precision) and its weight-error proxy
     (``proxies[i][j]``, :func:`~.sensitivity.proxy_error`), the full-precision calibration videos
-    of the run that kept the inputs, the tuned layers no call ran (``{name: base format}``), and
-    the seconds it took."""
+    of the run that kept the inputs, the tuned layers no call ran (``{name: base format}``), the
+    seconds it took, and of them the calibration run's and each block's."""
 
     library: Library
     errors: list[list[float]]
@@ -75,6 +75,8 @@ class BlockPrices:
     videos: object
     unmeasured: dict[str, str]
     seconds: float
+    calibration_seconds: float
+    block_seconds: list[float]
 
 
 @dataclasses.dataclass
@@ -150,11 +152,13 @@ def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...
                                  {n: model.get_submodule(n) for n in fixed if where[n] is None})
     if kept.problem is not None:
         return kept.problem
+    calibrated = time.perf_counter() - start
     built = build_fixed(model, config, {n: fixed[n] for n in fixed if where[n] is None}, stats)
-    layers, errors, proxies, ran = [], [], [], set(stats)
+    layers, errors, proxies, ran, block_seconds = [], [], [], set(stats), []
     bar = tqdm(total=len(found), desc="sensitivity", disable=not progress, leave=False)
     for idx, _, block, _ in found:
         bar.set_description(f"sensitivity: block {idx + 1}/{len(found)}")
+        started = time.perf_counter()
         inside = {n: model.get_submodule(n) for n in [*tuned, *fixed] if where[n] == idx}
         with hold(block):
             if inside:
@@ -173,12 +177,14 @@ def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...
                 del reference, stats
             if idx + 1 < len(found):
                 kept.replay(block, advance=True)
+        block_seconds.append(time.perf_counter() - started)
         bar.update()
     bar.close()
     kept.calls.clear()
     unmeasured = unmeasured_layers(model, config, list(tuned), ran)
     library = assemble(model, config, layers, built)
-    return BlockPrices(library, errors, proxies, videos[0], unmeasured, time.perf_counter() - start)
+    return BlockPrices(library, errors, proxies, videos[0], unmeasured, time.perf_counter() - start, calibrated,
+                       block_seconds)
 
 
 def _fit_points(errors: list[list[float]], roles: list[str], points: int) -> list[tuple[float, int, int]]:

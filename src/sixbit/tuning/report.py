@@ -39,6 +39,8 @@ class TuneReport:
             searched (no run measures them), they keep the base config's format; ``notes`` says so.
         seconds: time per stage (``pick``: converting the pick and the greedy assignment with
             sequential GPTQ, :meth:`Tuner._calibrated`).
+        block_seconds: under ``mode="blocks"``, each block's share of stage 1 (its Hessians, its
+            candidates built and priced, the replay that feeds the next block), in block order.
     """
 
     config: ConvertConfig
@@ -57,6 +59,7 @@ class TuneReport:
     unmeasured: dict[str, str] = dataclasses.field(default_factory=dict)
     mode: str = "generation"
     fit: object | None = None
+    block_seconds: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def reached(self) -> bool:

@@ -105,6 +105,7 @@ class Tuner:
                  sensitivity: str = "blocks", hold=None):
         check_sensitivity(sensitivity)
         self.mode, self.hold = sensitivity, hold
+        self.block_seconds: list[float] = []
         transformer = transformer_of(model)
         pipe = model if transformer is not model else None
         self.transformer, self.config = transformer, _base(base)
@@ -158,7 +159,10 @@ class Tuner:
                     self._note(unmeasured_note(self.unmeasured, len(self.plan.bits)))
                 self.evaluator = Evaluator(self.library, run, prices.videos)
                 self.sensitivity, self.fit = fit(self.evaluator, prices)
-                self.seconds = {"candidates and block prices": prices.seconds, "fit": self.sensitivity.seconds}
+                self.seconds = {"calibration run": prices.calibration_seconds,
+                                "candidates and block prices": prices.seconds - prices.calibration_seconds,
+                                "fit": self.sensitivity.seconds}
+                self.block_seconds = prices.block_seconds
                 return
             self._note(f"stage 1 measured with a whole generation per layer and format (sensitivity='generation'): "
                        f"the kept block inputs cannot stand in for the generations: {prices}")
@@ -298,7 +302,8 @@ class Tuner:
                           [[v.format for v in layer.variants] for layer in library.layers],
                           [[v.bits for v in layer.variants] for layer in library.layers],
                           self.sensitivity, greedy_found, best, self.uniform, result, {**self.seconds, **seconds},
-                          self.calibration, list(self.notes), dict(self.unmeasured), self.mode, self.fit)
+                          self.calibration, list(self.notes), dict(self.unmeasured), self.mode, self.fit,
+                          list(self.block_seconds))
 
 
 def tune_model(model, calibration_data, *, max_bits: float | None = None, min_psnr: float | None = None,
