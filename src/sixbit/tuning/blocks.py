@@ -7,8 +7,10 @@ the kept inputs (GPTQ's statistics, the same as a run's: the blocks see the full
 trajectory), its tuned layers are built in every candidate format, and each candidate is priced
 by its **block-output error**: the block replayed on the kept inputs with that one layer swapped
 in, against the full-precision replay (mean squared error over :data:`PRICE_CALLS` of the kept
-calls spread over the sampling steps, hidden and encoder streams). The full-precision outputs then become the next block's inputs. One block's inputs are
-held at a time.
+calls spread over the sampling steps, hidden and encoder streams); the module calls that end
+before the swapped layer starts are taken from the full-precision pass, not computed again
+(:mod:`.prefix`: the same errors, bit for bit). The full-precision outputs then become the next
+block's inputs. One block's inputs and Hessians are held at a time.
 
 A block-output error is mapped to video error by a factor per layer role fitted on a few whole
 generations (:func:`fit`: a handful of layer × format points spread over each role's ranking, each
@@ -47,6 +49,7 @@ from ..calibration import hessians
 from ..calibration.quality import PSNR_CAP, psnr_of
 from ..models import block_index_of, iter_blocks, swap_layers
 from ..presets import ConvertConfig
+from .prefix import Prefix
 from .library import Layer, Library, assemble, build_fixed, build_layer, fixed_layers, tuned_layers, unmeasured_layers
 from .sensitivity import Evaluator, Scores, Sensitivity, proxy_error, spearman
 
@@ -59,6 +62,9 @@ FIT_POINTS, FIT_SPREAD = 4, 0.75
 #: them): the ranking of block-output errors holds across the sampling steps, and the factor
 #: absorbs the scale, so pricing on every step would cost steps / this many times as much.
 PRICE_CALLS = 3
+#: Whether pricing reuses the block's computation before each priced layer (:mod:`.prefix`; the
+#: same errors, bit for bit).
+REUSE_PREFIX = True
 
 
 @dataclasses.dataclass
@@ -110,8 +116,10 @@ def _spread(count: int, wanted: int) -> list[int]:
     return sorted({round(k * (count - 1) / (wanted - 1)) for k in range(wanted)}) if wanted > 1 else [0]
 
 
-def _price_layer(model, block, kept, layer: Layer, reference, which: list[int]) -> list[float]:
-    """``layer``'s block-output MSE in each variant: ``block`` replayed with it swapped in."""
+def _price_layer(model, block, kept, layer: Layer, reference, which: list[int],
+                 reused: Callable[[], contextlib.AbstractContextManager]) -> list[float]:
+    """``layer``'s block-output MSE in each variant: ``block`` replayed with it swapped in, the
+    calls before it taken from the reference pass inside ``reused()``."""
     original, errors = model.get_submodule(layer.name), []
     for variant in layer.variants:
         if variant.module is original:
@@ -119,7 +127,8 @@ def _price_layer(model, block, kept, layer: Layer, reference, which: list[int]) 
             continue
         swap_layers(model, {layer.name: variant.module})
         try:
-            total, count = _block_error(kept.outputs(block, which), reference)
+            with reused():
+                total, count = _block_error(kept.outputs(block, which), reference)
         finally:
             swap_layers(model, {layer.name: original})
         errors.append(total / max(count, 1))
@@ -156,7 +165,7 @@ def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...
     built = build_fixed(model, config, {n: fixed[n] for n in fixed if where[n] is None}, stats)
     layers, errors, proxies, ran, block_seconds = [], [], [], set(stats), []
     bar = tqdm(total=len(found), desc="sensitivity", disable=not progress, leave=False)
-    for idx, _, block, _ in found:
+    for idx, block_name, block, _ in found:
         bar.set_description(f"sensitivity: block {idx + 1}/{len(found)}")
         started = time.perf_counter()
         inside = {n: model.get_submodule(n) for n in [*tuned, *fixed] if where[n] == idx}
@@ -165,16 +174,21 @@ def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...
                 stats = hessians.collect(block, lambda b=block: kept.replay(b, advance=False), inside)
                 ran.update(stats)
                 which = _spread(len(kept.calls), PRICE_CALLS)
-                reference = list(kept.outputs(block, which))
-                for name in (n for n in tuned if where[n] == idx and n in stats):
+                priced = [n for n in tuned if where[n] == idx and n in stats]
+                prefix = Prefix(block, [n[len(block_name) + 1:] for n in priced])
+                with prefix.recording() if REUSE_PREFIX else contextlib.nullcontext():
+                    reference = list(kept.outputs(block, which))
+                for name in priced:
                     hb, role = tuned[name]
                     layers.append(build_layer(model, config, name, hb, role, candidates, stats[name], blocks))
-                    errors.append(_price_layer(model, block, kept, layers[-1], reference, which))
+                    inside_name = name[len(block_name) + 1:]
+                    reused = (lambda n=inside_name: prefix.reused(n)) if REUSE_PREFIX else contextlib.nullcontext
+                    errors.append(_price_layer(model, block, kept, layers[-1], reference, which, reused))
                     proxies.append([proxy_error(v.module, inside[name], stats[name]) for v in layers[-1].variants])
                 never = {n: plan[n] for n in tuned if where[n] == idx and n not in stats}  # built in the base format
                 built.update(build_fixed(model, config, {**{n: fixed[n] for n in fixed if where[n] == idx}, **never},
                                          stats))
-                del reference, stats
+                del reference, stats, prefix
             if idx + 1 < len(found):
                 kept.replay(block, advance=True)
         block_seconds.append(time.perf_counter() - started)
