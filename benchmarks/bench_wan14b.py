@@ -66,9 +66,20 @@ def _finished_parts(output: Path) -> int:
         return 0
 
 
-def section(results: dict) -> str:
+def _progress(output: Path) -> dict:
+    """What the progress folder of an unfinished conversion records (``{}`` when there is none)."""
+    from sixbit.checkpoint.resume import progress_folder
+
+    try:
+        return json.loads((progress_folder(output) / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def section(results: dict, progress: dict | None = None) -> str:
     """The section: the whole model's time (every block's, whichever attempt converted it), the
-    peak of every attempt, and the attempts."""
+    peak of every attempt, and the attempts; while unfinished, what the progress folder records
+    (``progress``: its ``progress.json``)."""
     attempts = results.get("attempts", [])
     done = next((a for a in attempts if "error" not in a and "part_seconds" in a), None)
     lines = [
@@ -84,9 +95,18 @@ def section(results: dict) -> str:
         "included).", "",
     ]
     if done is None:
-        finished = max((a.get("finished_after", 0) for a in attempts), default=0)
-        lines.append(f"Not finished yet: {len(attempts)} attempt(s) recorded, {finished} of {BLOCKS + 1} parts "
-                     "(the layers outside the blocks, then each block) finished; run the script again to resume.")
+        parts = (progress or {}).get("parts", {})
+        blocks = [p["seconds"] for name, p in parts.items() if name != "outside blocks" and "seconds" in p]
+        finished = max([len(parts), *(a.get("finished_after", 0) for a in attempts)])
+        lines.append(f"Not finished yet: {finished} of {BLOCKS + 1} parts (the layers outside the blocks, then each "
+                     "block) finished; run the script again to resume.")
+        if blocks:
+            calibration = (progress or {}).get("calibration seconds")
+            lines += ["", f"So far, from the progress folder: {len(blocks)} blocks, s / block median "
+                      f"{statistics.median(blocks):.0f} (min {min(blocks):.0f}, max {max(blocks):.0f}); calibration "
+                      + (f"{calibration:.0f} s" if calibration else "not recorded") + ". Wall times on a shared "
+                      "machine: the job runs at the lowest priority, and a block that other work starved took longer "
+                      "(the max).", ""]
     else:
         seconds = {**done["resumed_seconds"], **done["part_seconds"]}
         blocks = [t for name, t in seconds.items() if name not in ("outside blocks", "calibration runs")]
@@ -154,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                     output.unlink(missing_ok=True)
                     shutil.rmtree(folder, ignore_errors=True)
                 break
-    update_section(args.output, SECTION, section(results))
+    output = Path(args.workdir) / "wan14b-w4a8.safetensors"
+    update_section(args.output, SECTION, section(results, _progress(output)))
     log(f"wrote {args.output}")
     return 0
 
