@@ -96,7 +96,7 @@ class Tuner:
     layers, and kept in ``notes`` (and the report's summary).
 
     ``hold``: for a model whose blocks are read from its files as they compute
-    (:func:`~.pretrained.tune_pretrained`), ``hold(block)`` keeps a block's weights in memory for
+    (:func:`sixbit.tune_pretrained`), ``hold(block)`` keeps a block's weights in memory for
     the body of a ``with``; such a model is priced on kept block inputs only, and its pick is
     measured as the candidates were built (``calibration_inputs="full_precision"``)."""
 
