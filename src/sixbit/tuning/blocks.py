@@ -171,11 +171,12 @@ def price_blocks(model, config: ConvertConfig, candidates: tuple[str | None, ...
         inside = {n: model.get_submodule(n) for n in [*tuned, *fixed] if where[n] == idx}
         with hold(block):
             if inside:
-                stats = hessians.collect(block, lambda b=block: kept.replay(b, advance=False), inside)
+                prefix = Prefix(block, [n[len(block_name) + 1:] for n in tuned if where[n] == idx])
+                with prefix.tracing() if REUSE_PREFIX else contextlib.nullcontext():
+                    stats = hessians.collect(block, lambda b=block: kept.replay(b, advance=False), inside)
                 ran.update(stats)
                 which = _spread(len(kept.calls), PRICE_CALLS)
                 priced = [n for n in tuned if where[n] == idx and n in stats]
-                prefix = Prefix(block, [n[len(block_name) + 1:] for n in priced])
                 with prefix.recording() if REUSE_PREFIX else contextlib.nullcontext():
                     reference = list(kept.outputs(block, which))
                 for name in priced:

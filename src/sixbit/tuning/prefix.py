@@ -2,13 +2,14 @@
 priced there (:func:`~.blocks.price_blocks`).
 
 Pricing replays the block once per tuned layer and candidate format, on the same kept calls,
-and a variant of layer ``L`` changes nothing the block computed before ``L`` first runs. So the
-full-precision reference pass (:meth:`Prefix.recording`) records, per kept call, the output of
-every submodule call that ends before a tuned layer starts, and while a variant of ``L`` is
-priced (:meth:`Prefix.reused`) the outermost of those calls return their recorded outputs
-instead of computing: e.g. for the feed-forward layers, the attention modules before them. The
-block's own code between its modules still runs, on the same values, so the priced errors are
-bit-identical to a full replay's (``tests/tuning/test_prefix.py``).
+and a variant of layer ``L`` changes nothing the block computed before ``L`` first runs. So a pass
+over the kept calls is traced first (:meth:`Prefix.tracing`: which module calls end before each
+tuned layer starts), the full-precision reference pass (:meth:`Prefix.recording`) records, per
+kept call, the outputs of the outermost of those calls, and while a variant of ``L`` is priced
+(:meth:`Prefix.reused`) they return their recorded outputs instead of computing: e.g. for the
+feed-forward layers, the attention modules before them. The block's own code between its
+modules still runs, on the same values, so the priced errors are bit-identical to a full
+replay's (``tests/tuning/test_prefix.py``).
 
 Kept: single-tensor outputs no larger than the block's largest input (no FFN-wide
 intermediates), only of the calls some tuned layer reuses; a module whose ``forward`` is already
@@ -53,27 +54,18 @@ class Prefix:
             self.reuse[layer] = chosen
 
     @contextlib.contextmanager
-    def recording(self) -> Iterator[None]:
-        """Inside: the block's calls (the reference pass over the priced kept calls) record what
-        :meth:`reused` returns."""
-        state = {"call": -1, "seq": 0, "limit": 0}
+    def _calls(self, block_call, module_call) -> Iterator[None]:
+        """Inside: ``block_call(index, args, kwargs)`` before each call of the block, and
+        ``module_call(index, name, k, start, end, output)`` after each call of a module inside it
+        (its ``k``-th in that block call; ``start``/``end``: its place in the call order)."""
+        state = {"call": -1, "seq": 0}
         counts: dict[str, int] = {}
         stack: list[tuple[str, int, int]] = []
-        trace, recordable = [], set()
-        kept: set[Call] = set()
 
         def block_pre(module, args, kwargs):
             state["call"] += 1
             counts.clear()
-            if state["call"] == 0:
-                state["limit"] = max(t.numel() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
-
-        def block_post(module, args, kwargs, out):
-            if state["call"] == 0:
-                self._plan(trace, recordable)
-                kept.update(*self.reuse.values())
-                for key in [key for key in self.outputs if key[1:] not in kept]:
-                    del self.outputs[key]
+            block_call(state["call"], args, kwargs)
 
         def pre(name):
             def hook(module, args):
@@ -85,17 +77,9 @@ class Prefix:
         def post(module, args, out):
             name, k, start = stack.pop()
             state["seq"] += 1
-            first = state["call"] == 0
-            if first:
-                trace.append((name, k, start, state["seq"]))
-            if not isinstance(out, torch.Tensor) or name not in self.modules:
-                return
-            if (first and out.numel() <= state["limit"]) or (not first and (name, k) in kept):
-                recordable.add((name, k))
-                self.outputs[(state["call"], name, k)] = out.detach()
+            module_call(state["call"], name, k, start, state["seq"], out)
 
-        handles = [self.block.register_forward_pre_hook(block_pre, with_kwargs=True),
-                   self.block.register_forward_hook(block_post, with_kwargs=True)]
+        handles = [self.block.register_forward_pre_hook(block_pre, with_kwargs=True)]
         for name, module in self.block.named_modules():
             if name:
                 handles += [module.register_forward_pre_hook(pre(name)), module.register_forward_hook(post)]
@@ -104,6 +88,39 @@ class Prefix:
         finally:
             for h in handles:
                 h.remove()
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        """Inside: the block's first call is traced and each layer's reused calls planned
+        (nothing is kept): run it around any pass over the kept calls, e.g. the Hessians' replay."""
+        trace, recordable, limit = [], set(), [0]
+
+        def block_call(index, args, kwargs):
+            if index == 0:
+                limit[0] = max(t.numel() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+
+        def module_call(index, name, k, start, end, out):
+            if index == 0:
+                trace.append((name, k, start, end))
+                if isinstance(out, torch.Tensor) and name in self.modules and out.numel() <= limit[0]:
+                    recordable.add((name, k))
+
+        with self._calls(block_call, module_call):
+            yield
+        self._plan(trace, recordable)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Inside: the block's calls (the reference pass over the priced kept calls, after
+        :meth:`tracing`) record what :meth:`reused` returns."""
+        kept: set[Call] = set().union(*self.reuse.values())
+
+        def module_call(index, name, k, start, end, out):
+            if (name, k) in kept and isinstance(out, torch.Tensor):
+                self.outputs[(index, name, k)] = out.detach()
+
+        with self._calls(lambda *a: None, module_call):
+            yield
 
     @contextlib.contextmanager
     def reused(self, layer: str) -> Iterator[None]:
