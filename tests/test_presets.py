@@ -24,7 +24,7 @@ def test_presets_are_independent_copies():
     a.weights.role_formats["attention"] = "int8"
     a.cache.error_budget = 0.9
     b = preset("balanced")
-    assert b.weights.role_formats == {"modulation": "nvfp4"} and b.cache.error_budget == 1.3
+    assert b.weights.role_formats == {"modulation": "nvfp4"} and b.cache.error_budget == 1.0
 
 
 def test_preset_contents():

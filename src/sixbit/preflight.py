@@ -72,7 +72,7 @@ def check_streamable(config, quant_config, calibration) -> None:
     if config.cache is not None and config.cache.needs_calibration:
         raise ValueError(
             f"the delta cache's min_psnr={config.cache.min_psnr:g} is calibrated on generations of the converted model, "
-            "which a streamed conversion does not run: give DeltaCacheConfig(error_budget=...) instead (1.3, the default, skips half "
+            "which a streamed conversion does not run: give DeltaCacheConfig(error_budget=...) instead (1.0, the default, skips half "
             "the block calls of the shapes models), or load the model and use sixbit.convert_model"
         )
     if config.needs_calibration and not callable(calibration):

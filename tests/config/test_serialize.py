@@ -28,10 +28,10 @@ from sixbit.presets import preset
 BEFORE = json.loads((Path(__file__).parent / "config_dicts_before_43.json").read_text())
 
 # The delta cache's defaults when the file was written, before issue 62 made its error budget the
-# one knob: a stored cache keeps running with them (final_fraction and age_exponent, added later, read as 0
-# and 1).
+# one knob: a stored cache keeps running with them (final_fraction, age_exponent and tail_fraction, added
+# later, read as 0, 1 and 0).
 CACHE_THEN = DeltaCacheConfig(threshold=0.2, max_skips=2, error_budget=0.6, final_fraction=0.0, drift=0.5,
-                              age_exponent=1)
+                              age_exponent=1, tail_fraction=0.0)
 
 
 def _as_written(name: str, config: ConvertConfig) -> ConvertConfig:

@@ -1,19 +1,18 @@
 """Every method ``sixbit bench`` can run, ours and the peers', in one registry.
 
 A method name is a registered base name, optionally followed by ``-VALUE`` to set the method's
-one knob (its :attr:`Method.param`): ``fbcache-0.2`` is FirstBlockCache at threshold 0.2,
-``pab-3`` PyramidAttentionBroadcast skipping 3 steps, ``tdc-0.8`` our delta cache at
-error budget 0.8, ``tdc-min-35`` with its budget calibrated to 35 dB. Our methods are the presets of :mod:`sixbit.presets` (``balanced``,
-``w8a8-static``, ``w4a6-dynamic``, …), converted with :func:`sixbit.convert_model` on
-calibration generations made with the benchmark's own steps and CFG.
+one knob (its :attr:`Method.param`): ``fbcache-0.2`` is FirstBlockCache at threshold 0.2, ``pab-3``
+PyramidAttentionBroadcast skipping 3 steps, ``tdc-0.8`` our delta cache at error budget 0.8,
+``tdc-min-35`` with its budget calibrated to 35 dB. Our methods are the presets of
+:mod:`sixbit.presets` (``balanced``, ``w8a8-static``, ``w4a6-dynamic``, …), converted with
+:func:`sixbit.convert_model` on calibration generations made with the benchmark's own steps and CFG.
 
 cache-dit's DBCache (family ``cache-dit``, the ``bench`` extra) is registered as
 ``dbcache``, ``dbcache-ts1``, ``dbcache-ts2`` (TaylorSeer calibrator of order 1, 2),
 ``dbcache-f1b1``, ``dbcache-f1b1-ts1`` (Fn=1 front and Bn=1 back compute blocks) and
-``dbcache-nocap``; ``-VALUE`` is the residual-diff threshold (default 0.12: ``dbcache-0.12``,
-``dbcache-ts1-0.2``), every variant but ``nocap`` caps cached steps in a row at 3, and all
-compute Fn=1 front blocks. What each sets and what cache-dit needs from a pipeline:
-:mod:`sixbit.bench.peer_cache_dit`.
+``dbcache-nocap``; ``-VALUE`` is the residual-diff threshold (default 0.12), every variant but
+``nocap`` caps cached steps in a row at 3, and all compute Fn=1 front blocks. What each sets and
+what cache-dit needs from a pipeline: :mod:`sixbit.bench.peer_cache_dit`.
 
 A peer whose library is missing or that fails here is reported with the reason, not dropped
 (:meth:`Method.unavailable`, and the harness catches errors while applying it).
@@ -153,7 +152,8 @@ def _apply_preset(name, ablation: str = "", knob: str = "error_budget", **cache_
         if cache is not None and cache.calibrated is not None:
             c = cache.calibrated
             note += (f"chose error_budget {cache.error_budget:g} ({c['psnr_bound']} dB mean − 1 SE on them, "
-                     f"{c['runs']} runs, {c['seconds']:.1f} s); ")
+                     f"{c['runs']} runs, {c['seconds']:.1f} s), at most {100 * cache.max_skip_share:.0f} % of steps "
+                     "skipped; ")
         return note + (config.description or name)
 
     return apply
@@ -181,22 +181,22 @@ if "balanced" in _preset_names():  # issue 7's ablations
                     emulated=_preset_method("balanced").emulated))
     register(Method("aggressive-nopdr", "sixbit", "aggressive without PDR (its refreshes stay NVFP4)",
                     _apply_preset("aggressive", "PDR off", pdr=False), param="error_budget", emulated=True))
-    register(Method("tdc-perblock", "sixbit", "the delta cache with each block deciding alone",
-                    _apply_preset("tdc", "blocks decide alone", decide_per_block=True), param="error_budget"))
-    for drift, label in ((0.0, "nodrift"), (0.5, "drift05"), (1.0, "drift1")):  # the drift term (default 0.7)
-        register(Method(f"tdc-{label}", "sixbit", f"the delta cache replaying {drift:g} of the measured drift "
-                        "(1: first-order Taylor extrapolation; default 0.7)",
-                        _apply_preset("tdc", f"drift {drift:g}", drift=drift), param="error_budget"))
-    register(Method("tdc-nofinal", "sixbit", "the delta cache without final_fraction (only the last step always computed)",
-                    _apply_preset("tdc", "final_fraction 0", final_fraction=0.0), param="error_budget"))
-    register(Method("tdc-w10", "sixbit", "the delta cache with a 10 % warm-up (default 20 %): the only way past "
-                    "≈ 65 % skipped at 20 steps", _apply_preset("tdc", "10 % warm-up", warmup_fraction=0.1),
-                    param="error_budget"))
+    for label, (words, change) in {  # the delta cache's ablations: name → (what it changes, in words; the change)
+        "perblock": ("each block deciding alone", dict(decide_per_block=True)),
+        **{label: (f"replaying {drift:g} of the measured drift (1: first-order Taylor extrapolation; default 0.7)",
+                   dict(drift=drift)) for drift, label in ((0.0, "nodrift"), (0.5, "drift05"), (1.0, "drift1"))},
+        "notail": ("without tail_fraction (streaks may run into the last tenth of the steps)", dict(tail_fraction=0.0)),
+        "f10": ("with final_fraction 0.1 (the last tenth always computed; the default until issue 62's last change, "
+                "at budget 1.3)", dict(final_fraction=0.1)),
+        "w10": ("with a 10 % warm-up (default 20 %): the only way past 75 % skipped at 20 steps",
+                dict(warmup_fraction=0.1))}.items():
+        register(Method(f"tdc-{label}", "sixbit", f"the delta cache {words}", _apply_preset("tdc", words, **change),
+                        param="error_budget"))
     # the rule before issue 62: a stability threshold, two skips in a row at most, a budget of 3× the threshold
     register(Method("tdc-v1", "sixbit", "the delta cache's rule before issue 62 (threshold, budget 3×, s·k per skip, "
                     "≤ 2 skips in a row, drift 0.5); -VALUE: its threshold (default 0.2)",
-                    _apply_preset("tdc", "the earlier rule", knob="threshold", threshold=0.2, error_budget=0.6,
-                                  max_skips=2, final_fraction=0.0, drift=0.5, age_exponent=1), param="threshold"))
+                    _apply_preset("tdc", "the earlier rule", knob="threshold", threshold=0.2, error_budget=0.6, max_skips=2,
+                                  final_fraction=0.0, tail_fraction=0.0, drift=0.5, age_exponent=1), param="threshold"))
     for base in ("tdc", "balanced"):  # the budget calibrated to a PSNR target (DeltaCacheConfig(min_psnr=...))
         register(Method(f"{base}-min", "sixbit", f"{base} with its cache's error budget calibrated to -VALUE dB "
                         "(mean − 1 SE of the calibration videos against the uncached FP model)",

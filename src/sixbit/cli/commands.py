@@ -342,7 +342,8 @@ def register(sub) -> None:
     p.add_argument("--device", help="where the conversion computes: cpu, cuda or cuda:N (default: the GPU where there "
                    "is one, else the CPU); a streamed conversion takes one block at a time to it")
     p.add_argument("--cache-min-psnr", type=float_in(0.0, 200.0), metavar="DB", help="calibrate the delta cache to DB "
-                   "against the uncached full-precision model: its largest error budget that reaches it (adds a cache)")
+                   "against the uncached full-precision model: its fastest error budget that reaches it, with the share of steps "
+                   "skipped capped at the calibration's (adds a cache)")
     add_restart(p)
     p.set_defaults(func=cmd_convert)
 

@@ -43,7 +43,7 @@ def _w4_rtn(act: str) -> dict[str, Any]:
     return {"weights": QuantConfig(weight_format="nvfp4", hadamard_block=128), "activations": act}
 
 
-# Cache budgets come from the cache benchmark (BENCHMARKS.md cache-pareto): the default 1.3 skips half
+# Cache budgets come from the cache benchmark (BENCHMARKS.md cache-pareto): the default 1.0 skips half
 # of the block calls of the full-precision shapes models at 20 steps; 2.0 skips 55 %.
 _PRESETS: dict[str, dict[str, Any]] = {
     "balanced": dict(

@@ -187,16 +187,20 @@ class RunReports:
 
     ``factory()`` builds an empty report (anything with a ``decisions`` mapping). Registered on
     the tracker, so a pipeline's end-of-call reset keeps the finished run's report readable.
+    ``on_finish(report)``, where given, sees every finished run's report.
     """
 
-    def __init__(self, tracker: StepTracker, factory: Callable[[], Any]):
-        self.tracker, self._factory = tracker, factory
+    def __init__(self, tracker: StepTracker, factory: Callable[[], Any],
+                 on_finish: Callable[[Any], None] | None = None):
+        self.tracker, self._factory, self._on_finish = tracker, factory, on_finish
         self.current = factory()
         self._last = None
         tracker.on_new_generation(self._finish)
 
     def _finish(self) -> None:
         if self.current.decisions:
+            if self._on_finish is not None:
+                self._on_finish(self.current)
             self._last, self.current = self.current, self._factory()
 
     def get(self):

@@ -1,10 +1,11 @@
 """The delta cache's state: per run and CFG branch, one entry per block (its last computed
-residuals, their drift and stability, stored in full precision or compressed), and the skip
-bookkeeping of each decision unit."""
+residuals, their drift and stability, stored in full precision or compressed), the skip
+bookkeeping of each decision unit, and the report of a run's decisions."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 
 import torch
 
@@ -74,6 +75,7 @@ class Streak:
     skip: bool = False  # the decision taken at ``decided_step``
     skips: int = 0
     error: float = 0.0
+    skipped: int = 0  # steps skipped in this run (``skips`` restarts at every compute)
 
 
 class DeltaCacheState:
@@ -92,3 +94,35 @@ class DeltaCacheState:
 
 
 __all__ = ["DeltaCacheState", "Entry", "Stored", "Streak", "storage_format"]
+
+
+@dataclasses.dataclass
+class DeltaCacheReport:
+    """What the cache did in one run: ``decisions[(branch, step, block)]`` is "compute" or "skip"."""
+
+    blocks: list[str]
+    decisions: dict[tuple[str, int, int], str] = dataclasses.field(default_factory=dict)
+    cache_bytes: int = 0  # peak bytes of cached residuals
+    pdr_full_precision_calls: int = 0
+    # GEMM FLOPs PDR ran in full precision, by the activation mode they would have used
+    pdr_flops: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+
+    @property
+    def skip_share(self) -> float:
+        values = list(self.decisions.values())
+        return values.count("skip") / len(values) if values else 0.0
+
+    @property
+    def most_skipped(self) -> float:
+        """The largest share of its calls any one block skipped (with blocks deciding together,
+        :attr:`skip_share`): what ``max_skip_share`` caps."""
+        calls, skips = defaultdict(int), defaultdict(int)
+        for (_, _, block), decision in self.decisions.items():
+            calls[block] += 1
+            skips[block] += decision == "skip"
+        return max((skips[b] / calls[b] for b in calls), default=0.0)
+
+    def skip_map(self, branch: str | None = None) -> list[list[str]]:
+        branch = branch or min(b for b, _, _ in self.decisions)
+        steps = sorted({s for _, s, _ in self.decisions})
+        return [[self.decisions.get((branch, s, b), "") for b in range(len(self.blocks))] for s in steps]
