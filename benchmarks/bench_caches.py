@@ -6,22 +6,24 @@ with the cache (``balanced``) → BENCHMARKS.md (section ``cache-pareto``) and
 ``benchmarks/plots/cache_pareto.png``.
 
     python benchmarks/bench_caches.py                          # both models side by side, then the section
+    python benchmarks/bench_caches.py --serial                 # one model after the other: quieter timings
     python benchmarks/bench_caches.py --model shapes-wan       # one model (one harness process), no section
     python benchmarks/bench_caches.py --merge                  # the section from the results already written
     python benchmarks/bench_caches.py --quick                  # checks the script: 1 prompt × 4 steps, scratch files
 
 Each model runs the harness (``python -m sixbit.cli bench --prompts 4 --steps 20
---calibration-prompts 4 --threads 1 --quiet``) in its own process with one CPU thread, the two
-side by side, like ``run_all.py``'s lanes (about 15 minutes each on 2 shared cores); full outputs
+--calibration-prompts 16 --threads 1 --quiet``) in its own process with one CPU thread, the two
+side by side, like ``run_all.py``'s lanes (about 30 minutes each on 2 shared cores); full outputs
 in ``benchmarks/results/caches-<model>/`` (``results.json``/``results.csv`` are committed; the skip
 maps and ``index.html`` with the videos are not).
 
 The methods (:data:`METHODS`), chosen from skip shares measured at 20 steps:
 
 * ``tdc-B`` at error budgets :data:`KNOB`, from no skips (0.1) to the warm-up's and final steps'
-  limit (70 % of block calls); ``tdc-min-X`` calibrated to X dB (:data:`MIN_PSNR`) on the
-  calibration prompts; ``tdc-v1-T``, the rule before issue 62 at threshold T; ablations of the
-  drift term, ``final_fraction`` and a 10 % warm-up;
+  limit (75 % of block calls); ``tdc-min-X`` calibrated to X dB (:data:`MIN_PSNR`) on 16
+  calibration prompts (4 let one model's harder prompts decide); ``tdc-v1-T``, the rule before
+  issue 62 at threshold T; ablations of the drift term, ``final_fraction`` 0.1 (the default
+  before) and a 10 % warm-up;
 * diffusers' caches at ``run_all.py``'s settings plus FirstBlockCache 0.1 and 0.5 and
   TaylorSeer intervals 2 and 5;
 * cache-dit's DBCache (:mod:`sixbit.bench.peer_cache_dit`): with one compute block in front
@@ -65,10 +67,12 @@ PLOTS = ROOT / "benchmarks" / "plots"
 MODELS = ("shapes-cogvideox", "shapes-wan")
 SECTION = "cache-pareto"
 
-# the knob: the error budget (default 1.3), from no skips to the warm-up's limit
-KNOB = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 1.0, 1.6, 2.0, 3.0, 5.0, 10.0)
+# the knob: the error budget (default 1.0, plain `tdc`), from no skips to the warm-up's limit
+KNOB = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.3, 1.6, 2.0, 3.0, 5.0, 10.0)
 TDC = ",".join([f"tdc-{b:g}" for b in KNOB] + ["tdc"]
-               + ["tdc-w10-3,tdc-w10-5,tdc-nodrift,tdc-drift05,tdc-drift1,tdc-nofinal"]  # ablations at the default
+               + ["tdc-w10-3,tdc-w10-5,tdc-nodrift,tdc-drift05,tdc-drift1"]  # ablations at the default
+               + ["tdc-f10", "tdc-f10-1.3", "tdc-f10-2"]  # final_fraction 0.1: tdc-f10-1.3 is the default before
+               + ["tdc-notail", "tdc-notail-3", "tdc-notail-5"]  # tail_fraction 0: streaks into the last steps
                + [f"tdc-v1-{t:g}" for t in (0.12, 0.14, 0.17, 0.25, 0.3)] + ["tdc-v1"])  # the rule before issue 62
 MIN_PSNR = (30, 33, 35, 38)
 CALIBRATED = ",".join([f"tdc-min-{t}" for t in MIN_PSNR] + ["balanced-min-30", "balanced-min-35"])
@@ -86,7 +90,7 @@ DEFAULT_BUDGET = DeltaCacheConfig().error_budget  # what plain `tdc` runs with
 
 
 def _bench_cmd(model: str, out: Path, quick: bool) -> list[str]:
-    prompts, steps, calib = ("1", "4", "1") if quick else ("4", "20", "4")
+    prompts, steps, calib = ("1", "4", "1") if quick else ("4", "20", "16")
     return [sys.executable, "-m", "sixbit.cli", "bench", "--model", model, "--methods", QUICK if quick else METHODS,
             "--prompts", prompts, "--steps", steps, "--calibration-prompts", calib, "--threads", "1", "--quiet",
             "--baseline", "fp",
@@ -97,22 +101,31 @@ def _results_dir(model: str, quick: bool) -> Path:
     return RESULTS / "_parts" / f"caches-quick-{model}" if quick else RESULTS / f"caches-{model}"
 
 
-def run_models(models, quick: bool) -> dict[str, tuple[int, float]]:
-    """One harness process per model, side by side, one thread each; returns model → (exit code, seconds)."""
+def run_models(models, quick: bool, serial: bool = False) -> dict[str, tuple[int, float]]:
+    """One harness process per model, one thread each, side by side (``serial``: one after the
+    other, so no process shares the cores with another); returns model → (exit code, seconds)."""
     logs = RESULTS / "_parts"
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     running, status = {}, {}
+
+    def finish(model: str) -> None:
+        proc, log_name, t0 = running[model]
+        rc = proc.wait()
+        status[model] = (rc, time.perf_counter() - t0)
+        print(f"{model}: {'ok' if rc == 0 else f'FAILED (exit {rc}, see {log_name})'} in "
+              f"{status[model][1] / 60:.1f} min", flush=True)
+
     with contextlib.ExitStack() as stack:
         for model in models:
             log = stack.enter_context(open(logs / f"caches_{model}.log", "w"))
             running[model] = (subprocess.Popen(_bench_cmd(model, _results_dir(model, quick), quick), stdout=log,
                                                stderr=subprocess.STDOUT, env=env, cwd=ROOT), log.name, time.perf_counter())
-        for model, (proc, log_name, t0) in running.items():
-            rc = proc.wait()
-            status[model] = (rc, time.perf_counter() - t0)
-            print(f"{model}: {'ok' if rc == 0 else f'FAILED (exit {rc}, see {log_name})'} in "
-                  f"{status[model][1] / 60:.1f} min", flush=True)
+            if serial:
+                finish(model)
+        for model in running:
+            if model not in status:
+                finish(model)
     return status
 
 
@@ -136,7 +149,7 @@ def _value(row) -> float | None:
     name, kind = row["method"], _kind(row)
     if name != kind:
         return float(name.rpartition("-")[2])
-    return {"tdc": DEFAULT_BUDGET, "tdc-v1": 0.2}.get(kind)
+    return {"tdc": DEFAULT_BUDGET, "tdc-v1": 0.2, "tdc-f10": DEFAULT_BUDGET, "tdc-notail": DEFAULT_BUDGET}.get(kind)
 
 
 def _is_tdc(row) -> bool:
@@ -155,20 +168,27 @@ def load(model: str, quick: bool = False) -> dict | None:
 
 
 def pool(rows: list[dict]) -> None:
-    """Rows that did exactly the same work (same skipped share, same PSNR to the last bit: e.g. ``tdc``
-    and ``tdc-0.17``, or ``dbcache-0.2`` and ``dbcache-nocap-0.2`` below the cap) are one point
-    timed several times: their ``speedup`` becomes the mean of their measured ones (kept in
-    ``measured``), so timing drift between them cannot make one dominate its twin. The references
-    (fp, bf16) stay apart."""
-    groups: dict = {}
+    """Rows that did the same work are one point timed several times: their ``speedup`` becomes the
+    mean of their measured ones (kept in ``measured``), so timing drift between them cannot make
+    one dominate another. The same work: the same outcome (same skipped share, same PSNR to the last
+    bit: e.g. ``tdc`` and ``tdc-0.9``, or ``dbcache-0.2`` and ``dbcache-nocap-0.2`` below the cap:
+    ``twins``), and for the delta cache on the full-precision model (every ``tdc*`` row) the same
+    skipped share: the same block calls run, its rules only choose which. The references (fp,
+    bf16) stay apart."""
+    outcomes: dict = {}
     for r in rows:
         r["measured"], r["twins"] = r["speedup"], []
         if r["family"] != "reference":
-            groups.setdefault((r["skip_share"], str(r["psnr"])), []).append(r)
-    for group in groups.values():
-        mean = sum(r["measured"] for r in group) / len(group)
+            outcomes.setdefault((r["skip_share"], str(r["psnr"])), []).append(r)
+    for group in outcomes.values():
         for r in group:
-            r["speedup"], r["twins"] = mean, [q["method"] for q in group if q is not r]
+            r["twins"] = [q["method"] for q in group if q is not r]
+    for r in rows:
+        if r["family"] != "reference":
+            same = ([q for q in rows if _is_tdc(q) and q["skip_share"] == r["skip_share"]] if _is_tdc(r)
+                    else outcomes[(r["skip_share"], str(r["psnr"]))])
+            r["pooled"] = len(same)
+            r["speedup"] = sum(q["measured"] for q in same) / len(same)
 
 
 def _dominates(q: dict, r: dict) -> bool:
@@ -245,8 +265,10 @@ def calibrated(rows: list[dict]) -> list[dict]:
             continue
         target = _value(r)
         chosen = re.search(r"chose error_budget ([0-9.]+) \(([-0-9.]+|None) dB", r.get("note", ""))
+        cap = re.search(r"at most ([0-9]+) % of steps skipped", r.get("note", ""))
         faster = [q for q in peers if _psnr(q) >= _psnr(r) and q["speedup"] >= r["speedup"]]
         found.append({"row": r, "target": target, "meets": _psnr(r) >= target, "budget": chosen and chosen.group(1),
+                      "cap": cap and cap.group(1),
                       "calibration_psnr": chosen and chosen.group(2), "faster_peers": faster})
     return found
 
@@ -352,17 +374,21 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
         "",
         f"Written by `{command}`: the harness (`sixbit bench --prompts {s['prompts']} --steps {s['steps']} "
         f"--calibration-prompts {s['calibration_prompts']} --threads 1`) with only cache methods, one model per "
-        f"process, the two side by side ({minutes}). Machine: {first['machine']}. The methods:",
+        f"process, {'one after the other' if '--serial' in command else 'the two side by side'} ({minutes}). "
+        f"Machine: {first['machine']}. The methods:",
         "",
         f"- `tdc-B`: our delta cache on the full-precision model at error budget B, its one knob (`tdc`: the default "
-        f"{DEFAULT_BUDGET:g}); `tdc-min-X`: its budget calibrated to X dB (`DeltaCacheConfig(min_psnr=X)`: the largest "
+        f"{DEFAULT_BUDGET:g}); `tdc-min-X`: its budget calibrated to X dB (`DeltaCacheConfig(min_psnr=X)`: the fastest "
         f"budget whose {s['calibration_prompts']} calibration videos, not these held-out ones, reach X dB, mean − 1 SE, "
-        "against the uncached model); `balanced` / `balanced-min-X`: NVFP4 weights + DMPQ + the cache, the cache at "
+        "against the uncached model, the smallest of equally fast ones, with the share of steps it skipped there as "
+        "a cap); `balanced` / `balanced-min-X`: NVFP4 weights + DMPQ + the cache, the cache at "
         "the default budget / calibrated to X dB against the full-precision model (the combined model's PSNR);",
         "- `tdc-v1-T`: the rule before issue 62, at stability threshold T (budget 3×T, at most 2 skips in a row, drift "
         "0.5; `tdc-v1`: its default 0.2); ablations at the default budget: `tdc-nodrift` / `tdc-drift05` / "
-        "`tdc-drift1` (drift 0 / 0.5 / 1, default 0.7), `tdc-nofinal` (no `final_fraction`: only the last step "
-        "always computed), `tdc-w10-B` (10 % warm-up instead of 20 %: the only way past 65 % skipped at 20 steps);",
+        "`tdc-drift1` (drift 0 / 0.5 / 1, default 0.7), `tdc-f10-B` (`final_fraction` 0.1: the last 2 steps "
+        "always computed; `tdc-f10-1.3` is the default before issue 62's last change), `tdc-notail-B` "
+        "(`tail_fraction` 0: skip streaks may run into the last 2 steps), `tdc-w10-B` (10 % warm-up "
+        "instead of 20 %: the only way past 75 % skipped at 20 steps);",
         "- diffusers' caches, and cache-dit's DBCache configurations (`sixbit.bench.peer_cache_dit`: Fn=1 front "
         "compute block, warm-up = the delta cache's, ≤ 3 cached steps in a row except `-nocap`; `-ts1`/`-ts2`: "
         "TaylorSeer calibrator order 1/2; `-f1b1`: the last block always computed; the suffix is "
@@ -375,11 +401,13 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
         "speed is not its speed on a GPU with FP4 GEMMs; it is off the speed front here for that reason. "
         "**Speedups are wall-clock on a shared 2-core CPU and drift by tenths** (each is the method's median of "
         f"{s['runs']} timed runs against the median of the four fp32 generations timed nearest them; *measured*); "
-        "**skipped shares are exact** (block calls not run, counted). Rows that did exactly the same work (same "
-        "skipped share and bit-identical PSNR: *same outcome as*) are one point timed more than once, and *speedup* "
-        "is the mean of their measured ones: the tables, the front and the checks use it. PSNR: against the FP videos "
+        "**skipped shares are exact** (block calls not run, counted). Rows that did the same work are one point "
+        "timed more than once, and *speedup* is the mean of their measured ones (*pooled*: how many): rows with the "
+        "same outcome (same skipped share and bit-identical PSNR: *same outcome as*), and every `tdc*` row (the delta "
+        "cache on the full-precision model) that skipped the same share of block calls: the same block calls run, "
+        "its rules only choose which. The tables, the front and the checks use it. PSNR: against the FP videos "
         "of the same seeds. `tdc` and cache-dit skip nothing in their first 4 of 20 steps (warm-up); `tdc` also "
-        "computes the last 2 (`final_fraction` 0.1), so it skips at most 70 % of block calls (`tdc-w10`: 75 %); "
+        "computes the last one, so it skips at most 75 % of block calls (`tdc-f10`: 70 %, `tdc-w10`: 85 %); "
         "cache-dit's Fn=1 and cap of 3 cached steps in a row allow at most 45 % (Bn=1: 30 %, no cap: 60 %).",
         "",
         f"![cache Pareto]({plot_path})",
@@ -388,15 +416,15 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
         c = check(res)
         on_front = {id(r) for r in c["front"]}
         lines += ["", f"### {model}", "",
-                  "| method | family | speedup vs fp32 | measured | skipped | PSNR dB | on the front | same outcome as |",
-                  "|---|---|---:|---:|---:|---:|---|---|"]
+                  "| method | family | speedup vs fp32 | measured | pooled | skipped | PSNR dB | on the front | same outcome as |",
+                  "|---|---|---:|---:|---:|---:|---:|---|---|"]
         order = {"reference": 0, "sixbit": 1, "cache-dit": 2, "diffusers": 3}
         for r in sorted(res["rows"], key=lambda r: (order.get(r["family"], 4), _kind(r) != "tdc", _kind(r), r["speedup"])):
             lines.append(f"| {r['method']} | {r['family']} | {r['speedup']:.2f}× | {r['measured']:.2f}× | "
-                         f"{100 * r['skip_share']:.1f}% | {_fmt_psnr(r)} | "
+                         f"{r.get('pooled', 1)} | {100 * r['skip_share']:.1f}% | {_fmt_psnr(r)} | "
                          f"{'yes' if id(r) in on_front and r['family'] != 'reference' else ''} | {', '.join(r['twins'])} |")
         for r in res["failed"]:
-            lines.append(f"| {r['method']} | {r['family']} | — | — | — | — | {r['status']}: {r['note']} | |")
+            lines.append(f"| {r['method']} | {r['family']} | — | — | — | — | — | {r['status']}: {r['note']} | |")
         lines += [f"\n- `{r['method']}` rerun: {r['rerun']}" for r in res["rows"] if r.get("rerun")]
         lines += ["", f"**The check** (issue 23's done-when): each cache-dit point at {lo}×–{hi}× against the best "
                       "`tdc` point at equal or greater speedup; beside it, the same by skipped share (exact).", "",
@@ -433,6 +461,10 @@ def section(results: dict[str, dict], plot_path: str, command: str) -> str:
         else:
             lines.append("- Every other cache point has a `tdc` point at equal or greater speedup with higher PSNR.")
         lines += _knob_lines(res) + _calibrated_lines(res)
+    if "--quick" not in command:
+        from bench_cache_timing import lines as timing_lines
+
+        lines += timing_lines()
     return "\n".join(lines) + "\n"
 
 
@@ -454,13 +486,15 @@ def _knob_lines(res: dict) -> list[str]:
         return "**not monotonic**: " + "; ".join(f"{_value(a):g} → {_value(b):g}: {why}" for a, b, why in m["breaks"])
 
     default = next((r for r in rows if r["method"] == "tdc"), None)
-    old = next((r for r in rows if r["method"] == "tdc-v1"), None)
     lines += ["", f"- The error budget: {said(knob)}. The rule before (its threshold, `tdc-v1-T`): {said(before)}."]
-    if default is not None and old is not None:
-        ok = default["skip_share"] >= old["skip_share"] and _psnr(default) >= _psnr(old)
-        lines.append(f"- The default {_pt(default)} against the default before {_pt(old)}: "
-                     f"{'**as many skips or more at equal or better PSNR**' if ok else '**not** at least as good'} "
-                     f"({_gap(default, old)}).")
+    for name, what in (("tdc-v1", "the default of the rule before issue 62"),
+                       ("tdc-f10-1.3", "the default before `final_fraction` 0 (budget 1.3, `final_fraction` 0.1)")):
+        old = next((r for r in rows if r["method"] == name), None)
+        if default is not None and old is not None:
+            ok = default["skip_share"] >= old["skip_share"] and _psnr(default) >= _psnr(old)
+            lines.append(f"- The default {_pt(default)} against {what}, {_pt(old)}: "
+                         f"{'**as many skips or more at equal or better PSNR**' if ok else '**not** at least as good'} "
+                         f"({_gap(default, old)}).")
     return lines
 
 
@@ -470,12 +504,13 @@ def _calibrated_lines(res: dict) -> list[str]:
         return []
     lines = ["", "**`min_psnr`** (issue 62): the budget each target chose on the calibration prompts, and what it gives "
                  "on the held-out pairs.", "",
-             "| method | target dB | chose budget | calibration dB (mean − 1 SE) | held-out PSNR dB | reaches it? | "
-             "speedup vs fp32 | skipped | diffusers / cache-dit points at ≥ its PSNR and ≥ its speed |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---|"]
+             "| method | target dB | chose budget | skip cap | calibration dB (mean − 1 SE) | held-out PSNR dB | "
+             "reaches it? | speedup vs fp32 | skipped | diffusers / cache-dit points at ≥ its PSNR and ≥ its speed |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for c in found:
         r = c["row"]
-        lines.append(f"| {r['method']} | {c['target']:g} | {c['budget'] or '—'} | {c['calibration_psnr'] or '—'} | "
+        lines.append(f"| {r['method']} | {c['target']:g} | {c['budget'] or '—'} | "
+                     f"{c['cap'] + ' %' if c['cap'] else '—'} | {c['calibration_psnr'] or '—'} | "
                      f"{_fmt_psnr(r)} | {'yes' if c['meets'] else '**no**'} | {r['speedup']:.2f}× | "
                      f"{100 * r['skip_share']:.0f}% | {', '.join(_pt(q) for q in c['faster_peers']) or 'none'} |")
     return lines
@@ -507,14 +542,16 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="1 prompt × 4 steps, a few methods, results and section in benchmarks/results/_parts/")
     parser.add_argument("--out", help="markdown file of the section (default BENCHMARKS.md; --quick: a scratch file)")
+    parser.add_argument("--serial", action="store_true",
+                        help="run the models one after the other (quieter timings, twice the wall time)")
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else (RESULTS / "_parts" / "caches_quick.md" if args.quick else ROOT / "BENCHMARKS.md")
-    command = "python benchmarks/bench_caches.py" + (" --quick" if args.quick else "")
+    command = "python benchmarks/bench_caches.py" + (" --quick" if args.quick else "") + (" --serial" if args.serial else "")
     if args.merge:
         return merge(MODELS, args.quick, out, command)
     if args.model:
         return run_models([args.model], args.quick)[args.model][0]
-    status = run_models(MODELS, args.quick)
+    status = run_models(MODELS, args.quick, args.serial)
     rc = merge(MODELS, args.quick, out, command)
     return rc or max(code for code, _ in status.values())
 
