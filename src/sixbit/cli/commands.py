@@ -100,8 +100,9 @@ def _how_to_load(path: Path, model_class: str) -> str:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     config = resolve(args.config)
-    if args.cache_min_psnr is not None:  # a preset without a cache gets the default one, calibrated
-        config.cache = dataclasses.replace(config.cache or DeltaCacheConfig(), min_psnr=args.cache_min_psnr, calibrated=None)
+    if args.cache_min_psnr is not None:  # a preset without a cache gets the default one, calibrated (afresh)
+        config.cache = dataclasses.replace(config.cache or DeltaCacheConfig(), min_psnr=args.cache_min_psnr, calibrated=None,
+                                           max_skip_share=None)
     device = conversion_device(args.device)
     to_file = _check_convert_output(args)
     output = Path(args.output)
