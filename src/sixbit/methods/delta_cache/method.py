@@ -1,10 +1,12 @@
 """Temporal Delta Cache (TDC) with Purified Delta Refresh (PDR): skip blocks whose residual is stable.
 
 Every computed call of a block stores its residual ``Δ_t = out − in`` (for two-stream blocks,
-one per stream), its *drift* ``(Δ_t − Δ_prev) / gap`` and its *stability*: the relative L1
-change from the previous computed residual, ``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` per step
-between them. A skipped call returns ``out = in + Δ_cached + drift · age · slope`` (``age``:
-steps since the residual was computed; ``drift=0`` replays the cached residual as is).
+one per stream), keeps the previous computed residual ``Δ_prev`` (for the *drift*
+``(Δ_t − Δ_prev) / gap``) and its *stability*: the relative L1 change from that residual,
+``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` per step between them. A skipped call returns
+``out = in + Δ_cached + drift · age · slope`` (``age``: steps since the residual was computed;
+``drift=0`` replays the cached residual as is), in two passes over the tensors
+(:meth:`Entry.replay`): the skip's whole cost.
 
 **Blocks decide together** (default): at each step the mean stability of all blocks — the
 last two computed residuals of each — decides whether the step's blocks skip. A step is skipped when
@@ -71,7 +73,7 @@ and purifying every compute sent a fifth of the GEMM work to full precision on t
 models. The report counts the calls and the GEMM FLOPs moved to full precision. The first computed step after skips has no
 ``Γ_{t−1}``, so DMPQ runs it INT8.
 
-Cached residuals (and their drifts) can be stored compressed: ``cache_format="int8"`` (per
+Cached residuals can be stored compressed: ``cache_format="int8"`` (per
 token) or ``"int4-g64"`` (groups of 64 along the hidden size; 32 or 16 where 64 does not divide
 it, else per token); stability and drift are then measured against the stored residual.
 """
@@ -266,10 +268,9 @@ class DeltaCache(blocks.BlockMethod):
         if self.should_skip(state, call.index, x):
             self.record(call.index, "skip")
             age = self.tracker.info.step - entry.step
-            outs = {"hidden": x + entry.replay("hidden", cfg.drift, age)}
+            outs = {"hidden": entry.replay(x, "hidden", cfg.drift, age)}
             if "encoder" in io.returns:
-                cached = entry.replay("encoder", cfg.drift, age)
-                outs["encoder"] = None if enc is None or cached is None else enc + cached
+                outs["encoder"] = None if enc is None else entry.replay(enc, "encoder", cfg.drift, age)
             return outs["hidden"] if io.returns == ("hidden",) else tuple(outs[r] for r in io.returns)
         # purify only residuals that skips will replay: the block was stable at its last compute
         self.refreshing = cfg.pdr and self.reusable(call.index)
@@ -285,20 +286,20 @@ class DeltaCache(blocks.BlockMethod):
         delta = (y - x).detach()
         enc_delta = None if enc is None or y_enc is None or y_enc.shape != enc.shape else (y_enc - enc).detach()
         gap = max(step - entry.step, 1) if entry is not None else 1
-        stability, slopes = None, {}
+        stability, before = None, {}
         for stream, new in (("hidden", delta), ("encoder", enc_delta)):
-            old = None if entry is None else getattr(entry, stream).get()
+            stored = None if entry is None else getattr(entry, stream)
+            old = None if stored is None else stored.get()
             if new is None or old is None or old.shape != new.shape:
                 continue
-            change = new - old
             if stream == "hidden":
-                stability = relative_l1(change, old) / gap
-            if cfg.drift:
-                slopes[stream] = change / gap
-        fmt = cfg.cache_format
+                stability = relative_l1(new - old, old) / gap
+            if cfg.drift:  # kept as stored: a skip forecasts from the two (Entry.replay)
+                before[stream] = stored
+        fmt, empty = cfg.cache_format, Stored(None, cfg.cache_format)
         state.store(call.index, Entry(
-            Stored(delta, fmt), Stored(enc_delta, fmt),
-            Stored(slopes.get("hidden"), fmt), Stored(slopes.get("encoder"), fmt), step, stability,
+            Stored(delta, fmt), Stored(enc_delta, fmt), before.get("hidden", empty), before.get("encoder", empty),
+            step, gap, stability,
         ))
         self.computed(call.index)
         self.record(call.index, "compute")

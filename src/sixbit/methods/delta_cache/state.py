@@ -45,25 +45,32 @@ class Stored:
 
 @dataclasses.dataclass
 class Entry:
-    """One block's last computed residuals (per stream), their drift and its stability."""
+    """One block's last computed residuals (per stream), the residuals computed before them (kept
+    for the drift; empty when it is off), the steps between the two, and the stability."""
 
     hidden: Stored
     encoder: Stored
-    hidden_slope: Stored  # per-step change of the hidden residual (None inside when unknown)
-    encoder_slope: Stored
+    hidden_before: Stored  # the previous compute's stored residual (None inside when unknown)
+    encoder_before: Stored
     step: int
+    gap: int = 1  # steps from the previous compute to this one
     stability: torch.Tensor | None = None  # per sample; None until two residuals were seen
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_slope, self.encoder_slope))
+        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_before, self.encoder_before))
 
-    def replay(self, stream: str, drift: float, age: int) -> torch.Tensor | None:
+    def replay(self, x: torch.Tensor, stream: str, drift: float, age: int) -> torch.Tensor | None:
+        """``x`` plus the stream's residual forecast ``age`` steps on: ``Δ + drift · age · (Δ − Δ_before) / gap``,
+        as ``x + (1 + k) Δ − k Δ_before`` in two passes (a skip's whole cost; ``None`` without a residual)."""
         delta = getattr(self, stream).get()
-        slope = getattr(self, f"{stream}_slope").get()
-        if delta is None or slope is None or drift == 0:
-            return delta
-        return delta + (drift * age) * slope
+        before = getattr(self, f"{stream}_before").get()
+        if delta is None:
+            return None
+        if before is None or drift == 0:
+            return x + delta
+        k = drift * age / self.gap
+        return torch.add(x, delta, alpha=1 + k).add_(before, alpha=-k)
 
 
 @dataclasses.dataclass
