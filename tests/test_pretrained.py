@@ -217,6 +217,27 @@ def test_streamed_gptq_matches_the_in_memory_first_block_and_stays_close(name, t
     assert e_streamed < 2 * e_memory + 0.01, (e_streamed, e_memory)
 
 
+def test_streamed_gptq_on_full_precision_inputs_is_the_in_memory_conversion(tmp_path, monkeypatch):
+    """``calibration_inputs="full_precision"``: each block's Hessians and the next block's inputs
+    come from one replay of the full-precision block, streamed as in memory: every block is
+    bit-identical to the in-memory conversion's, and no quantized block is replayed."""
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    w4a8 = resolve("w4a8")
+    config = dataclasses.replace(w4a8, weights=dataclasses.replace(w4a8.weights, calibration_inputs="full_precision"))
+    replays = []
+    replay = BlockInputs.replay
+    monkeypatch.setattr(BlockInputs, "replay", lambda self, block, advance: replays.append(advance) or replay(self, block, advance))
+    result = sixbit.convert_pretrained(folder, config, tmp_path / "s.safetensors",
+                                       lambda t: sample(dataclasses.replace(tm, model=t), 2), progress=False)
+    blocks = len(list(iter_blocks(tm.model)))
+    assert replays == [True] * (blocks - 1) + [False]  # one replay per block; the last one's outputs feed nothing
+    reference = copy.deepcopy(tm)
+    sixbit.convert_model(reference.model, lambda: sample(reference, 2), config)
+    s_state, r_state = sixbit.load_pretrained(result.path, folder).state_dict(), reference.model.state_dict()
+    assert s_state.keys() == r_state.keys() and all(torch.equal(s_state[k], r_state[k]) for k in r_state)
+
+
 def test_streamed_calibration_refuses_what_it_cannot_replay(tmp_path):
     tm = build_tiny("hunyuanvideo")  # dual-stream then single-stream blocks: model code between the lists
     folder = _folder(tm, tmp_path)

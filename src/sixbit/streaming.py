@@ -16,7 +16,9 @@ the first block are kept in memory. Then block by block: the block's input Hessi
 recorded by replaying the kept calls, its layers are quantized (GPTQ), and the *quantized*
 block's outputs become the next block's kept inputs — so, as in the in-memory conversion (the
 same :mod:`sixbit.builder.block_inputs`), GPTQ sees the error the blocks before it pass on,
-along the full-precision sampling trajectory. Kept inputs cost ``calls × tokens × width``
+along the full-precision sampling trajectory. With ``calibration_inputs="full_precision"`` the
+full-precision block's outputs do, recorded by the replay that gives its Hessians: one replay
+per block instead of two, and every block as the in-memory conversion builds it, to the bit. Kept inputs cost ``calls × tokens × width``
 floats: calibrate with few, short generations. Presets that fit runtime methods on generations
 of the converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
 
@@ -139,6 +141,8 @@ class _StreamedParts(Recipe):
         self.numbers = {part.name: i for i, part in enumerate(parts)}
         self.kept, self.outside_stats, self.bar = kept, outside_stats, bar
         self.last = parts[-1].name  # no block after it: its outputs feed nothing
+        self.sequential = config.weights.calibration_inputs == "quantized"
+        self.block_calls: list = []  # the block's kept inputs, for refinement
         self.seconds: dict[str, float] = {}
         self.started = 0.0
 
@@ -150,7 +154,10 @@ class _StreamedParts(Recipe):
         if self.kept is None:
             return {}
         net = self.streamed.net
-        return hessians.collect(part.module, lambda: self.kept.replay(part.module, advance=False),
+        self.block_calls = list(self.kept.calls)
+        # calibration_inputs="full_precision": this replay's outputs are the next block's inputs
+        advance = not self.sequential and part.name != self.last
+        return hessians.collect(part.module, lambda: self.kept.replay(part.module, advance=advance),
                                 {name: net.get_submodule(name) for name in part.layers})
 
     def layer(self, name: str, original: nn.Module, stats) -> nn.Module:
@@ -172,13 +179,14 @@ class _StreamedParts(Recipe):
             if self.kept is not None and self.weights.refine_steps:
                 prefix = part.name + "."
                 originals = {name[len(prefix):]: swap.original(name) for name in part.layers}
-                calls = refine.sample_calls(self.kept.calls, self.weights.refine_calls)
+                calls = refine.sample_calls(self.block_calls, self.weights.refine_calls)
                 result = refine.refine_block(part.name, part.module, originals, calls, self.weights.refine_steps)
                 logger.info("%s: low-rank branches refined, output error %.3g -> %.3g (%s)", part.name,
                             result.error_before, result.error_after, "kept" if result.kept else "discarded")
             kept = None
             if self.kept is not None and part.name != self.last:
-                self.kept.replay(part.module, advance=True)  # the quantized block's outputs feed the next one
+                if self.sequential:
+                    self.kept.replay(part.module, advance=True)  # the quantized block's outputs feed the next one
                 kept = (self.kept.index, self.kept.calls)  # saved with the block: a resume starts from them
             seconds = self.progress.add_part(number, part.name, part.module, model_class, f"{part.name}.", inputs=kept,
                                              started=self.started)
