@@ -51,7 +51,12 @@ the steps of both models on every prompt set measured.
 Why together: on the shipped models, skipping alternate blocks at alternate steps (so every
 step mixes fresh and replayed residuals) lost several dB of PSNR against skipping all blocks at
 the same steps, at the same skip share: a replayed residual stays consistent with its
-neighbours only if they are replayed from the same step. ``decide_per_block=True`` lets each
+neighbours only if they are replayed from the same step. Nor is part of a step a finer unit of
+skipping: on top of budget 1's ten skipped steps (of 20; 4 held-out pairs), an eleventh skipped
+by the last block alone cost about as much as skipping it whole (at steps 5, 8, 11, 14, 17:
+30.2 / 31.4 / 32.4 / 34.3 / 32.6 dB against 29.4 / 31.6 / 32.6 / 33.1 / 31.4 on shapes-cogvideox,
+from 38.1; on shapes-wan 30.3 / 31.3 / 34.3 / 34.8 / 34.2 against 30.7 / 32.1 / 33.9 / 33.6 /
+31.8, from 39.2), and the first two blocks alone still 2–5 dB. ``decide_per_block=True`` lets each
 block decide alone from its own stability (the same rules per block). The drift term is a
 damped first-order forecast of the residual. At budget 1.3 with ``final_fraction`` 0.1 on 4 held-out pairs, drift
 0.5 / 0.7 / 0.75 / 1 gave 33.4 / 36.0 / 36.6 / 35.7 dB on shapes-cogvideox and 37.5 / 37.6 /
