@@ -320,7 +320,9 @@ def section_block(results: dict) -> str:
         "blocks (dim 1536, FFN 8960) with random bf16 weights on disk, converted by `sixbit.convert_pretrained`. "
         "`w4a8`: GPTQ + MSE scales + the low-rank branch, calibrated on two random-latent calls of 4 latent frames at "
         "480p (60 × 104 latents, 6,240 tokens, batch 2; each block's inputs kept once and replayed); `w4a8 (layout)`: "
-        "the same formats rounded to nearest. *s / block*: the first block (its Hessians from a replay of its kept "
+        "the same formats rounded to nearest; `w4a8 (full-precision inputs)`: `w4a8` with "
+        "`calibration_inputs=\"full_precision\"` (each block calibrated on the full-precision block's outputs, which "
+        "the replay that gives its Hessians records: no replay of the quantized block). *s / block*: the first block (its Hessians from a replay of its kept "
         "inputs, rounding, and the replay of the quantized block that gives the next block its inputs: the work of "
         "every block but the last), the CPU kernels compiled before (*compile s*, once per process); *last block*: "
         "the same without the replay where the code skips it; *calibration*: the one full-precision pass that records "
@@ -570,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
         if "before" not in codes:  # rows measured now are not set beside a before measured elsewhere
             results.get("block", {}).pop("before", None)
         for code, src in codes.items():
-            for preset in ("w4a8 (layout)", "w4a8"):
+            # the code before this row's streamed conversion ignored calibration_inputs
+            for preset in ("w4a8 (layout)", "w4a8") + (("w4a8 (full-precision inputs)",) if code == "after" else ()):
                 output = Path(args.workdir) / f"block-{code}-{preset.replace(' ', '_')}.safetensors"
                 log(f"block ({code}): {preset}")
                 results.setdefault("block", {}).setdefault(code, {})[preset] = r = run(

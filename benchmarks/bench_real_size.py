@@ -77,13 +77,17 @@ def _rss_gib() -> float:
 
 
 def _config(preset: str):
-    """A preset name, or ``w4a8 (layout)``: the w4a8 preset's formats and branch ranks with
+    """A preset name; ``w4a8 (layout)``: the w4a8 preset's formats and branch ranks with
     round-to-nearest values (GPTQ, the scale search and the branch refits change values, not
-    bytes; they need calibration generations or hours of CPU at these sizes)."""
+    bytes; they need calibration generations or hours of CPU at these sizes); ``w4a8
+    (full-precision inputs)``: the w4a8 preset calibrated on the full-precision blocks' outputs."""
     import dataclasses
 
     from sixbit.presets import resolve
 
+    if preset == "w4a8 (full-precision inputs)":
+        config = resolve("w4a8")
+        return dataclasses.replace(config, weights=dataclasses.replace(config.weights, calibration_inputs="full_precision"))
     if preset != "w4a8 (layout)":
         return resolve(preset)
     config = resolve("w4a8")
