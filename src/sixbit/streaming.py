@@ -18,8 +18,8 @@ block's outputs become the next block's kept inputs — so, as in the in-memory 
 same :mod:`sixbit.builder.block_inputs`), GPTQ sees the error the blocks before it pass on,
 along the full-precision sampling trajectory. With ``calibration_inputs="full_precision"`` the
 full-precision block's outputs do, recorded by the replay that gives its Hessians: one replay
-per block instead of two, and every block as the in-memory conversion builds it, to the bit. Kept inputs cost ``calls × tokens × width``
-floats: calibrate with few, short generations. Presets that fit runtime methods on generations
+per block instead of two, and every block as the in-memory conversion builds it, to the bit.
+Kept inputs cost ``calls × tokens × width`` floats: calibrate with few, short generations. Presets that fit runtime methods on generations
 of the converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
 
 **Tuning, streamed (:func:`tune_pretrained`).** :func:`sixbit.tuning.tune_model`'s

@@ -9,7 +9,10 @@ values loses nothing that matters). Larger weights use a randomized SVD (``torch
 Halko et al., 4 power iterations) with a fixed seed, so the split is deterministic: at rank 16
 on one thread, 0.018 s against the exact split's 0.32 s at 1536² and 0.030 against 0.58 s at
 1920², the same residual ``‖W − up·down‖`` to 7 digits on weights with a decaying spectrum (a
-conversion splits each weight three times: :func:`sixbit.rounding.quantize_weight`).
+conversion splits each weight three times: :func:`sixbit.rounding.quantize_weight`). On random
+weights, whose spectrum is flat, it picks slightly worse directions: two random Wan2.1-1.3B
+blocks rounded to nearest with the branch gave 6 % more output error (BENCHMARKS
+``conversion-block``), 2 % with GPTQ.
 
 Example:
     >>> import torch

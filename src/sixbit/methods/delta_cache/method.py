@@ -4,9 +4,9 @@ Every computed call of a block stores its residual ``Δ_t = out − in`` (for tw
 one per stream), keeps the previous computed residual ``Δ_prev`` (for the *drift*
 ``(Δ_t − Δ_prev) / gap``) and its *stability*: the relative L1 change from that residual,
 ``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` per step between them. A skipped call returns
-``out = in + Δ_cached + drift · age · slope`` (``age``: steps since the residual was computed;
-``drift=0`` replays the cached residual as is), in two passes over the tensors
-(:meth:`Entry.replay`): the skip's whole cost.
+``out = in + Δ_t + drift · age · (Δ_t − Δ_prev) / gap`` (``age``: steps since ``Δ_t`` was
+computed; ``drift=0`` replays it as is), in two passes over the tensors (:meth:`Entry.replay`):
+the skip's whole cost.
 
 **Blocks decide together** (default): at each step the mean stability of all blocks — the
 last two computed residuals of each — decides whether the step's blocks skip. A step is skipped when
