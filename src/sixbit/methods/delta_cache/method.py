@@ -1,7 +1,7 @@
 """Temporal Delta Cache (TDC) with Purified Delta Refresh (PDR): skip blocks whose residual is stable.
 
 Every computed call of a block stores its residual ``Δ_t = out − in`` (for two-stream blocks,
-one per stream), keeps the previous computed residual ``Δ_prev`` (for the *drift*
+one per stream), its change from the previous computed residual ``Δ_prev`` (for the *drift*
 ``(Δ_t − Δ_prev) / gap``) and its *stability*: the relative L1 change from that residual,
 ``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` per step between them. A skipped call returns
 ``out = in + Δ_t + drift · age · (Δ_t − Δ_prev) / gap`` (``age``: steps since ``Δ_t`` was
@@ -291,20 +291,20 @@ class DeltaCache(blocks.BlockMethod):
         delta = (y - x).detach()
         enc_delta = None if enc is None or y_enc is None or y_enc.shape != enc.shape else (y_enc - enc).detach()
         gap = max(step - entry.step, 1) if entry is not None else 1
-        stability, before = None, {}
+        stability, changes = None, {}
         for stream, new in (("hidden", delta), ("encoder", enc_delta)):
-            stored = None if entry is None else getattr(entry, stream)
-            old = None if stored is None else stored.get()
+            old = None if entry is None else getattr(entry, stream).get()
             if new is None or old is None or old.shape != new.shape:
                 continue
+            change = new - old
             if stream == "hidden":
-                stability = relative_l1(new - old, old) / gap
-            if cfg.drift:  # kept as stored: a skip forecasts from the two (Entry.replay)
-                before[stream] = stored
-        fmt, empty = cfg.cache_format, Stored(None, cfg.cache_format)
+                stability = relative_l1(change, old) / gap
+            if cfg.drift:  # stored as it is: the replay divides by the gap (Entry.replay)
+                changes[stream] = change
+        fmt = cfg.cache_format
         state.store(call.index, Entry(
-            Stored(delta, fmt), Stored(enc_delta, fmt), before.get("hidden", empty), before.get("encoder", empty),
-            step, gap, stability,
+            Stored(delta, fmt), Stored(enc_delta, fmt), Stored(changes.get("hidden"), fmt),
+            Stored(changes.get("encoder"), fmt), step, gap, stability,
         ))
         self.computed(call.index)
         self.record(call.index, "compute")

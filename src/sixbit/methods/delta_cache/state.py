@@ -45,32 +45,31 @@ class Stored:
 
 @dataclasses.dataclass
 class Entry:
-    """One block's last computed residuals (per stream), the residuals computed before them (kept
-    for the drift; empty when it is off), the steps between the two, and the stability."""
+    """One block's last computed residuals (per stream), their change since the compute before
+    (for the drift; empty when it is off), the steps between the two, and the stability."""
 
     hidden: Stored
     encoder: Stored
-    hidden_before: Stored  # the previous compute's stored residual (None inside when unknown)
-    encoder_before: Stored
+    hidden_change: Stored  # Δ_t − Δ_prev of the hidden stream (None inside when unknown)
+    encoder_change: Stored
     step: int
     gap: int = 1  # steps from the previous compute to this one
     stability: torch.Tensor | None = None  # per sample; None until two residuals were seen
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_before, self.encoder_before))
+        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_change, self.encoder_change))
 
     def replay(self, x: torch.Tensor, stream: str, drift: float, age: int) -> torch.Tensor | None:
-        """``x`` plus the stream's residual forecast ``age`` steps on: ``Δ + drift · age · (Δ − Δ_before) / gap``,
-        as ``x + (1 + k) Δ − k Δ_before`` in two passes (a skip's whole cost; ``None`` without a residual)."""
+        """``x`` plus the stream's residual forecast ``age`` steps on, ``Δ + drift · age · (Δ − Δ_prev) / gap``,
+        in two passes (a skip's whole cost); ``None`` without a residual."""
         delta = getattr(self, stream).get()
-        before = getattr(self, f"{stream}_before").get()
+        change = getattr(self, f"{stream}_change").get()
         if delta is None:
             return None
-        if before is None or drift == 0:
+        if change is None or drift == 0:
             return x + delta
-        k = drift * age / self.gap
-        return torch.add(x, delta, alpha=1 + k).add_(before, alpha=-k)
+        return torch.add(x, delta).add_(change, alpha=drift * age / self.gap)
 
 
 @dataclasses.dataclass
