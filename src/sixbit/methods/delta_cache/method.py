@@ -1,12 +1,11 @@
 """Temporal Delta Cache (TDC) with Purified Delta Refresh (PDR): skip blocks whose residual is stable.
 
 Every computed call of a block stores its residual ``Δ_t = out − in`` (for two-stream blocks,
-one per stream), its change from the previous computed residual ``Δ_prev`` (for the *drift*
-``(Δ_t − Δ_prev) / gap``) and its *stability*: the relative L1 change from that residual,
-``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` per step between them. A skipped call returns
-``out = in + Δ_t + drift · age · (Δ_t − Δ_prev) / gap`` (``age``: steps since ``Δ_t`` was
-computed; ``drift=0`` replays it as is), in two passes over the tensors (:meth:`Entry.replay`):
-the skip's whole cost.
+one per stream), its *slope* ``(Δ_t − Δ_prev) / gap`` and its *stability*: the relative L1
+change from the previous computed residual, ``s = ‖Δ_t − Δ_prev‖₁ / ‖Δ_prev‖₁`` per step
+between them. A skipped call returns ``out = in + (Δ_t + drift · age · slope)`` (``age``: steps
+since ``Δ_t`` was computed; ``drift=0`` replays it as is), summed into one new tensor in place
+(:meth:`Entry.replay`): the skip's whole cost.
 
 **Blocks decide together** (default): at each step the mean stability of all blocks — the
 last two computed residuals of each — decides whether the step's blocks skip. A step is skipped when
@@ -291,7 +290,7 @@ class DeltaCache(blocks.BlockMethod):
         delta = (y - x).detach()
         enc_delta = None if enc is None or y_enc is None or y_enc.shape != enc.shape else (y_enc - enc).detach()
         gap = max(step - entry.step, 1) if entry is not None else 1
-        stability, changes = None, {}
+        stability, slopes = None, {}
         for stream, new in (("hidden", delta), ("encoder", enc_delta)):
             old = None if entry is None else getattr(entry, stream).get()
             if new is None or old is None or old.shape != new.shape:
@@ -299,12 +298,12 @@ class DeltaCache(blocks.BlockMethod):
             change = new - old
             if stream == "hidden":
                 stability = relative_l1(change, old) / gap
-            if cfg.drift:  # stored as it is: the replay divides by the gap (Entry.replay)
-                changes[stream] = change
+            if cfg.drift:  # in place: nothing else holds the change (x / 1 is x: no pass)
+                slopes[stream] = change.div_(gap) if gap > 1 else change
         fmt = cfg.cache_format
         state.store(call.index, Entry(
-            Stored(delta, fmt), Stored(enc_delta, fmt), Stored(changes.get("hidden"), fmt),
-            Stored(changes.get("encoder"), fmt), step, gap, stability,
+            Stored(delta, fmt), Stored(enc_delta, fmt),
+            Stored(slopes.get("hidden"), fmt), Stored(slopes.get("encoder"), fmt), step, stability,
         ))
         self.computed(call.index)
         self.record(call.index, "compute")

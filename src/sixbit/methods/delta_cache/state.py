@@ -45,31 +45,29 @@ class Stored:
 
 @dataclasses.dataclass
 class Entry:
-    """One block's last computed residuals (per stream), their change since the compute before
-    (for the drift; empty when it is off), the steps between the two, and the stability."""
+    """One block's last computed residuals (per stream), their drift and its stability."""
 
     hidden: Stored
     encoder: Stored
-    hidden_change: Stored  # Δ_t − Δ_prev of the hidden stream (None inside when unknown)
-    encoder_change: Stored
+    hidden_slope: Stored  # per-step change of the hidden residual (None inside when unknown)
+    encoder_slope: Stored
     step: int
-    gap: int = 1  # steps from the previous compute to this one
     stability: torch.Tensor | None = None  # per sample; None until two residuals were seen
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_change, self.encoder_change))
+        return sum(s.nbytes for s in (self.hidden, self.encoder, self.hidden_slope, self.encoder_slope))
 
     def replay(self, x: torch.Tensor, stream: str, drift: float, age: int) -> torch.Tensor | None:
-        """``x`` plus the stream's residual forecast ``age`` steps on, ``Δ + drift · age · (Δ − Δ_prev) / gap``,
-        in two passes (a skip's whole cost); ``None`` without a residual."""
+        """``x + (Δ + drift · age · slope)`` (``None`` without a residual): one new tensor, summed
+        into in place — the same sums as written, bit for bit, without two temporaries."""
         delta = getattr(self, stream).get()
-        change = getattr(self, f"{stream}_change").get()
+        slope = getattr(self, f"{stream}_slope").get()
         if delta is None:
             return None
-        if change is None or drift == 0:
+        if slope is None or drift == 0:
             return x + delta
-        return torch.add(x, delta).add_(change, alpha=drift * age / self.gap)
+        return (slope * (drift * age)).add_(delta).add_(x)
 
 
 @dataclasses.dataclass
