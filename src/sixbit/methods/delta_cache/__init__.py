@@ -8,7 +8,6 @@ budget first (:func:`calibrate_budget`) and stores the budget it chose.
 from ...config.delta_cache import CACHE_FORMATS, DeltaCacheConfig
 from .method import (
     DeltaCache,
-    DeltaCacheReport,
     PurifiedRefresh,
     apply_delta_cache,
     check_no_diffusers_cache,
@@ -17,6 +16,7 @@ from .method import (
     remove_delta_cache,
 )
 from .calibrate import BUDGETS, calibrate_budget
+from .state import DeltaCacheReport
 from .spec import SPEC  # registers the method
 
 __all__ = [

@@ -97,9 +97,6 @@ class DeltaCacheState:
         self.held_bytes += entry.nbytes
 
 
-__all__ = ["DeltaCacheState", "Entry", "Stored", "Streak", "storage_format"]
-
-
 @dataclasses.dataclass
 class DeltaCacheReport:
     """What the cache did in one run: ``decisions[(branch, step, block)]`` is "compute" or "skip"."""
@@ -130,3 +127,6 @@ class DeltaCacheReport:
         branch = branch or min(b for b, _, _ in self.decisions)
         steps = sorted({s for _, s, _ in self.decisions})
         return [[self.decisions.get((branch, s, b), "") for b in range(len(self.blocks))] for s in steps]
+
+
+__all__ = ["DeltaCacheReport", "DeltaCacheState", "Entry", "Stored", "Streak", "storage_format"]
