@@ -238,6 +238,58 @@ def test_streamed_gptq_on_full_precision_inputs_is_the_in_memory_conversion(tmp_
     assert s_state.keys() == r_state.keys() and all(torch.equal(s_state[k], r_state[k]) for k in r_state)
 
 
+@pytest.mark.parametrize("name", ["wan", "cogvideox"])
+def test_streamed_dmpq_is_the_in_memory_conversion(name, tmp_path):
+    """``"w4a6-dynamic"`` streams: the blocks are converted one at a time, then the converted model
+    is loaded and DMPQ fitted on its generations. The checkpoint is the in-memory conversion's (same
+    header, checksum and predictor), and it samples like it, to the bit."""
+    tm = build_tiny(name)
+    folder = _folder(tm, tmp_path)
+    runs = []
+
+    def calibration(transformer):
+        runs.append(transformer)
+        return sample(dataclasses.replace(tm, model=transformer), 2)
+
+    result = sixbit.convert_pretrained(folder, "w4a6-dynamic", tmp_path / "s.safetensors", calibration, progress=False)
+    assert "fitting methods" in result.part_seconds and len(runs) > 3  # the weights' calibration, then DMPQ's
+    assert all(t is runs[-1] for t in runs[1:]) and runs[0] is not runs[-1]  # DMPQ's runs: the converted model
+    reference = copy.deepcopy(tm)
+    sixbit.convert_model(reference.model, lambda: sample(reference, 2), "w4a6-dynamic")
+    in_memory = sixbit.save(reference.model, tmp_path / "in_memory.safetensors")
+    assert checkpoint.read_header(result.path) == checkpoint.read_header(in_memory)  # the checksum covers every tensor
+    loaded = sixbit.load_pretrained(result.path, folder)
+    assert sixbit.conversion_of(loaded).predictor.to_dict() == sixbit.conversion_of(reference.model).predictor.to_dict()
+    assert torch.equal(sample(dataclasses.replace(tm, model=loaded), 2), sample(reference, 2))
+    assert not (tmp_path / "s.safetensors.sixbit-progress").exists()  # the fit's file went with the progress folder
+
+
+def test_a_streamed_dmpq_fit_interrupted_resumes_from_the_converted_blocks(tmp_path, monkeypatch):
+    """Interrupted while DMPQ is fitted, the conversion run again verifies every converted part,
+    converts none again and fits DMPQ anew: the same checkpoint as an uninterrupted run's."""
+    from sixbit.methods.dmpq import spec
+
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    calibration = lambda t: sample(dataclasses.replace(tm, model=t), 2)  # noqa: E731
+    whole = sixbit.convert_pretrained(folder, "w4a6-dynamic", tmp_path / "whole.safetensors", calibration, progress=False)
+    fit = spec.fit_dmpq
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(spec, "fit_dmpq", interrupted)
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(KeyboardInterrupt):
+        sixbit.convert_pretrained(folder, "w4a6-dynamic", out, calibration, progress=False)
+    assert not out.exists() and (tmp_path / "out.safetensors.sixbit-progress").is_dir()
+    monkeypatch.setattr(spec, "fit_dmpq", fit)
+    resumed = sixbit.convert_pretrained(folder, "w4a6-dynamic", out, calibration, progress=False)
+    assert resumed.resumed_parts == len(list(iter_blocks(tm.model))) + 1  # every block and the layers outside them
+    assert list(resumed.part_seconds) == ["fitting methods"]
+    assert checkpoint.read_header(out) == checkpoint.read_header(whole.path)
+
+
 def test_streamed_calibration_refuses_what_it_cannot_replay(tmp_path):
     tm = build_tiny("hunyuanvideo")  # dual-stream then single-stream blocks: model code between the lists
     folder = _folder(tm, tmp_path)
@@ -248,8 +300,8 @@ def test_streamed_calibration_refuses_what_it_cannot_replay(tmp_path):
     assert not ran  # refused before any generation
     with pytest.raises(ValueError, match="needs calibration="):
         sixbit.convert_pretrained(folder, "w4a8", tmp_path / "o.safetensors", progress=False)
-    with pytest.raises(ValueError, match="fitted on generations of the converted model"):
-        sixbit.convert_pretrained(folder, "balanced", tmp_path / "o.safetensors", progress=False)
+    with pytest.raises(ValueError, match="static W8A8.*choose 'w8a8', 'w4a8' or 'w4a6-dynamic'"):
+        sixbit.convert_pretrained(folder, "w8a8-static", tmp_path / "o.safetensors", progress=False)
     assert not (tmp_path / "o.safetensors").exists()
 
 

@@ -19,7 +19,7 @@ import logging
 from torch import nn
 
 from .builder import check_plan
-from .config import ConvertConfig
+from .config import Activations, ConvertConfig
 from .lora import check_no_loras
 from .memory.weights import check_not_offloaded
 from .methods.record import check, conversion_of, selected
@@ -61,18 +61,18 @@ def check_convertible(config: ConvertConfig, transformer: nn.Module, extra: dict
 
 def check_streamable(config, quant_config, calibration) -> None:
     """Refuse ``config`` (resolved from ``quant_config``) where a streamed conversion
-    (:func:`sixbit.convert_pretrained`, which runs no generation of the converted model) cannot
+    (:func:`sixbit.convert_pretrained`, which never holds the full-precision model) cannot
     calibrate it, or where ``calibration`` is missing."""
-    if config.activations.calibrated:
+    if config.activations == Activations.STATIC:
         raise ValueError(
-            f"activations={config.activations!r} is fitted on generations of the converted model, which a streamed "
-            "conversion does not run: choose a preset with fixed activations (e.g. 'w4a8', 'w8a8') or load the model "
-            "and use sixbit.convert_model"
+            "activations='static' (static W8A8) quantizes the weights itself, fitted on generations of the "
+            "full-precision model in memory, which a streamed conversion never holds: choose 'w8a8', 'w4a8' or "
+            "'w4a6-dynamic' (DMPQ streams), or load the model and use sixbit.convert_model"
         )
     if config.cache is not None and config.cache.needs_calibration:
         raise ValueError(
-            f"the delta cache's min_psnr={config.cache.min_psnr:g} is calibrated on generations of the converted model, "
-            "which a streamed conversion does not run: give DeltaCacheConfig(error_budget=...) instead (1.0, the default, skips half "
+            f"the delta cache's min_psnr={config.cache.min_psnr:g} is calibrated against the full-precision model's "
+            "videos, which a streamed conversion does not keep: give DeltaCacheConfig(error_budget=...) instead (1.0, the default, skips half "
             "the block calls of the shapes models), or load the model and use sixbit.convert_model"
         )
     if config.needs_calibration and not callable(calibration):

@@ -1,40 +1,38 @@
 """Real-size models from their files: conversion and tuning streamed block by block from a
-diffusers model folder, and loading a checkpoint into a model that never holds full-precision
-weights.
+diffusers model folder, and loading a checkpoint into a model that never holds full-precision weights.
 
 :func:`convert_pretrained` builds the transformer on the meta device from its ``config.json``,
 then, for the layers outside the blocks and for each block in turn, maps that part's tensors
 from the safetensors shards, quantizes its linears (:func:`sixbit.builder.build`, the one build
-path), writes the result to a part file and frees it. Peak memory is one block in full precision
-plus the quantizer's temporaries, whatever the model's size (a 28 GB Wan2.1-14B converts on a
-24 GB machine). The parts are then written as ``save_pretrained``'s folder or :func:`sixbit.save`'s file.
+path), writes the result to a part file and frees it: peak memory is one block in full precision
+plus the quantizer's temporaries (a 28 GB Wan2.1-14B converts on a 24 GB machine). The parts are
+then written as ``save_pretrained``'s folder or :func:`sixbit.save`'s file.
 
 **Calibrated weights (GPTQ: ``"w4a8"``, ``"w4a4"``, ``"w4a16"``, ``"aggressive"``).** The
-calibration generations run once on the full-precision model streamed from disk (each block
-mapped from the shards just before it computes and freed after), and every call's inputs to
-the first block are kept in memory. Then block by block: the block's input Hessians are
-recorded by replaying the kept calls, its layers are quantized (GPTQ), and the *quantized*
-block's outputs become the next block's kept inputs — so, as in the in-memory conversion (the
-same :mod:`sixbit.builder.block_inputs`), GPTQ sees the error the blocks before it pass on,
-along the full-precision sampling trajectory. With ``calibration_inputs="full_precision"`` the
+calibration generations run once on the full-precision model streamed from disk, keeping every
+call's inputs to the first block. Then block by block: the block's input Hessians are recorded by
+replaying the kept calls, its layers are quantized (GPTQ), and the *quantized* block's outputs
+become the next block's kept inputs, as in the in-memory conversion (the same
+:mod:`sixbit.builder.block_inputs`). With ``calibration_inputs="full_precision"`` the
 full-precision block's outputs do, recorded by the replay that gives its Hessians: one replay
-per block instead of two, and every block as the in-memory conversion builds it, to the bit.
-Kept inputs cost ``calls × tokens × width`` floats: calibrate with few, short generations. Presets that fit runtime methods on generations
-of the converted model (DMPQ: ``"balanced"``, ``"w4a6-dynamic"``; static W8A8) do not stream.
+per block, and every block as the in-memory conversion builds it, to the bit. Kept inputs cost
+``calls × tokens × width`` floats: calibrate with few, short generations.
+
+**Methods fitted on the converted model (DMPQ: ``"w4a6-dynamic"``; ``"balanced"`` where the
+device has FP4 GEMMs, :func:`sixbit.presets.for_device`).** Once every block is converted, the
+parts are written into one file in the progress folder and loaded (mapped, as by
+:func:`load_pretrained`: memory about the checkpoint's size), the methods are fitted on that model
+as :func:`sixbit.convert_model` fits them, and it is written with their state. Static W8A8 and
+the delta cache's ``min_psnr``, fitted on or against the full-precision model, do not stream.
 
 **Tuning, streamed (:func:`tune_pretrained`).** :func:`sixbit.tuning.tune_model`'s
-``sensitivity="blocks"`` on the transformer read from its files: the calibration run that keeps
-the first block's inputs streams as above; then each block is held in memory while its Hessians
-are replayed, its candidates built and priced, and its full-precision replay feeds the next block
-(one block's Hessians at a time); the fit's and the checks' whole generations stream too, the
-candidates swapped in (a swapped layer's own weights are not read). Every candidate stays in
-memory (about 1.4× the blocks' bf16 bytes with the default formats: 3.5 + 4.5 + 6 + 8 bits per
-weight), so a model whose candidates pass the memory cannot be tuned yet. The pick is measured as
-the candidates were built, GPTQ on the full-precision model's inputs (the tuned config's
-``calibration_inputs="full_precision"``): converting it again with GPTQ on the quantized blocks'
-outputs, which the in-memory tuning also tries, would take a streamed conversion per check.
-Otherwise the in-memory tuning's stage 1, fit and pick, to the bit
-(``tests/test_pretrained_tune.py``).
+``sensitivity="blocks"`` on the transformer read from its files: the calibration streams as
+above; each block is held while its Hessians are replayed, its candidates built and priced, and
+its full-precision replay feeds the next (one block's Hessians at a time); the fit's and checks'
+generations stream, the candidates swapped in. Every candidate stays in memory (about 1.4× the
+blocks' bf16 bytes with the default formats). The pick is measured as its candidates were built
+(``calibration_inputs="full_precision"``); otherwise the in-memory tuning's stage 1, fit and
+pick, to the bit (``tests/test_pretrained_tune.py``).
 
 **Resumable.** Each finished part (with its time, and for GPTQ the next block's kept inputs) waits
 in ``<output>.sixbit-progress``: run again with the same arguments, an interrupted conversion goes
@@ -60,17 +58,20 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint
+from .checkpoint import CheckpointWriter
 from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, ShardedModel, build, conversion_device, keeping,
                       parts_of, plan_layers, quantized_linear, release)
 from .checkpoint.resume import Progress, conversion_arguments, progress_folder
 from .calibration import hessians
-from .methods.record import Conversion, conversion_state
+from .convert import fit_methods
+from .methods.record import Conversion, conversion_state, install
+from .methods.registry import methods
 from .models import iter_blocks
 from .integrations.diffusers.folder import checkpoint_writer
 from .integrations.diffusers.reading import check_layout, empty_model, model_folder
 from .files.safetensors import SafetensorsFolder, check_can_write
 from .preflight import check_convertible, check_streamable
-from .presets import resolve
+from .presets import for_device, resolve
 from .rounding import refine
 from .tuning import DEFAULT_FORMATS, Tuner, TuneReport
 from .tuning.search import check_size
@@ -92,11 +93,11 @@ class StreamedConversion:
             weight files).
         seconds: wall time of the whole conversion.
         part_seconds: ``{part: seconds}``: ``"calibration runs"`` (GPTQ presets), ``"outside
-            blocks"`` and each block's module name (those converted by this call).
-        resumed_parts: parts an interrupted conversion had finished, verified and not converted
-            again (0: a conversion from the start).
+            blocks"``, each block's module name (those converted by this call) and ``"fitting
+            methods"`` (DMPQ presets).
+        resumed_parts: parts an interrupted conversion had finished, verified, not converted again.
         resumed_seconds: ``{part: seconds}`` of those parts (and ``"calibration runs"`` where not
-            run again), as the interrupted runs recorded them: with ``part_seconds``, every part's.
+            run again), as the interrupted runs recorded them.
     """
 
     path: Path
@@ -110,8 +111,7 @@ class StreamedConversion:
 
 
 def _first_calls(streamed: ShardedModel, parts, calibration: Callable[[nn.Module], object]) -> BlockInputs:
-    """Run the calibration generations on the full-precision model streamed from disk and keep
-    the first block's inputs (:mod:`sixbit.builder.block_inputs`)."""
+    """Run the calibration on the full-precision model streamed from disk; keep the first block's inputs."""
     net = streamed.net
     handles = streamed.running_from_disk(parts)
     try:
@@ -229,9 +229,31 @@ def _resume(progress: Progress, parts: list[Part], config, streamed: ShardedMode
     return runs[0], outside_stats, parts[0 if OUTSIDE not in done else 1:]
 
 
+def _fitted(chosen: dict) -> list[str]:
+    """The chosen methods fitted on generations of the converted model (DMPQ)."""
+    return [spec.name for spec in methods() if spec.name in chosen and spec.calibrates(chosen[spec.name])]
+
+
+def _fit_converted(progress: Progress, parts: list[Part], folder: Path, config, chosen: dict, calibration: Callable,
+                   device: torch.device, hardware: str | None, seconds: dict) -> nn.Module:
+    """The converted model, loaded from its finished parts, with its methods fitted and installed
+    (module doc); the time it took in ``seconds["fitting methods"]``."""
+    start, weights, model = time.perf_counter(), progress.folder / "converted.safetensors", empty_model(folder)
+    with CheckpointWriter(weights, type(model).__name__) as writer:
+        progress.assemble(writer, [part.name for part in parts])
+        writer.finish({})
+    model = checkpoint.load(weights, model).to(device)
+    described = {"source": "callable"}
+    logger.info("fitting %s on generations of the converted model", ", ".join(_fitted(chosen)))
+    applied = fit_methods(model, chosen, lambda: calibration(model), described)
+    install(model, config, applied, described, hardware)
+    seconds["fitting methods"] = time.perf_counter() - start
+    return model
+
+
 def _check_output(output: str | os.PathLike) -> None:
-    """Refuse an output where nothing can be written before any block is read, not when the
-    checkpoint is moved into place (a file where a folder goes is the folder writer's to refuse)."""
+    """Refuse an output where nothing can be written before any block is read (a file where a
+    folder goes is the folder writer's to refuse)."""
     if Path(output).suffix == ".safetensors" or not Path(output).is_file():
         check_can_write(output if Path(output).suffix == ".safetensors" else Path(output) / "diffusion_pytorch_model.safetensors")
 
@@ -247,27 +269,25 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
     Args:
         model: a diffusers model folder (``config.json`` + ``*.safetensors``, sharded or not) or a
             pipeline folder with ``transformer/``.
-        quant_config: a preset name (``"w8a8"``, ``"w4a8-rtn"``, ``"w4a8"``, ...; not the DMPQ
-            or static-W8A8 ones, see the module doc), a JSON file, a ``ConvertConfig`` or a
+        quant_config: a preset name (``"w8a8"``, ``"w4a8-rtn"``, ``"w4a8"``, ``"w4a6-dynamic"``, ...;
+            not static W8A8, see the module doc), a JSON file, a ``ConvertConfig`` or a
             ``QuantConfig`` (see :func:`sixbit.convert_model`).
         output: a folder: the diffusers folder a converted model's ``save_pretrained`` writes (a
             pipeline folder for a pipeline, its other components copied), which ``from_pretrained``
             restores once sixbit is imported; or a ``.safetensors`` file: :func:`sixbit.save`'s
             checkpoint. Files are written atomically (a folder's ``config.json`` last); an output where
             nothing can be written is refused before any block is read.
-        calibration: for GPTQ presets, a callable ``calibration(transformer)`` that runs a few
-            generations with the transformer it is given (e.g. your sampling loop, or
-            ``lambda t: pipe(prompts, num_inference_steps=8)`` with ``pipe`` built around ``t``).
-            The transformer computes in ``torch_dtype`` on ``device``, with its blocks streamed
-            from disk: put the callable's inputs on ``transformer.device``.
+        calibration: for GPTQ and DMPQ presets, a callable ``calibration(transformer)`` that runs
+            a few generations with the transformer it is given (e.g. your sampling loop, or
+            ``lambda t: pipe(prompts, num_inference_steps=8)`` with ``pipe`` built around ``t``)
+            and, for DMPQ, returns the videos (:func:`sixbit.convert_model`'s callable). The
+            transformer computes in ``torch_dtype`` on ``device``: put the inputs on ``transformer.device``.
         torch_dtype: dtype the weights are loaded in (default ``None``: as stored). Unquantized
             tensors are written in it.
-        device: where the conversion computes: each part is read from the shards straight onto
-            it, and the calibration, Hessians, rounding, GPTQ and low-rank splits run there
-            (``"cuda"``, ``"cuda:1"``, ``"cpu"``; default ``None``: the current CUDA device where
-            there is one, else the CPU; :func:`sixbit.builder.conversion_device`). One block,
-            the kept calibration inputs and the quantizer's temporaries are on it at a time; the
-            checkpoint is the same wherever it was made, to the device's rounding.
+        device: where the conversion computes, each part read from the shards straight onto it
+            (``"cuda"``, ``"cuda:1"``, ``"cpu"``; default: the current CUDA device where there is
+            one, else the CPU; :func:`sixbit.builder.conversion_device`); the checkpoint is the
+            same wherever it was made, to the device's rounding.
         progress: a progress bar over the parts (default ``True``).
         max_shard_size: bytes per weight file of a folder (``"10GB"``, ``"500MB"`` or an int;
             default ``"10GB"``), filled in the order the blocks are written.
@@ -283,12 +303,12 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
         >>> sixbit.convert_pretrained("Wan2.1-T2V-14B-Diffusers", "w8a8", "wan14b-w8a8.safetensors")  # doctest: +SKIP
         >>> transformer = sixbit.load_pretrained("wan14b-w8a8.safetensors", "Wan2.1-T2V-14B-Diffusers")  # doctest: +SKIP
     """
-    config = resolve(quant_config)
+    device = conversion_device(device)
+    config, hardware = for_device(resolve(quant_config), device)
     check_streamable(config, quant_config, calibration)  # the config's own problems before any file is read
     folder = model_folder(model)
     net = empty_model(folder)
-    check_convertible(config, net, empty=True)  # the one pre-flight check (sixbit.preflight), before any work
-    device = conversion_device(device)
+    chosen = check_convertible(config, net, empty=True)  # the one pre-flight check (sixbit.preflight), before any work
     _check_output(output)
     shards = SafetensorsFolder(folder)
     names = check_layout(folder, net, shards)
@@ -308,8 +328,11 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
             recipe = _StreamedParts(streamed, plan, config, journal, parts, kept, outside_stats, bar)
             build(net, todo, recipe)
         seconds.update(recipe.seconds)
-        journal.assemble(writer, [part.name for part in parts])
-        path = writer.finish({"conversion": conversion_state(Conversion(config))})
+        if _fitted(chosen):  # written as fitted, with the methods' state
+            path = writer.write(_fit_converted(journal, parts, folder, config, chosen, calibration, device, hardware, seconds))
+        else:
+            journal.assemble(writer, [part.name for part in parts])
+            path = writer.finish({"conversion": conversion_state(Conversion(config, hardware=hardware))})
     journal.remove()
     total = time.perf_counter() - start
     logger.info("converted %s on %s in %.1f s into %s", type(net).__name__, device, total, path)
@@ -323,8 +346,7 @@ def tune_pretrained(model: str | os.PathLike, calibration: Callable[[nn.Module],
                     population: int = 12, generations: int = 8, torch_dtype: torch.dtype | None = None,
                     device: str | torch.device | None = None, progress: bool = True) -> TuneReport:
     """Tune per-layer weight formats of a diffusers transformer streamed from its files, one block
-    in memory (the module docstring); the :class:`~sixbit.tuning.TuneReport` (its ``.config`` is
-    the tuned config, for :func:`convert_pretrained`).
+    in memory (module doc); the :class:`~sixbit.tuning.TuneReport` (``.config``: the tuned config).
 
     Args:
         model: a diffusers model folder (``config.json`` + ``*.safetensors``) or a pipeline folder
@@ -332,15 +354,12 @@ def tune_pretrained(model: str | os.PathLike, calibration: Callable[[nn.Module],
         calibration: ``calibration(transformer)`` runs a few generations with the transformer it
             is given and **returns the videos** (as :func:`sixbit.tune`'s callable does); every call
             must generate the same videos. Put its inputs on ``transformer.device``.
-        torch_dtype, device: as :func:`convert_pretrained` takes them (default: the weights'
-            stored dtype; CUDA where there is one, else the CPU).
+        torch_dtype, device: as :func:`convert_pretrained` takes them.
         Other arguments: as :func:`sixbit.tuning.tune_model` (``sensitivity`` is always ``"blocks"``).
 
     Example:
-        >>> report = sixbit.tune_pretrained("Wan2.1-T2V-1.3B-Diffusers", my_loop, max_bits=5,
-        ...                                 torch_dtype=torch.bfloat16)                     # doctest: +SKIP
-        >>> sixbit.convert_pretrained("Wan2.1-T2V-1.3B-Diffusers", report.config, "wan-tuned",
-        ...                           my_loop)                                               # doctest: +SKIP
+        >>> report = sixbit.tune_pretrained("Wan2.1-T2V-1.3B-Diffusers", my_loop, max_bits=5)  # doctest: +SKIP
+        >>> sixbit.convert_pretrained("Wan2.1-T2V-1.3B-Diffusers", report.config, "wan-tuned", my_loop)  # doctest: +SKIP
     """
     constraint = target(max_bits, min_psnr, max_bytes, time_budget_s)  # bad arguments fail before any file is read
     check_size(population, generations)
