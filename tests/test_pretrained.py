@@ -264,9 +264,10 @@ def test_streamed_dmpq_is_the_in_memory_conversion(name, tmp_path):
     assert not (tmp_path / "s.safetensors.sixbit-progress").exists()  # the fit's file went with the progress folder
 
 
-def test_a_streamed_dmpq_fit_interrupted_resumes_from_the_converted_blocks(tmp_path, monkeypatch):
+def test_a_streamed_dmpq_fit_interrupted_resumes_from_the_converted_blocks(tmp_path, monkeypatch, capsys):
     """Interrupted while DMPQ is fitted, the conversion run again verifies every converted part,
-    converts none again and fits DMPQ anew: the same checkpoint as an uninterrupted run's."""
+    converts none again and fits DMPQ anew (its progress bar names the stage): the same checkpoint
+    as an uninterrupted run's."""
     from sixbit.methods.dmpq import spec
 
     tm = build_tiny("wan")
@@ -284,7 +285,9 @@ def test_a_streamed_dmpq_fit_interrupted_resumes_from_the_converted_blocks(tmp_p
         sixbit.convert_pretrained(folder, "w4a6-dynamic", out, calibration, progress=False)
     assert not out.exists() and (tmp_path / "out.safetensors.sixbit-progress").is_dir()
     monkeypatch.setattr(spec, "fit_dmpq", fit)
-    resumed = sixbit.convert_pretrained(folder, "w4a6-dynamic", out, calibration, progress=False)
+    capsys.readouterr()
+    resumed = sixbit.convert_pretrained(folder, "w4a6-dynamic", out, calibration)
+    assert "fitting dmpq on the converted model" in capsys.readouterr().err
     assert resumed.resumed_parts == len(list(iter_blocks(tm.model))) + 1  # every block and the layers outside them
     assert list(resumed.part_seconds) == ["fitting methods"]
     assert checkpoint.read_header(out) == checkpoint.read_header(whole.path)

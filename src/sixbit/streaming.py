@@ -34,10 +34,9 @@ blocks' bf16 bytes with the default formats). The pick is measured as its candid
 (``calibration_inputs="full_precision"``); otherwise the in-memory tuning's stage 1, fit and
 pick, to the bit (``tests/test_pretrained_tune.py``).
 
-**Resumable.** Each finished part (with its time, and for GPTQ the next block's kept inputs) waits
-in ``<output>.sixbit-progress``: run again with the same arguments, an interrupted conversion goes
-on after its last finished block, each verified by its sha256 (:mod:`sixbit.checkpoint.resume`),
-into an output bit-identical to an uninterrupted run's.
+**Resumable.** Each finished part (with its time, for GPTQ the next block's kept inputs) waits in
+``<output>.sixbit-progress``: run again with the same arguments, a conversion goes on after its last
+finished block, each verified (:mod:`sixbit.checkpoint.resume`), into the uninterrupted run's output.
 
 :func:`load_pretrained` builds the model on the meta device and loads a checkpoint into it:
 the packed weights map the file (read when used), and no full-precision copy of a quantized
@@ -234,18 +233,19 @@ def _fitted(chosen: dict) -> list[str]:
     return [spec.name for spec in methods() if spec.name in chosen and spec.calibrates(chosen[spec.name])]
 
 
-def _fit_converted(progress: Progress, parts: list[Part], folder: Path, config, chosen: dict, calibration: Callable,
-                   device: torch.device, hardware: str | None, seconds: dict) -> nn.Module:
+def _fit_converted(journal: Progress, parts: list[Part], folder: Path, config, chosen: dict, calibration: Callable,
+                   device: torch.device, hardware: str | None, seconds: dict, progress: bool) -> nn.Module:
     """The converted model, loaded from its finished parts, with its methods fitted and installed
     (module doc); the time it took in ``seconds["fitting methods"]``."""
-    start, weights, model = time.perf_counter(), progress.folder / "converted.safetensors", empty_model(folder)
+    start, weights, model = time.perf_counter(), journal.folder / "converted.safetensors", empty_model(folder)
     with CheckpointWriter(weights, type(model).__name__) as writer:
-        progress.assemble(writer, [part.name for part in parts])
+        journal.assemble(writer, [part.name for part in parts])
         writer.finish({})
-    model = checkpoint.load(weights, model).to(device)
-    described = {"source": "callable"}
-    logger.info("fitting %s on generations of the converted model", ", ".join(_fitted(chosen)))
-    applied = fit_methods(model, chosen, lambda: calibration(model), described)
+    model, described = checkpoint.load(weights, model).to(device), {"source": "callable"}
+    desc = f"fitting {', '.join(_fitted(chosen))} on the converted model"
+    logger.info("%s", desc)
+    with tqdm(desc=desc, unit="calibration run", disable=not progress) as bar:
+        applied = fit_methods(model, chosen, lambda: (calibration(model), bar.update())[0], described)
     install(model, config, applied, described, hardware)
     seconds["fitting methods"] = time.perf_counter() - start
     return model
@@ -282,8 +282,7 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
             ``lambda t: pipe(prompts, num_inference_steps=8)`` with ``pipe`` built around ``t``)
             and, for DMPQ, returns the videos (:func:`sixbit.convert_model`'s callable). The
             transformer computes in ``torch_dtype`` on ``device``: put the inputs on ``transformer.device``.
-        torch_dtype: dtype the weights are loaded in (default ``None``: as stored). Unquantized
-            tensors are written in it.
+        torch_dtype: dtype the weights are loaded, and unquantized tensors written, in (default: as stored).
         device: where the conversion computes, each part read from the shards straight onto it
             (``"cuda"``, ``"cuda:1"``, ``"cpu"``; default: the current CUDA device where there is
             one, else the CPU; :func:`sixbit.builder.conversion_device`); the checkpoint is the
@@ -329,7 +328,8 @@ def convert_pretrained(model: str | os.PathLike, quant_config, output: str | os.
             build(net, todo, recipe)
         seconds.update(recipe.seconds)
         if _fitted(chosen):  # written as fitted, with the methods' state
-            path = writer.write(_fit_converted(journal, parts, folder, config, chosen, calibration, device, hardware, seconds))
+            path = writer.write(_fit_converted(journal, parts, folder, config, chosen, calibration, device, hardware,
+                                               seconds, progress))
         else:
             journal.assemble(writer, [part.name for part in parts])
             path = writer.finish({"conversion": conversion_state(Conversion(config, hardware=hardware))})
@@ -386,11 +386,9 @@ def tune_pretrained(model: str | os.PathLike, calibration: Callable[[nn.Module],
 
 
 def load_pretrained(checkpoint_path: str | os.PathLike, model: str | os.PathLike, *, layout: str | None = None) -> nn.Module:
-    """A converted transformer: built on the meta device from ``model``'s ``config.json`` (a
-    model or pipeline folder; its weights are not read) and loaded from ``checkpoint_path``.
-
-    The packed weights map the checkpoint file (read as they are used); no full-precision copy
-    of a quantized layer is made. Use it in a pipeline as diffusers allows:
+    """A converted transformer: built on the meta device from ``model``'s ``config.json`` (a model
+    or pipeline folder; its weights are not read) and loaded from ``checkpoint_path``, the packed
+    weights mapped (read as they are used). Use it in a pipeline as diffusers allows:
     ``DiffusionPipeline.from_pretrained(folder, transformer=load_pretrained(ckpt, folder))``.
     ``layout``: as in :func:`sixbit.load`.
 
