@@ -24,6 +24,9 @@ child's ``VmHWM``, a child past ``--rss-limit-gib`` is killed).
   ``sixbit.convert_pretrained`` with ``w4a8`` (GPTQ, calibrated on two calls of 4 latent frames
   at 480p) and with the round-to-nearest layout of the same formats; seconds per block, and the
   output error of the converted 2-block model against bf16 on a held-out call.
+- **tune** / **dmpq**: the same folder tuned streamed (``sixbit.tune_pretrained``), and converted
+  streamed with ``w4a6-dynamic`` (DMPQ fitted on the converted model), the two calls' outputs
+  standing in for the videos.
 - **memory**: CogVideoX-2B (random bf16 weights, built in memory) converted in memory by
   ``sixbit.convert_model`` with the ``w4a8`` layout (round to nearest): peak RSS with the
   replaced layers spilled to disk (the default), and with ``TMPDIR`` on tmpfs, which keeps them
@@ -155,16 +158,14 @@ def child_block(folder: str, preset: str, output: str) -> dict:
             "peak_gib": peak, "base_gib": base, "threads": torch.get_num_threads(), "load": load}
 
 
-def child_tune(folder: str, max_bits: str) -> dict:
-    """``sixbit.tune_pretrained`` on the 2-block folder (the ``w4a8`` recipe, the default candidate
-    formats), calibrated on ``_calibration``'s two calls, their outputs standing in for videos."""
+def _returning_outputs(folder: str):
+    """``_calibration``'s two calls, returning their outputs: they stand in for the videos that the
+    tuner and DMPQ compare (random weights make no video)."""
     import torch
-
-    import sixbit
 
     calls = _calibration(folder, 4, "60x104")
 
-    def calibration(transformer):  # the tuner compares what a run returns: the two calls' outputs
+    def calibration(transformer):
         outputs = []
         hook = transformer.register_forward_hook(lambda m, a, out: outputs.append(out[0].float()))
         try:
@@ -173,6 +174,39 @@ def child_tune(folder: str, max_bits: str) -> dict:
             hook.remove()
         return torch.cat(outputs)
 
+    return calibration
+
+
+def child_dmpq(folder: str, output: str) -> dict:
+    """``w4a6-dynamic`` streamed on the 2-block folder: the blocks converted (GPTQ, as ``w4a8``),
+    then the converted model loaded and DMPQ fitted on its generations (``_returning_outputs``)."""
+    import torch
+
+    import sixbit
+
+    calls, runs = _returning_outputs(folder), []
+    compile_s = _compile_kernels(_config("w4a6-dynamic").weights)
+    base = _rss_gib()
+    result = sixbit.convert_pretrained(folder, "w4a6-dynamic", output, lambda t: runs.append(1) or calls(t),
+                                       progress=False)
+    peak, load = _peak_gib(), os.getloadavg()[1]
+    blocks = [s for p, s in result.part_seconds.items() if p not in ("outside blocks", "calibration runs", "fitting methods")]
+    predictor = sixbit.conversion_of(sixbit.load_pretrained(output, folder)).predictor
+    return {"seconds": result.seconds, "block_s": blocks[0], "last_block_s": blocks[-1], "blocks": len(blocks),
+            "compile_s": compile_s, "calibration_s": result.part_seconds.get("calibration runs", 0.0),
+            "fit_s": result.part_seconds["fitting methods"], "fit_runs": len(runs) - 1,
+            "step_ranges": len(predictor.step_starts), "threshold": predictor.threshold,
+            "peak_gib": peak, "base_gib": base, "threads": torch.get_num_threads(), "load": load}
+
+
+def child_tune(folder: str, max_bits: str) -> dict:
+    """``sixbit.tune_pretrained`` on the 2-block folder (the ``w4a8`` recipe, the default candidate
+    formats), calibrated on ``_returning_outputs``."""
+    import torch
+
+    import sixbit
+
+    calibration = _returning_outputs(folder)
     compile_s = _compile_kernels(_config("w4a8").weights)
     base = _rss_gib()
     report = sixbit.tune_pretrained(folder, calibration, max_bits=float(max_bits), base="w4a8",
@@ -350,7 +384,32 @@ def section_block(results: dict) -> str:
                          f"{r['relative_mse']:.3g} | {ratio} | {r['peak_gib']:.2f} | {load} |")
     if "tune" in results:
         lines += ["", *_tune_table(results["tune"])]
+    if "dmpq" in results:
+        lines += ["", *_dmpq_table(results["dmpq"])]
     return "\n".join(lines)
+
+
+def _dmpq_table(r: dict) -> list[str]:
+    """The streamed DMPQ conversion's row of ``conversion-block`` (``--parts dmpq``)."""
+    if "error" in r:
+        return [f"`w4a6-dynamic` streamed on the same folder: {r['error']}"]
+    return [
+        "**DMPQ, streamed** (`python benchmarks/bench_conversion.py --parts dmpq`): `sixbit.convert_pretrained` with "
+        "`w4a6-dynamic` on the same 2-block folder: the blocks converted one at a time as by `w4a8` (GPTQ, the same "
+        "two calibration calls), then the converted model loaded from its parts (mapped) and DMPQ fitted on its "
+        "generations, the two calls' outputs standing in for the videos (random weights make none). *s / block* and "
+        "*calibration* as above; *fit*: loading the converted model and DMPQ's whole fit (*runs*: its calibration "
+        "runs, NVFP4 activations emulated on this CPU); *ranges*: the predictor's step ranges. *load* as above; "
+        "measured in a run of its own." + (" Two calls make two steps: the first has no Γ and runs INT8 (half the FLOPs), so even "
+                       "NVFP4 in every later call stays above 6 bits on average and the threshold is unbounded; the "
+                       "fit's cost, not its choice, is what this row measures." if r["threshold"] == float("inf") else ""),
+        "",
+        "| job | s / block | last block s | compile s | calibration s | fit s | runs | ranges | total s | peak GiB | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| `w4a6-dynamic` | {_s(r['block_s'])} | {_s(r['last_block_s'])} | {_s(r['compile_s'])} | "
+        f"{_s(r['calibration_s'])} | {_s(r['fit_s'])} | {r['fit_runs']} | {r['step_ranges']} | {_s(r['seconds'])} | "
+        f"{r['peak_gib']:.2f} | {r['load']:.1f} |",
+    ]
 
 
 def _tune_table(r: dict) -> list[str]:
@@ -518,7 +577,7 @@ def section_shipped(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="profile,block,tune,memory,real,shipped")
+    parser.add_argument("--parts", default="profile,block,tune,dmpq,memory,real,shipped")
     parser.add_argument("--max-bits", type=float, default=5.0, help="the streamed tuning's target (--parts tune)")
     parser.add_argument("--shipped-presets", default="w4a8,w4a16,w4a6-dynamic")
     parser.add_argument("--pairs", type=int, default=8, help="held-out pairs per shipped model")
@@ -533,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return run_child_mode({"profile": child_profile, "block": child_block, "tune": child_tune,
+        return run_child_mode({"profile": child_profile, "block": child_block, "tune": child_tune, "dmpq": child_dmpq,
                                "memory": child_memory, "shipped": child_shipped,
               "real": child_real, "write": child_write}, args.child)
 
@@ -560,13 +619,20 @@ def main(argv: list[str] | None = None) -> int:
                 save()
         update_section(args.output, "conversion-profile", section_profile(results))
     folder = Path(args.workdir) / "Wan2_1-1_3B-2blocks"
-    if ("block" in parts or "tune" in parts) and not (folder / "config.json").exists():
+    if {"block", "tune", "dmpq"} & set(parts) and not (folder / "config.json").exists():
         log(f"writing 2 random Wan2.1-1.3B blocks to {folder}")
         log(f"{run(['write', 'Wan2.1-1.3B', str(folder), '2'], codes['after'])}")
     if "tune" in parts:
         log(f"tune: max_bits {args.max_bits:g}")
         results["tune"] = r = {**run(["tune", str(folder), str(args.max_bits)], codes["after"]), "max_bits": args.max_bits}
         log(f"{r}")
+        save()
+    if "dmpq" in parts:
+        output = Path(args.workdir) / "block-dmpq.safetensors"
+        log("dmpq: w4a6-dynamic, streamed")
+        results["dmpq"] = r = run(["dmpq", str(folder), str(output)], codes["after"])
+        log(f"{r}")
+        output.unlink(missing_ok=True)
         save()
     if "block" in parts:
         if "before" not in codes:  # rows measured now are not set beside a before measured elsewhere
@@ -581,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{r}")
                 output.unlink(missing_ok=True)
                 save()
-    if "block" in parts or "tune" in parts:
+    if {"block", "tune", "dmpq"} & set(parts):
         update_section(args.output, "conversion-block", section_block(results))
     if "memory" in parts:
         for code, src in codes.items():
