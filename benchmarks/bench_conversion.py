@@ -428,7 +428,7 @@ def _tune_table(r: dict) -> list[str]:
         "full-precision replay that feeds the next block; block 0, then the last block, which has no replay); "
         "*calibration*: the streamed run that keeps the first block's inputs; *fit*: the whole runs that map block "
         "error to output error; *search + checks*: the genetic search on the predictions and the whole runs that "
-        "check its pick. Same machine; *load* as above.",
+        "check its pick. *load* as above; measured in a run of its own.",
         "",
         "| job | s / block | last block s | compile s | calibration s | fit s | search + checks s | total s | bits | "
         "peak GiB | load |",
