@@ -412,7 +412,8 @@ def test_min_psnr_is_refused_where_no_calibration_runs(tmp_path):
         DeltaCacheConfig(min_psnr=0)
     config = sixbit.ConvertConfig(weights=sixbit.QuantConfig(weight_format="int8"), activations="int8",
                                   cache=DeltaCacheConfig(min_psnr=35.0))
-    with pytest.raises(ValueError, match="min_psnr=35 is calibrated on generations of the converted model"):
+    with pytest.raises(ValueError, match="min_psnr=35 is calibrated against the full-precision model's videos, "
+                                         "which a streamed conversion does not keep"):
         sixbit.convert_pretrained(tmp_path / "no-model", config, tmp_path / "out")
     with pytest.raises(ValueError, match="min_psnr=35 needs calibration_data"):
         sixbit.convert_model(_shipped("wan"), None, config)
