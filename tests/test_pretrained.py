@@ -264,6 +264,20 @@ def test_streamed_dmpq_is_the_in_memory_conversion(name, tmp_path):
     assert not (tmp_path / "s.safetensors.sixbit-progress").exists()  # the fit's file went with the progress folder
 
 
+def test_streamed_dmpq_into_a_folder_reloads_with_from_pretrained(tmp_path):
+    """Into a diffusers folder, the fitted predictor travels with the weights: diffusers'
+    ``from_pretrained`` gives the model the single-file checkpoint gives, to the bit."""
+    tm = build_tiny("wan")
+    folder = _folder(tm, tmp_path)
+    calibration = lambda t: sample(dataclasses.replace(tm, model=t), 2)  # noqa: E731
+    file = sixbit.convert_pretrained(folder, "w4a6-dynamic", tmp_path / "s.safetensors", calibration, progress=False)
+    out = sixbit.convert_pretrained(folder, "w4a6-dynamic", tmp_path / "converted", calibration, progress=False)
+    reloaded = type(tm.model).from_pretrained(out.path)
+    assert sixbit.conversion_of(reloaded).predictor is not None
+    assert torch.equal(sample(dataclasses.replace(tm, model=reloaded), 2),
+                       sample(dataclasses.replace(tm, model=sixbit.load_pretrained(file.path, folder)), 2))
+
+
 def test_a_streamed_dmpq_fit_interrupted_resumes_from_the_converted_blocks(tmp_path, monkeypatch, capsys):
     """Interrupted while DMPQ is fitted, the conversion run again verifies every converted part,
     converts none again and fits DMPQ anew (its progress bar names the stage): the same checkpoint
