@@ -62,7 +62,7 @@ from .builder import (OUTSIDE, BlockInputs, LayerSwap, Part, Recipe, ShardedMode
                       parts_of, plan_layers, quantized_linear, release)
 from .checkpoint.resume import Progress, conversion_arguments, progress_folder
 from .calibration import hessians
-from .convert import fit_methods
+from .convert import calibration_runner, fit_methods
 from .methods.record import Conversion, conversion_state, install
 from .methods.registry import methods
 from .models import iter_blocks
@@ -241,11 +241,12 @@ def _fit_converted(journal: Progress, parts: list[Part], folder: Path, config, c
     with CheckpointWriter(weights, type(model).__name__) as writer:
         journal.assemble(writer, [part.name for part in parts])
         writer.finish({})
-    model, described = checkpoint.load(weights, model).to(device), {"source": "callable"}
+    model = checkpoint.load(weights, model).to(device)
+    run, described = calibration_runner(lambda: calibration(model), None, {})  # as convert_model runs a callable
     desc = f"fitting {', '.join(_fitted(chosen))} on the converted model"
     logger.info("%s", desc)
     with tqdm(desc=desc, unit="calibration run", disable=not progress) as bar:
-        applied = fit_methods(model, chosen, lambda: (calibration(model), bar.update())[0], described)
+        applied = fit_methods(model, chosen, lambda: (run(), bar.update())[0], described)
     install(model, config, applied, described, hardware)
     seconds["fitting methods"] = time.perf_counter() - start
     return model
