@@ -94,6 +94,15 @@ def test_round_is_decode_of_encode_bit_for_bit(fmt):
     assert torch.equal(fmt.round(x).view(torch.int32), fmt.decode(fmt.encode(x)).view(torch.int32))
 
 
+@pytest.mark.parametrize("fmt", list(ELEMENTS.values()), ids=list(ELEMENTS))
+def test_round_is_decode_of_encode_across_every_fp32_binade(fmt):
+    # every 997th finite fp32 bit pattern of each sign: fp32 subnormals, every binade of the format
+    # and far past its largest value; the rounding reads the fp32 exponent field, so this covers its cases
+    bits = torch.arange(0, 0x7F800000, 997, dtype=torch.int32)
+    x = torch.cat([bits, bits | torch.tensor(-0x80000000, dtype=torch.int32)]).view(torch.float32)
+    assert torch.equal(fmt.round(x).view(torch.int32), fmt.decode(fmt.encode(x)).view(torch.int32))
+
+
 def test_element_unknown_name():
     with pytest.raises(ValueError, match="valid"):
         minifloat.element("e9m9")

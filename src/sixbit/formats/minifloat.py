@@ -76,11 +76,18 @@ class Minifloat:
 
     def round(self, x: torch.Tensor) -> torch.Tensor:
         """``decode(encode(x))``, bit for bit: the nearest representable value (saturating),
-        computed as quanta × quantum without building codes (4× faster: the scale searches
-        and GPTQ round every weight many times)."""
+        without building codes. ``|x|`` is rounded to its binade's quanta by fp32 addition
+        itself: ``(a + M) − M`` with ``M = quantum · 2²³`` is ``a`` rounded to a multiple of the
+        quantum, ties to even (``M``'s binade has exactly that spacing, and the sum's significand
+        is even where the multiple is). ``M`` comes from ``a``'s fp32 exponent field by integer
+        ops, in place: emulated NVFP4 activations round every GEMM input, and GPTQ every column
+        (E2M1, one thread: 3.4–12× faster than dividing by a quantum from ``frexp``/``ldexp`` at
+        0.1–3 M elements; NVFP4's whole round trip 2.5–3.9×)."""
         x = to_float32(x)
-        a, _, quantum = self._quanta(x)
-        return torch.copysign(torch.round(a / quantum) * quantum, x)
+        a = x.abs().clamp_(max=self.max)
+        field = (a.view(torch.int32) >> 23).clamp_(min=self.emin + 127)  # the binade's biased exponent
+        magic = field.add_(23 - self.mbits).bitwise_left_shift_(23).view(torch.float32)
+        return a.add_(magic).sub_(magic).copysign_(x)
 
 
 @functools.lru_cache(maxsize=None)

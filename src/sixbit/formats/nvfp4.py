@@ -129,9 +129,9 @@ def round_trip(x: torch.Tensor, global_scale: torch.Tensor | float | None = None
     x = to_float32(x)
     scales, global_scale = block_scales(x, global_scale, check)
     scale = scales.float()
-    scaled = torch.clamp(split_blocks(x, NVFP4_BLOCK, "NVFP4") * ((1.0 / global_scale) / scale).unsqueeze(-1),
-                         -F4_E2M1_MAX, F4_E2M1_MAX)
-    return (E2M1.round(scaled) * (scale * global_scale).unsqueeze(-1)).reshape(x.shape)
+    scaled = (split_blocks(x, NVFP4_BLOCK, "NVFP4") * ((1.0 / global_scale) / scale).unsqueeze(-1)).clamp_(
+        -F4_E2M1_MAX, F4_E2M1_MAX)
+    return E2M1.round(scaled).mul_((scale * global_scale).unsqueeze(-1)).reshape(x.shape)
 
 
 def dequantize(q: NVFP4Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -15,6 +15,7 @@ import math
 import torch
 
 from ..formats.constants import F4_E2M1_MAX
+from ..formats.minifloat import E2M1
 from . import gemm_shapes, isa
 from .isa import cpu_flags as _cpu_flags  # a name tests replace
 
@@ -170,9 +171,12 @@ def _run(fn, *args, numel: int | None = None, per_width: bool = False):
 
 
 def e2m1_round(x: torch.Tensor) -> torch.Tensor:
-    """``E2M1.round(x)`` for ``|x| ≤ 6``, bit for bit, by binade: quanta of 0.5 below 2, 1 below 4,
-    2 above, ties to even. Elementwise selects compile into a loop that vectorizes; ``frexp`` and
-    ``ldexp`` do not (4.4× slower compiled)."""
+    """``E2M1.round(x)`` for ``|x| ≤ 6``, bit for bit. Eagerly it is ``E2M1.round`` (rounding by
+    fp32 addition: 3.4× faster than the selects below on an 8,960-long GPTQ column, one
+    thread); compiled, by binade: quanta of 0.5 below 2, 1 below 4, 2 above, ties to even
+    (elementwise selects compile into a loop that vectorizes, 1.3× faster there)."""
+    if not torch.compiler.is_compiling():
+        return E2M1.round(x)
     a = x.abs()
     quantum = torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0))
     return torch.copysign(torch.round(a / quantum) * quantum, x)
