@@ -290,9 +290,11 @@ def child_shipped(model: str, preset: str, pairs: int, offset: int) -> dict:
         seconds = time.perf_counter() - t0
     finally:
         cls.__call__ = call
-    videos, _ = generate_heldout(pipe, held)
+    videos, _ = generate_heldout(pipe, held)  # one pipeline call: the conversion's last run
+    conversion = sixbit.conversion_of(pipe.transformer)
     return {"seconds": seconds, "generation_s": generation_s, "pipeline_calls": len(calls), "psnr": psnr(videos, reference),
-            "ssim": ssim(videos, reference), "pairs": pairs, "threads": torch.get_num_threads()}
+            "ssim": ssim(videos, reference), "pairs": pairs, "threads": torch.get_num_threads(),
+            "act_bits": None if conversion is None else conversion.average_act_bits()}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -511,6 +513,16 @@ def section_real(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _before_labels(results: dict) -> str:
+    """What *before* was, per preset (``--before-label``; the code before issue 45 where none was given)."""
+    labels = results.get("shipped_before_label", {})
+    presets = dict.fromkeys(key.split(":")[1] for key in results["shipped"].get("after", {}))
+    by_label: dict[str, list[str]] = {}
+    for preset in presets:
+        by_label.setdefault(labels.get(preset, "the code before issue 45"), []).append(f"`{preset}`")
+    return "; ".join(f"{label} ({', '.join(names)})" for label, names in by_label.items())
+
+
 def section_shipped(results: dict) -> str:
     from report import machine_description
 
@@ -531,9 +543,9 @@ def section_shipped(results: dict) -> str:
         f"PSNR / SSIM: {pairs} held-out (prompt, seed) pairs, 20 steps, against the same pipeline's full-precision "
         f"videos, the mean over the calibration prompt sets (*sets*: every 6th prompt from 0, 1, …, up to {sets - 1}; range in "
         "brackets) where there are several: one conversion's PSNR moves by up to ±1 dB with changes as small as the "
-        "order of a sum. *Δ PSNR*: after − before, paired by calibration set, ± its standard error (the paired "
-        "differences' SD / √sets). *before*: the `--before` checkout (the code before issue 45), the same script, "
-        "machine and session.",
+        "order of a sum; for DMPQ, at the held-out videos' mean GEMM-FLOP-weighted activation bits. *Δ PSNR*: after − before, paired by calibration set, ± its standard error (the paired "
+        "differences' SD / √sets). *before*: the `--before` checkout, the same script, machine and session: "
+        f"{_before_labels(results)}.",
         "",
         "| model | preset | code | sets | convert s | generation s | pipeline calls | PSNR dB | SSIM | speed-up | Δ PSNR dB |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -563,6 +575,8 @@ def section_shipped(results: dict) -> str:
             psnr = f"{mean(runs, 'psnr'):.2f}"
             if len(runs) > 1:
                 psnr += f" ({min(r['psnr'] for r in runs):.2f}–{max(r['psnr'] for r in runs):.2f})"
+            if preset.endswith("-dynamic") and all(r.get("act_bits") for r in runs):
+                psnr += f" at {mean(runs, 'act_bits'):.2f} bits"
             tail = "| |"
             if code == "after" and before:
                 tail = f"| {median_s(before) / median_s(runs):.2f}× | {delta(runs, before)} |"
@@ -585,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(every 6th prompt from 0, 1, …): PSNR is their mean")
     parser.add_argument("--widths", default=",".join(str(w) for w in WIDTHS))
     parser.add_argument("--before", help="another checkout's src/ to measure beside this one")
+    parser.add_argument("--before-label", help="what the --before checkout is, for the shipped table's text")
     parser.add_argument("--workdir", default="/tmp/sixbit-conversion")
     parser.add_argument("--rss-limit-gib", type=float, default=20.0)
     parser.add_argument("--json", help="write raw results here (and read previous ones from it to merge)")
@@ -677,6 +692,8 @@ def main(argv: list[str] | None = None) -> int:
         for preset in args.shipped_presets.split(","):
             for model in ("shapes-cogvideox", "shapes-wan"):
                 for code, src in codes.items():
+                    if code == "before" and args.before_label:
+                        results.setdefault("shipped_before_label", {})[preset] = args.before_label
                     runs = results.setdefault("shipped", {}).setdefault(code, {})[f"{model}:{preset}"] = []
                     for offset in range(args.calib_sets):
                         log(f"shipped ({code}): {model} {preset}, calibration set {offset}")

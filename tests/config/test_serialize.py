@@ -35,7 +35,10 @@ CACHE_THEN = DeltaCacheConfig(threshold=0.2, max_skips=2, error_budget=0.6, fina
 
 
 def _as_written(name: str, config: ConvertConfig) -> ConvertConfig:
-    """``config`` (as built now) with its cache as the presets held it when the file was written."""
+    """``config`` (as built now) with its cache and DMPQ pricing as the presets held them when the
+    file was written (DMPQ priced per cell, ``error_at="video"``, until issue 63)."""
+    if config.dmpq is not None:
+        config = dataclasses.replace(config, dmpq=dataclasses.replace(config.dmpq, error_at="video"))
     if config.cache is None:
         return config
     then = dict(threshold=0.3, error_budget=0.9) if name == "aggressive" else {}

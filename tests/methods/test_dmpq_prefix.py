@@ -14,7 +14,7 @@ from sixbit.methods.dmpq import DMPQConfig, fit_dmpq
 from sixbit.runtime import blocks
 
 TIMESTEPS = [900, 700, 500, 300, 100]
-GRID = DMPQConfig(target_bits=6.0, step_groups=3, block_groups=2)
+GRID = DMPQConfig(target_bits=6.0, error_at="video", step_groups=3, block_groups=2)  # a cell per step × block range
 
 
 def _model(cls=ToyTransformer):

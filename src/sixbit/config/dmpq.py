@@ -21,13 +21,13 @@ class DMPQConfig(Serializable):
         hadamard_block: online Hadamard block for the NVFP4 weights (default 128; layers whose
             input size it does not divide use the largest smaller block that does).
         error_at: where calibration measures the error the predictor learns.
-            ``"video"`` (default): what NVFP4 activations in a block and step cost the final
-            video, measured by re-running the calibration with NVFP4 in one cell of a
-            ``step_groups`` × ``block_groups`` grid at a time (that many extra runs; ``run``
-            must return the videos). ``"steps"``: the same cost measured once per step range
-            with NVFP4 in all its blocks (``step_groups`` extra runs instead of
-            ``step_groups × block_groups``), split among the range's blocks by their own
-            output error. ``"block"``: the error at the block's own output (the
+            ``"steps"`` (default): what NVFP4 activations in a step range cost the final
+            video, measured once per step range with NVFP4 in all its blocks (``step_groups``
+            extra runs; ``run`` must return the videos), split among the range's blocks by
+            their own output error. ``"video"``: the same cost measured per cell of a
+            ``step_groups`` × ``block_groups`` grid (``step_groups × block_groups`` extra
+            runs: ~2× the fit's time, and less gap closure on the shipped models in three
+            of four measurements, BENCHMARKS ``dmpq-pricing``). ``"block"``: the error at the block's own output (the
             paper's target; two runs, but a small early error can cost the video more than a
             large late one).
         step_groups: contiguous step ranges of the ``"video"`` and ``"steps"`` grids (default 5).
@@ -43,7 +43,7 @@ class DMPQConfig(Serializable):
     target_bits: float = 6.0
     threshold: float | None = None
     hadamard_block: int | None = 128
-    error_at: str = "video"
+    error_at: str = "steps"
     step_groups: int = 5
     block_groups: int = 4
     low: str = "nvfp4"
