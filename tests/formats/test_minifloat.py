@@ -94,13 +94,28 @@ def test_round_is_decode_of_encode_bit_for_bit(fmt):
     assert torch.equal(fmt.round(x).view(torch.int32), fmt.decode(fmt.encode(x)).view(torch.int32))
 
 
+def _divided_by_quantum(fmt, x):
+    """The rounding written the long way: the binade from ``frexp``, divided by its quantum,
+    ``torch.round`` (ties to even), multiplied back."""
+    a = x.abs().clamp(max=fmt.max)
+    _, e = torch.frexp(a)  # a = m·2^e, m in [0.5, 1): floor(log2 a) = e - 1
+    quantum = torch.ldexp(torch.ones_like(a), (e - 1).clamp(min=fmt.emin) - fmt.mbits)
+    return torch.copysign(torch.round(a / quantum) * quantum, x)
+
+
 @pytest.mark.parametrize("fmt", list(ELEMENTS.values()), ids=list(ELEMENTS))
-def test_round_is_decode_of_encode_across_every_fp32_binade(fmt):
+def test_round_and_encode_across_every_fp32_binade(fmt):
     # every 997th finite fp32 bit pattern of each sign: fp32 subnormals, every binade of the format
     # and far past its largest value; the rounding reads the fp32 exponent field, so this covers its cases
     bits = torch.arange(0, 0x7F800000, 997, dtype=torch.int32)
     x = torch.cat([bits, bits | torch.tensor(-0x80000000, dtype=torch.int32)]).view(torch.float32)
-    assert torch.equal(fmt.round(x).view(torch.int32), fmt.decode(fmt.encode(x)).view(torch.int32))
+    rounded = fmt.round(x).view(torch.int32)
+    assert torch.equal(rounded, _divided_by_quantum(fmt, x).view(torch.int32))
+    assert torch.equal(rounded, fmt.decode(fmt.encode(x)).view(torch.int32))
+    codes = torch.arange(2**fmt.bits, dtype=torch.uint8)
+    values = fmt.decode(codes)
+    finite = torch.isfinite(values) & ~((values == 0) & (codes != 0) & (codes != 1 << (fmt.bits - 1)))
+    assert torch.equal(fmt.encode(values[finite]), codes[finite])  # every code from its own value
 
 
 def test_element_unknown_name():

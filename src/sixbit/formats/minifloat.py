@@ -1,9 +1,9 @@
 """Minifloat element encodings (E2M1, E2M3, E3M2, E4M3, E5M2) and scaled FP8 quantization.
 
-The encoder is exact: it finds each value's binade with ``torch.frexp`` (no ``log2`` rounding),
-divides by the binade's power-of-two quantum (exact in fp32), rounds to nearest with ties to
-even (``torch.round``) and saturates at the format's largest finite value. It never produces
-NaN or Inf codes. Decoding is a lookup in the format's 2^bits value table.
+The encoder is exact: it saturates at the format's largest finite value, reads each value's
+binade from its fp32 exponent field (no ``log2`` rounding) and rounds to the binade's
+power-of-two quantum with ties to even, by fp32 addition (:meth:`Minifloat.round`). It never
+produces NaN or Inf codes. Decoding is a lookup in the format's 2^bits value table.
 """
 
 from __future__ import annotations
@@ -49,26 +49,19 @@ class Minifloat:
         """fp32 value of every code ``0 … 2**bits - 1`` (NaN/Inf where the format has them)."""
         return _table(self, str(device))
 
-    def _quanta(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(|x| saturated, its binade's exponent, the binade's quantum)`` of fp32 ``x``."""
-        a = x.abs().clamp(max=self.max)
-        _, e = torch.frexp(a)  # a = m·2^e, m in [0.5, 1): floor(log2 a) = e - 1
-        exp = (e - 1).clamp(min=self.emin)
-        return a, exp, torch.ldexp(torch.ones_like(a), exp - self.mbits)
-
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Round fp values to this format: RNE, saturating at ±max. Returns ``uint8`` codes."""
+        """Round fp values to this format: RNE, saturating at ±max. Returns ``uint8`` codes.
+
+        The code is read off the rounded magnitude ``r`` (:meth:`round`): where ``r`` is normal
+        here its fp32 bits shifted right by ``23 − mbits`` are ``(e + 127) · 2^mbits + m``, so
+        rebiasing gives the code; below the smallest normal it is ``m = r / 2^(emin − mbits)``."""
         x = to_float32(x)
-        a, exp, quantum = self._quanta(x)
-        q = torch.round(a / quantum).to(torch.int32)  # significand in quanta: 0 … 2^(m+1)
-        hidden = 1 << self.mbits
-        normal = q >= hidden
-        carry = q == 2 * hidden  # rounded up into the next binade
-        efield = torch.where(normal, exp + self.bias + carry.to(torch.int32), 0)
-        mfield = torch.where(normal, torch.where(carry, 0, q - hidden), q)
-        sign = torch.signbit(x).to(torch.int32)
-        code = (sign << (self.ebits + self.mbits)) | (efield << self.mbits) | mfield
-        return code.to(torch.uint8)
+        r = self.round(x).abs_()
+        normal = ((r.view(torch.int32) >> (23 - self.mbits)) - ((127 - self.bias) << self.mbits))
+        subnormal = (r * 2.0 ** (self.mbits - self.emin)).to(torch.int32)
+        magnitude = torch.where(r >= 2.0 ** self.emin, normal, subnormal)
+        sign = torch.signbit(x).to(torch.int32) << (self.ebits + self.mbits)
+        return (sign | magnitude).to(torch.uint8)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """fp32 values of ``uint8`` codes."""
